@@ -1,0 +1,127 @@
+"""Where this process sits in a job: rank, world size, device. Pure functions over the
+environment (torchrun, SLURM, Open MPI) and `torch.distributed`; nothing here has side effects
+except `setup_distrib` / `teardown_distrib`.
+
+>>> rank(), world_size(), is_main_process()      # in a plain `python script.py`
+(0, 1, True)
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 600.0
+
+# variable names, most specific first: torchrun / cadence launch, SLURM, Open MPI
+_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+_WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+_NODE_RANK_VARS = ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID")
+
+
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    return default
+
+
+def is_initialized() -> bool:
+    """True when a `torch.distributed` process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """Global rank of this process (0 in a single process)."""
+    return dist.get_rank() if is_initialized() else _env_int(_RANK_VARS, 0)
+
+
+def world_size() -> int:
+    """Number of processes in the job (1 in a single process)."""
+    return dist.get_world_size() if is_initialized() else _env_int(_WORLD_VARS, 1)
+
+
+def local_rank() -> int:
+    """Rank of this process on its machine."""
+    return _env_int(_LOCAL_RANK_VARS, 0)
+
+
+def node_rank() -> int:
+    """Rank of this process's machine."""
+    return _env_int(_NODE_RANK_VARS, 0)
+
+
+def is_main_process() -> bool:
+    """True on global rank 0."""
+    return rank() == 0
+
+
+def is_local_main_process() -> bool:
+    """True on local rank 0 (one per machine)."""
+    return local_rank() == 0
+
+
+def is_distributed() -> bool:
+    """True when more than one process takes part."""
+    return world_size() > 1
+
+
+def default_device(local: int | None = None) -> torch.device:
+    """The accelerator this process should use: `cuda:<local_rank>`, else `mps`, else `cpu`.
+
+    >>> default_device()            # on a machine without GPU
+    device(type='cpu')
+    """
+    if os.environ.get("CADENCE_USE_CPU", "") in ("1", "true", "True"):
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank() if local is None else local)
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def timeout() -> timedelta:
+    """Process-group timeout: `$CADENCE_TIMEOUT` seconds (set by `cadence launch --timeout`), else 600 s."""
+    return timedelta(seconds=float(os.environ.get("CADENCE_TIMEOUT", DEFAULT_TIMEOUT_S)))
+
+
+def setup_distrib(backend: str | None = None, timeout_s: float | None = None) -> bool:
+    """Create the default process group when launched on several processes (fastai's name).
+
+    Returns True when this call created the group, so the caller knows to destroy it.
+    gloo on CPU, nccl on CUDA; the timeout is always finite.
+
+    >>> created = setup_distrib()      # no-op (False) in a single process
+    """
+    if is_initialized() or _env_int(_WORLD_VARS, 1) < 2:
+        return False
+    device = default_device()
+    if backend is None:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    _export_torchrun_vars()
+    wait = timedelta(seconds=timeout_s) if timeout_s is not None else timeout()
+    dist.init_process_group(backend=backend, timeout=wait)
+    return True
+
+
+def _export_torchrun_vars() -> None:
+    """SLURM / Open MPI jobs: give `init_process_group` the variables torchrun would have set."""
+    os.environ.setdefault("RANK", str(_env_int(_RANK_VARS, 0)))
+    os.environ.setdefault("WORLD_SIZE", str(_env_int(_WORLD_VARS, 1)))
+    os.environ.setdefault("LOCAL_RANK", str(local_rank()))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+
+
+def teardown_distrib() -> None:
+    """Destroy the default process group if there is one (fastai's name)."""
+    if is_initialized():
+        dist.destroy_process_group()

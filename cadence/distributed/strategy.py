@@ -1,0 +1,84 @@
+"""The Strategy interface every engine adapter implements, and `SingleDevice`.
+
+The Learner's loop only calls these methods, so DDP, FSDP, DeepSpeed and XLA slot in
+without an `if` in the loop. A strategy owns the device, the wrapping of model and
+optimizer, and how backward and step run (precision included).
+
+>>> strategy = SingleDevice("cpu")
+>>> model, opt = strategy.wrap(model, opt)
+>>> strategy.backward(loss); stepped = strategy.step(opt)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from .env import default_device
+
+
+class Strategy:
+    """Base class: one process, one device. Subclasses override what their engine changes."""
+
+    name = "single"
+
+    def __init__(self, device: torch.device | str | None = None):
+        self.device = torch.device(device) if device is not None else default_device()
+
+    # lifecycle
+    def setup(self) -> None:
+        """Create process groups / select the device. Nothing to do on one device."""
+
+    def teardown(self) -> None:
+        """Undo `setup`."""
+
+    # model and data
+    def wrap(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple[nn.Module, Any]:
+        """Return (model, opt) ready to train on this strategy's device."""
+        return model.to(self.device), opt
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside whatever `wrap` returned."""
+        return model
+
+    def shard(self, dl):
+        """The part of `dl` this process iterates; all of it on one device."""
+        return dl
+
+    # one optimisation step
+    def forward_context(self) -> ContextManager:
+        """Context the forward pass and loss run in (autocast for mixed precision)."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self, opt: torch.optim.Optimizer) -> bool:
+        """Step the optimizer; False when the step was skipped (e.g. fp16 overflow)."""
+        opt.step()
+        return True
+
+    def no_sync(self, model: nn.Module) -> ContextManager:
+        """Context in which backward does not synchronise gradients across processes."""
+        return contextlib.nullcontext()
+
+    # state
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full (unsharded) state dict of the user's module, on every rank."""
+        return self.unwrap(model).state_dict()
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        self.unwrap(model).load_state_dict(state)
+
+    def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+        return opt.state_dict()
+
+    def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+        opt.load_state_dict(state)
+
+
+class SingleDevice(Strategy):
+    """Train on one device: CPU, one GPU or MPS (the default strategy)."""
