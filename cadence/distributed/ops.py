@@ -1,0 +1,312 @@
+"""Collectives and main-process helpers that work the same in one process and in many.
+
+Every function here is plain single-process code when no process group exists: `gather`
+returns its input, `broadcast` returns its argument, barriers do nothing.
+
+>>> total = reduce(torch.tensor(loss), op="sum")       # summed over every rank
+>>> preds = gather_for_metrics(preds, valid_dl)        # each sample once, DistributedDL padding removed
+>>> path = rank0_first(download, url)                  # rank 0 downloads, the others then read the cache
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from . import env
+
+__all__ = ["map_tensors", "wait_for_everyone", "broadcast", "reduce", "gather", "gather_object",
+           "gather_for_metrics", "pad_across_processes", "main_process_first", "local_main_process_first",
+           "rank0_first", "on_main_process", "on_local_main_process", "main_print", "get_logger"]
+
+T = TypeVar("T")
+_REDUCE_OPS = ("mean", "sum")
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """Apply `fn` to every tensor in nested tuples, lists (namedtuples too) and dicts; other leaves unchanged.
+
+    >>> map_tensors(lambda t: t * 2, {"x": torch.ones(2), "ids": [torch.zeros(1)], "name": "a"})
+    {'x': tensor([2., 2.]), 'ids': [tensor([0.])], 'name': 'a'}
+    """
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(map_tensors(fn, o) for o in data))
+    if isinstance(data, (tuple, list)):
+        return type(data)(map_tensors(fn, o) for o in data)
+    if isinstance(data, Mapping):
+        return type(data)({k: map_tensors(fn, v) for k, v in data.items()})
+    return data
+
+
+def _check_tensors_only(data: Any, what: str) -> None:
+    def leaves(o):
+        if isinstance(o, Mapping):
+            o = list(o.values())
+        if isinstance(o, (tuple, list)):
+            return [leaf for x in o for leaf in leaves(x)]
+        return [o]
+    bad = [type(o).__name__ for o in leaves(data) if not isinstance(o, torch.Tensor)]
+    if bad:
+        raise TypeError(f"{what} works on tensors in nested tuples/lists/dicts, got {bad[0]}; "
+                        f"use gather_object / broadcast for other Python objects")
+
+
+def wait_for_everyone() -> None:
+    """Barrier: block until every rank reaches this line (nothing to wait for in one process).
+
+    >>> wait_for_everyone()
+    """
+    if env.is_initialized():
+        dist.barrier()
+
+
+def broadcast(obj: T, src: int = 0) -> T:
+    """Rank `src`'s `obj` on every rank.
+
+    A tensor is broadcast in place (it must have the same shape and dtype on every rank);
+    anything else (nested containers, numbers, strings, tensors inside containers) is pickled,
+    and tensors inside it arrive on the CPU of the receiving ranks.
+
+    >>> seed = broadcast(random.randrange(2**31) if is_main_process() else None)
+    """
+    if not env.is_initialized():
+        return obj
+    if isinstance(obj, torch.Tensor):
+        dist.broadcast(obj, src=src)
+        return obj
+    payload = [map_tensors(lambda t: t.detach().cpu(), obj) if env.rank() == src else None]
+    dist.broadcast_object_list(payload, src=src)
+    return obj if env.rank() == src else payload[0]
+
+
+def reduce(data: T, op: str = "mean") -> T:
+    """Sum or mean of `data` (a tensor or nested tensors) over all ranks, returned as new tensors.
+
+    >>> reduce(torch.tensor(rank() + 1.0), op="sum")     # on 2 ranks
+    tensor(3.)
+    """
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"reduce op must be one of {_REDUCE_OPS}, got {op!r}")
+    _check_tensors_only(data, "reduce")
+    if not env.is_initialized():
+        return data
+
+    def _reduce(t: torch.Tensor) -> torch.Tensor:
+        out = t.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out / env.world_size() if op == "mean" else out
+    return map_tensors(_reduce, data)
+
+
+def _all_gather(t: torch.Tensor) -> list[torch.Tensor]:
+    """One tensor per rank; every rank's `t` must have the same shape. Bool goes over the wire as uint8."""
+    wire = t.to(torch.uint8) if t.dtype == torch.bool else t.contiguous()
+    out = [torch.empty_like(wire) for _ in range(env.world_size())]
+    dist.all_gather(out, wire)
+    return [o.to(t.dtype) for o in out]
+
+
+def _sizes(t: torch.Tensor, dim: int) -> list[int]:
+    size = torch.tensor([t.shape[dim]], device=t.device)
+    return [int(s) for s in _all_gather(size)]
+
+
+def _gather_parts(t: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's `t` (first dims may differ; 0-d tensors become 1-element), unpadded."""
+    t = t.detach()
+    t = t.reshape(1) if t.ndim == 0 else t
+    sizes = _sizes(t, 0)
+    padded = _pad_to(t, 0, max(sizes), pad_index=0, pad_first=False)
+    return [part[:n] for part, n in zip(_all_gather(padded), sizes)]
+
+
+def gather(data: T) -> T:
+    """Concatenate `data` (a tensor or nested tensors) on dim 0 across ranks, in rank order.
+
+    Ranks may hold different numbers of rows; 0-d tensors give one row per rank.
+
+    >>> gather(torch.full((rank() + 1,), rank()))      # on 2 ranks
+    tensor([0, 1, 1])
+    """
+    _check_tensors_only(data, "gather")
+    if not env.is_initialized():
+        return data
+    return map_tensors(lambda t: torch.cat(_gather_parts(t)), data)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """A list with every rank's picklable `obj`, in rank order.
+
+    >>> gather_object({"rank": rank()})                # on 2 ranks
+    [{'rank': 0}, {'rank': 1}]
+    """
+    if not env.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * env.world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _keep_mask(source: Any, rank: int, start: int, length: int) -> torch.Tensor:
+    if isinstance(source, int):
+        return torch.ones(length, dtype=torch.bool)
+    return source.real_mask(rank, start, length)
+
+
+def gather_for_metrics(data: T, source: Any, start: int | None = None) -> T:
+    """`gather(data)` without the samples DistributedDL added as padding, so each sample counts once.
+
+    `source` is the DistributedDL that produced `data`, or the number of samples in the dataset.
+    With a DistributedDL, `data` holds this rank's samples from position `start` of its shard;
+    by default the batch it yielded last when `data` has that batch's length, else the whole
+    shard from its beginning. With a number n, `data` must be whole shards and the first n
+    gathered rows are kept.
+
+    >>> for xb, yb in valid_dl: preds.append(gather_for_metrics(model(xb), valid_dl))
+    >>> all_preds = gather_for_metrics(torch.cat(local_preds), valid_dl)     # after the loop
+    """
+    _check_tensors_only(data, "gather_for_metrics")
+    if not (isinstance(source, int) or hasattr(source, "real_mask")):
+        raise TypeError(f"gather_for_metrics needs a DistributedDL or a number of samples, got {type(source).__name__}")
+    ranks = range(env.world_size()) if env.is_initialized() else [getattr(source, "rank", 0)]
+
+    def _gather(t: torch.Tensor) -> torch.Tensor:
+        parts = _gather_parts(t) if env.is_initialized() else [t]
+        first = start if start is not None else _default_start(source, len(parts[0]))
+        kept = [p[_keep_mask(source, r, first, len(p)).to(p.device)] for r, p in zip(ranks, parts)]
+        out = torch.cat(kept)
+        return out[:source] if isinstance(source, int) else out
+    return map_tensors(_gather, data)
+
+
+def _default_start(source: Any, length: int) -> int:
+    last = getattr(source, "last_batch", None)
+    return last[0] if last is not None and last[1] == length else 0
+
+
+def _pad_to(t: torch.Tensor, dim: int, size: int, pad_index: Any, pad_first: bool) -> torch.Tensor:
+    if t.shape[dim] == size:
+        return t
+    shape = list(t.shape)
+    shape[dim] = size - t.shape[dim]
+    filler = t.new_full(shape, pad_index)
+    return torch.cat([filler, t] if pad_first else [t, filler], dim=dim)
+
+
+def pad_across_processes(data: T, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> T:
+    """Pad each tensor in `data` along `dim` with `pad_index` to the largest size any rank has.
+
+    >>> pad_across_processes(torch.ones(rank() + 1))   # on 2 ranks: rank 0 gets tensor([1., 0.])
+    """
+    _check_tensors_only(data, "pad_across_processes")
+    if not env.is_initialized():
+        return data
+
+    def _pad(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim == 0:
+            return t
+        if not -t.ndim <= dim < t.ndim:
+            raise ValueError(f"dim={dim} is out of range for a tensor with {t.ndim} dims")
+        return _pad_to(t, dim, max(_sizes(t, dim)), pad_index, pad_first)
+    return map_tensors(_pad, data)
+
+
+@contextlib.contextmanager
+def _first(is_first: bool) -> Iterator[None]:
+    if not is_first:
+        wait_for_everyone()
+    yield
+    if is_first:
+        wait_for_everyone()
+
+
+def main_process_first() -> contextlib.AbstractContextManager[None]:
+    """Run the block on global rank 0 first, then on the other ranks.
+
+    >>> with main_process_first():
+    ...     ds = load_dataset("mnist")          # rank 0 downloads, the others read the cache
+    """
+    return _first(env.is_main_process())
+
+
+def local_main_process_first() -> contextlib.AbstractContextManager[None]:
+    """Run the block on local rank 0 of every machine first, then on the other ranks.
+
+    >>> with local_main_process_first():
+    ...     tokenizer = prepare_tokenizer()
+    """
+    return _first(env.is_local_main_process())
+
+
+def rank0_first(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call `func(*args, **kwargs)` on rank 0, then (after a barrier) on the other ranks; every rank gets its result.
+
+    >>> path = rank0_first(untar_data, URLs.MNIST)
+    """
+    with main_process_first():
+        return func(*args, **kwargs)
+
+
+def _only_if(predicate: Callable[[], bool], func: Callable[..., T]) -> Callable[..., T | None]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> T | None:
+        return func(*args, **kwargs) if predicate() else None
+    return wrapper
+
+
+def on_main_process(func: Callable[..., T]) -> Callable[..., T | None]:
+    """Decorator: run `func` on global rank 0 only; other ranks get None.
+
+    >>> @on_main_process
+    ... def save_report(metrics): ...
+    """
+    return _only_if(env.is_main_process, func)
+
+
+def on_local_main_process(func: Callable[..., T]) -> Callable[..., T | None]:
+    """Decorator: run `func` on local rank 0 of each machine only; other ranks get None.
+
+    >>> @on_local_main_process
+    ... def clear_local_cache(): ...
+    """
+    return _only_if(env.is_local_main_process, func)
+
+
+def main_print(*args: Any, **kwargs: Any) -> None:
+    """`print` on the main process only (Accelerate's `accelerator.print`).
+
+    >>> main_print(f"epoch {epoch}: loss {loss:.3f}")
+    """
+    if env.is_main_process():
+        builtins.print(*args, **kwargs)
+
+
+class MultiProcessAdapter(logging.LoggerAdapter):
+    """Logger adapter whose calls log on the main process only, unless called with `main_process_only=False`."""
+
+    def log(self, level: int, msg: object, *args: Any, main_process_only: bool = True, **kwargs: Any) -> None:
+        if main_process_only and not env.is_main_process():
+            return
+        super().log(level, msg, *args, **kwargs)
+
+
+def get_logger(name: str, level: int | str | None = None) -> MultiProcessAdapter:
+    """A logger whose `info`, `warning`, ... log once (on rank 0); pass `main_process_only=False` to log on every rank.
+
+    >>> logger = get_logger(__name__)
+    >>> logger.info("starting")                            # printed once
+    >>> logger.info("rank ready", main_process_only=False)  # printed by every rank
+    """
+    logger = logging.getLogger(name)
+    if level is not None:
+        logger.setLevel(level)
+    return MultiProcessAdapter(logger, {})
