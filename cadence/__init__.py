@@ -1,3 +1,32 @@
-"""cadence: a fastai-style Learner whose one event loop trains on one device or many."""
+"""cadence: a fastai-style Learner whose one event loop trains on one device or many.
+
+>>> from cadence import Learner, DataLoaders, accuracy
+>>> learn = Learner(DataLoaders.from_dsets(train_ds, valid_ds, bs=64), model,
+...                 loss_func=nn.CrossEntropyLoss(), metrics=accuracy)
+>>> learn.fit_one_cycle(3, lr_max=1e-2)
+"""
 
 __version__ = "0.1.0"
+
+from .callbacks.progress import ProgressCallback
+from .trainer.callback import Callback, Order
+from .trainer.data import DataLoaders, to_device
+from .trainer.events import (CancelBackwardException, CancelBatchException, CancelEpochException, CancelException,
+                             CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
+                             CancelValidException, Event)
+from .trainer.learner import Learner
+from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, rmse,
+                              sum_metric, top_k_accuracy)
+from .trainer.recorder import Recorder
+from .trainer.schedule import (LRFinder, ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SuggestedLRs,
+                               combine_scheds, combined_cos)
+
+__all__ = [
+    "__version__", "Learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
+    "CancelException", "CancelFitException", "CancelEpochException", "CancelTrainException", "CancelValidateException",
+    "CancelValidException", "CancelBatchException", "CancelBackwardException", "CancelStepException",
+    "Metric", "SumMetric", "AccumMetric", "AvgLoss", "AvgSmoothLoss", "sum_metric",
+    "accuracy", "error_rate", "top_k_accuracy", "rmse",
+    "ParamScheduler", "LRFinder", "SuggestedLRs", "SchedLin", "SchedCos", "SchedNo", "SchedExp", "combine_scheds",
+    "combined_cos",
+]

@@ -1,0 +1,99 @@
+"""ProgressCallback: a live bar and an epoch table on a terminal, one plain line per epoch elsewhere.
+
+Attached to every Learner by default; output comes from the main process only.
+
+>>> learn.fit(3)                    # terminal: live bar with the running loss, a results row per epoch
+>>> with learn.no_bar(): learn.fit(1)
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..distributed.env import is_main_process
+from ..trainer.callback import Callback, Order
+
+_REFRESH_S = 0.1
+
+
+def format_value(name: str, value) -> str:
+    """How one results cell is shown: durations as m:ss, epochs as ints, floats with 6 digits."""
+    if value is None:
+        return "-"
+    if name == "time":
+        return f"{int(value // 60):02d}:{value % 60:05.2f}"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.6f}"
+
+
+class ProgressCallback(Callback):
+    """Show training progress: rich bar + table on a terminal, plain lines in logs and notebooks."""
+
+    order = Order.REPORT
+
+    def __init__(self, console: Console | None = None):
+        self.console = console
+
+    def before_fit(self):
+        self.active = is_main_process()
+        if not self.active:
+            return
+        self.console = self.console or Console()
+        self.live = self.console.is_terminal
+        self.names = self.learn.recorder.metric_names
+        self.widths = [max(len(n), 10) for n in self.names]
+        if self.live:
+            self.console.print("  ".join(n.rjust(w) for n, w in zip(self.names, self.widths)), style="bold")
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TimeRemainingColumn(), TextColumn("{task.fields[loss]}"), console=self.console,
+                                transient=True)
+            self.bar.start()
+
+    def _start_bar(self, what: str):
+        if self.active and self.live:
+            desc = f"epoch {self.learn.epoch + 1}/{self.learn.n_epoch} {what}"
+            self.task = self.bar.add_task(desc, total=len(self.learn.dl), loss="")
+            self.last_refresh = 0.0
+
+    def before_train(self):
+        self._start_bar("train")
+
+    def before_validate(self):
+        self._start_bar("valid")
+
+    def after_batch(self):
+        if not (self.active and self.live):
+            return
+        now = time.perf_counter()
+        if now - self.last_refresh >= _REFRESH_S or self.learn.iter + 1 == len(self.learn.dl):
+            self.last_refresh = now
+            loss = f"loss {float(self.learn.loss):.4f}" if self.learn.loss is not None else ""
+            self.bar.update(self.task, completed=self.learn.iter + 1, loss=loss)
+
+    def _end_bar(self):
+        if self.active and self.live:
+            self.bar.remove_task(self.task)
+
+    def after_train(self):
+        self._end_bar()
+
+    def after_validate(self):
+        self._end_bar()
+
+    def after_epoch(self):
+        if not self.active or not self.learn.recorder.values:
+            return
+        row = self.learn.recorder.values[-1]
+        if self.live:
+            cells = [format_value(n, row.get(n)).rjust(w) for n, w in zip(self.names, self.widths)]
+            self.console.print("  ".join(cells), highlight=False)
+        else:
+            print(" | ".join(f"{n} {format_value(n, row.get(n))}" for n in self.names if n in row), flush=True)
+
+    def after_fit(self):
+        if self.active and self.live:
+            self.bar.stop()

@@ -1,0 +1,78 @@
+"""The Callback base class and the table of `order` constants.
+
+A callback is an object with methods named after events (see `events.Event`); the Learner
+calls them in `order`, lowest first. It reads and writes the training state through
+`self.learn` (attribute reads fall through to the learner: `self.epoch` is `self.learn.epoch`).
+
+>>> class PrintLoss(Callback):
+...     order = Order.REPORT
+...     def after_batch(self):
+...         if self.training: print(self.step, self.loss.item())
+>>> learn.fit(1, cbs=PrintLoss())
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+from .events import EVENT_NAMES
+
+
+class Order:
+    """When each kind of callback runs within an event: lower runs first."""
+
+    DISTRIBUTED = -20   # swaps data loaders / wraps the model before anything else sees them
+    RESUME = -15        # restores state before schedules and trackers read it
+    ACCUMULATE = -5     # decides whether this batch steps
+    DEFAULT = 0
+    PRECISION = 10
+    CLIP = 20           # after unscaling (PRECISION), before the step
+    SCHEDULE = 30
+    RECORD = 50         # Recorder: sees the final loss and metrics
+    REPORT = 60         # progress, trackers: read what the Recorder stored
+    STOP = 70           # early stopping, NaN checks: decide after everything is recorded
+    CHECKPOINT = 80     # saves after every other callback updated its state
+
+
+def _camel_to_snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class Callback:
+    """Base class for callbacks. Override event methods; set `order`, `run_train`, `run_valid`."""
+
+    order: int = Order.DEFAULT
+    run_train: bool = True      # called during training batches/events
+    run_valid: bool = True      # called during validation
+    learn: Any = None
+
+    @property
+    def name(self) -> str:
+        """Attribute name on the learner: `ParamScheduler` -> `learn.param_scheduler`."""
+        return _camel_to_snake(re.sub(r"Callback$", "", type(self).__name__) or type(self).__name__)
+
+    def __getattr__(self, attr: str) -> Any:
+        # fall through to the learner for the training state (epoch, loss, model, ...)
+        learn = self.__dict__.get("learn") or type(self).learn
+        if learn is not None and not attr.startswith("__"):
+            return getattr(learn, attr)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def event_methods(cb: Callback) -> dict[str, Any]:
+    """The bound event methods `cb` defines; raises ValueError for a misspelled event name."""
+    found = {}
+    for attr in dir(type(cb)):
+        if attr in EVENT_NAMES:
+            found[attr] = getattr(cb, attr)
+        elif re.fullmatch(r"(before|after)_[a-z_]+", attr) and callable(getattr(type(cb), attr, None)):
+            close = difflib.get_close_matches(attr, EVENT_NAMES, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{type(cb).__name__}.{attr} is not a training event.{hint} "
+                             f"Events are listed in cadence.Event.")
+    return found

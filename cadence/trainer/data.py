@@ -1,0 +1,85 @@
+"""DataLoaders: the train and valid loaders of a Learner, and moving batches to a device.
+
+>>> dls = DataLoaders.from_dsets(train_ds, valid_ds, bs=64)
+>>> dls = DataLoaders(train_dl, valid_dl, device="cpu")
+>>> xb, yb = to_device(next(iter(dls.train)), dls.device)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool = False) -> Any:
+    """Move the tensors in `batch` (a tensor, or tuples, lists and dicts of them) to `device`.
+
+    >>> to_device({"x": torch.ones(2), "ids": [torch.zeros(1)]}, "cpu")["x"].device
+    device(type='cpu')
+    """
+    if device is None:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: to_device(v, device, non_blocking) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(to_device(b, device, non_blocking) for b in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device, non_blocking) for b in batch)
+    return batch
+
+
+def _default_device() -> torch.device:
+    from ..distributed.env import default_device
+
+    return default_device()
+
+
+class DataLoaders:
+    """A train loader, an optional valid loader, and the device their batches go to.
+
+    Any iterable with `len()` works as a loader (a torch DataLoader, a list of batches).
+    `n_inp` is how many leading elements of a batch go to the model (the rest are targets);
+    by default all but the last.
+
+    >>> dls = DataLoaders(train_dl, valid_dl)
+    >>> dls.train, dls.valid, dls.device
+    """
+
+    def __init__(self, train: Iterable, valid: Iterable | None = None, device: torch.device | str | None = None,
+                 n_inp: int | None = None):
+        for name, dl in (("train", train), ("valid", valid)):
+            if dl is not None and not hasattr(dl, "__iter__"):
+                raise TypeError(f"DataLoaders({name}=...) must be iterable (a torch DataLoader), got {type(dl).__name__}")
+        self.train, self.valid, self.n_inp = train, valid, n_inp
+        self.device = torch.device(device) if device is not None else _default_device()
+
+    @classmethod
+    def from_dsets(cls, train_ds: Dataset, valid_ds: Dataset | None = None, bs: int = 64, val_bs: int | None = None,
+                   shuffle: bool = True, device: torch.device | str | None = None, n_inp: int | None = None,
+                   **kwargs) -> "DataLoaders":
+        """Build torch DataLoaders: the train one shuffled, the valid one in order.
+
+        Extra keyword arguments (num_workers, collate_fn, drop_last, ...) go to both loaders.
+
+        >>> dls = DataLoaders.from_dsets(TensorDataset(x, y), TensorDataset(xv, yv), bs=64)
+        """
+        if not isinstance(bs, int) or bs < 1:
+            raise ValueError(f"bs must be a positive int, got {bs!r}")
+        pin = kwargs.pop("pin_memory", torch.cuda.is_available())
+        train = DataLoader(train_ds, batch_size=bs, shuffle=shuffle, pin_memory=pin, **kwargs)
+        valid = None
+        if valid_ds is not None:
+            valid_kwargs = {k: v for k, v in kwargs.items() if k != "drop_last"}
+            valid = DataLoader(valid_ds, batch_size=val_bs or bs, shuffle=False, pin_memory=pin, **valid_kwargs)
+        return cls(train, valid, device=device, n_inp=n_inp)
+
+    def __getitem__(self, i: int) -> Iterable:
+        return (self.train, self.valid)[i]
+
+    def __repr__(self) -> str:
+        return f"DataLoaders(train={len(self.train)} batches, valid={len(self.valid) if self.valid else None}, device={self.device})"

@@ -1,0 +1,65 @@
+"""GatherPreds: the callback behind `Learner.get_preds`, collecting outputs batch by batch."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .callback import Callback, Order
+
+
+def _cat(chunks: list[Any]) -> Any:
+    """Concatenate a list of batches (tensors, or tuples of tensors) along dim 0."""
+    first = chunks[0]
+    if isinstance(first, (tuple, list)):
+        return type(first)(_cat([c[i] for c in chunks]) for i in range(len(first)))
+    return torch.cat(chunks)
+
+
+def per_item_loss(loss_func: Callable, pred: torch.Tensor, yb: tuple) -> torch.Tensor:
+    """`loss_func` with `reduction='none'`: an attribute of nn losses, or a keyword of functional ones."""
+    if hasattr(loss_func, "reduction"):
+        saved, loss_func.reduction = loss_func.reduction, "none"
+        try:
+            return loss_func(pred, *yb)
+        finally:
+            loss_func.reduction = saved
+    try:
+        return loss_func(pred, *yb, reduction="none")
+    except TypeError as e:
+        raise ValueError("get_preds(with_loss=True) needs a loss_func that supports reduction='none' "
+                         "(an nn loss module, or a function with a `reduction` keyword)") from e
+
+
+class GatherPreds(Callback):
+    """Keep every validation batch's predictions, targets and optionally inputs and per-item losses."""
+
+    order = Order.RECORD + 1
+    run_train = False
+
+    def __init__(self, with_input: bool = False, with_loss: bool = False):
+        self.with_input, self.with_loss = with_input, with_loss
+        self.inputs, self.preds, self.targs, self.losses = [], [], [], []
+
+    def after_batch(self):
+        learn = self.learn
+        self.preds.append(learn.pred.detach())
+        if learn.yb:
+            self.targs.append(learn.yb[0] if len(learn.yb) == 1 else learn.yb)
+        if self.with_input:
+            self.inputs.append(learn.xb[0] if len(learn.xb) == 1 else learn.xb)
+        if self.with_loss:
+            self.losses.append(per_item_loss(learn.loss_func, learn.pred, learn.yb).detach())
+
+    def result(self, act: Callable | None = None) -> tuple:
+        """(inputs?, preds, targs, losses?) concatenated over all batches."""
+        if not self.preds:
+            raise ValueError("get_preds saw no batches: the data loader is empty")
+        preds = _cat(self.preds)
+        out = [act(preds) if act is not None else preds, _cat(self.targs) if self.targs else None]
+        if self.with_input:
+            out.insert(0, _cat(self.inputs))
+        if self.with_loss:
+            out.append(_cat(self.losses))
+        return tuple(out)

@@ -1,0 +1,481 @@
+"""Learner: the training loop, top to bottom.
+
+Every feature (progress, precision, accumulation, checkpoints, trackers, distribution) is a
+callback; backward and optimizer step go through `learn.strategy`. The loop itself is the
+few `_do_*` methods below and `_with_events`, which runs one level of it with its events.
+
+>>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy)
+>>> learn.fit_one_cycle(3, lr_max=1e-2)
+>>> preds, targs = learn.get_preds()
+>>> learn.save("stage1"); learn.load("stage1")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .callback import Callback, event_methods
+from .data import DataLoaders, to_device
+from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
+                     CancelException, CancelFitException, CancelStepException, CancelTrainException,
+                     CancelValidateException, Event)
+from .recorder import Recorder
+from .schedule import LRFinder, ParamScheduler, SuggestedLRs, combined_cos, set_hyper
+from .serialization import check_state_dict, load_torch, load_weights, save_torch, save_weights
+
+_INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
+                           "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
+                           "after_batch"})
+_NO_CONTEXT = contextlib.nullcontext()
+_LEVEL_EVENTS = {level: (f"before_{level}", f"after_cancel_{level}", f"after_{level}")
+                 for level in ("fit", "epoch", "train", "validate", "batch", "backward", "step")}
+_DEPTH = {"create": 0, "fit": 0, "epoch": 1, "train": 2, "validate": 2, "batch": 3}
+
+
+def _listify(x) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class Learner:
+    """Trains `model` on `dls` with `loss_func`, an optimizer from `opt_func`, and callbacks.
+
+    Args:
+        dls: a `DataLoaders` (train and optional valid loader).
+        model: any `nn.Module`; batches are split into inputs (`xb`, passed as `model(*xb)`)
+            and targets (`yb`, passed as `loss_func(pred, *yb)`).
+        loss_func: `loss_func(pred, *yb)` -> scalar tensor.
+        opt_func: any callable `opt_func(params, lr=lr)` returning a `torch.optim.Optimizer`.
+        lr: default learning rate (a float, or a `slice` / list for discriminative rates).
+        splitter: `splitter(model)` -> list of parameter groups (for discriminative rates).
+        cbs, metrics: callbacks and metrics (functions `fn(preds, targs)` or `Metric`s).
+        path, model_dir: `save`/`load` use `path/model_dir/<name>.safetensors`.
+        wd: weight decay; None keeps the optimizer's default.
+        strategy: how to run backward/step (`SingleDevice` by default; `distrib_ctx` swaps it).
+
+    >>> learn = Learner(dls, model, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.1)
+    >>> learn.fit(2)
+    """
+
+    def __init__(self, dls: DataLoaders, model: nn.Module, loss_func: Callable | None = None,
+                 opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice = 1e-3,
+                 splitter: Callable[[nn.Module], Iterable] | None = None, cbs: Any = None, metrics: Any = None,
+                 path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None):
+        if not isinstance(dls, DataLoaders):
+            raise TypeError(f"dls must be a cadence.DataLoaders, got {type(dls).__name__}: "
+                            f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if loss_func is None:
+            raise ValueError("Learner needs a loss_func, e.g. Learner(dls, model, loss_func=nn.CrossEntropyLoss())")
+        if not callable(loss_func):
+            raise TypeError(f"loss_func must be callable as loss_func(pred, target), got {loss_func!r}")
+        if strategy is None:
+            from ..distributed.strategy import SingleDevice  # the default engine; trainer/ never needs more
+
+            strategy = SingleDevice(dls.device)
+        self.dls, self.loss_func, self.opt_func, self.lr, self.splitter = dls, loss_func, opt_func, lr, splitter
+        self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
+        self.model = model.to(strategy.device)
+        self.opt = self.create_opt()
+        self.cbs: list[Callback] = []
+        self._train_handlers: dict[str, tuple] = {}
+        self._handlers = self._valid_handlers = self._train_handlers
+        self._forward_cbs: list[Callback] = []
+        self.training, self.n_epoch, self.steps_per_epoch = False, 0, 0
+        self.epoch = self.iter = self.train_iter = self.step = 0
+        self.dl = self.xb = self.yb = self.pred = self.loss = self.loss_grad = None
+        self.add_cbs([Recorder(_listify(metrics)), *_default_cbs(), *_listify(cbs)])
+        self("after_create")
+
+    # ------------------------------------------------------------------ callbacks
+    def __call__(self, event: str | Event) -> None:
+        """Run every callback's handler for `event`, in order."""
+        try:
+            handlers = self._handlers[event]
+        except KeyError:
+            raise ValueError(f"unknown event {str(event)!r}; events are listed in cadence.Event") from None
+        for handler in handlers:
+            try:
+                handler()
+            except CancelException:
+                raise
+            except Exception as e:
+                e.add_note(f"(raised in callback {type(handler.__self__).__name__} during event {event})")
+                raise
+
+    def add_cb(self, cb: Callback | type) -> "Learner":
+        """Attach a callback (an instance, or a class to instantiate); it becomes `learn.<cb.name>`."""
+        if isinstance(cb, type):
+            cb = cb()
+        if not isinstance(cb, Callback):
+            raise TypeError(f"callbacks must be cadence.Callback instances, got {cb!r}")
+        event_methods(cb)  # rejects misspelled event names
+        existing = getattr(self, cb.name, None)
+        if existing is not None and not isinstance(existing, Callback):
+            raise ValueError(f"callback name {cb.name!r} clashes with Learner.{cb.name}; rename the callback class")
+        cb.learn = self
+        setattr(self, cb.name, cb)
+        self.cbs.append(cb)
+        self._rebuild_handlers()
+        return self
+
+    def add_cbs(self, cbs: Iterable) -> "Learner":
+        for cb in _listify(cbs):
+            self.add_cb(cb)
+        return self
+
+    def remove_cb(self, cb: Callback | type) -> "Learner":
+        """Detach a callback instance, or every callback of a class."""
+        targets = [c for c in self.cbs if (isinstance(c, cb) if isinstance(cb, type) else c is cb)]
+        for c in targets:
+            self.cbs.remove(c)
+            if getattr(self, c.name, None) is c:
+                delattr(self, c.name)
+            c.learn = None
+        self._rebuild_handlers()
+        return self
+
+    def remove_cbs(self, cbs: Iterable) -> "Learner":
+        for cb in _listify(cbs):
+            self.remove_cb(cb)
+        return self
+
+    @contextlib.contextmanager
+    def added_cbs(self, cbs: Any):
+        """Attach callbacks for the duration of a `with` block."""
+        cbs = [cb() if isinstance(cb, type) else cb for cb in _listify(cbs)]
+        self.add_cbs(cbs)
+        try:
+            yield self
+        finally:
+            self.remove_cbs(cbs)
+
+    @contextlib.contextmanager
+    def removed_cbs(self, cbs: Any):
+        """Detach callbacks for the duration of a `with` block."""
+        cbs = _listify(cbs)
+        self.remove_cbs(cbs)
+        try:
+            yield self
+        finally:
+            self.add_cbs(cbs)
+
+    def _rebuild_handlers(self) -> None:
+        """Per event, the handlers to call, in order; one table for training, one for validation."""
+        self.cbs.sort(key=lambda c: c.order)
+        methods = [(cb, event_methods(cb)) for cb in self.cbs]
+        train, valid = {}, {}
+        for event in EVENT_NAMES:
+            inner = event in _INNER_EVENTS
+            train[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_train or not inner))
+            valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
+        self._train_handlers, self._valid_handlers = train, valid
+        self._handlers = train if self.training else valid
+        self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
+
+    def show_training_loop(self) -> None:
+        """Print every event in loop order with the callbacks that handle it."""
+        for event in Event:
+            name = event.value
+            indent = "  " * _DEPTH.get(name.split("_")[-1], 4)
+            handlers = [type(h.__self__).__name__ for h in self._train_handlers[name]]
+            print(f"{indent}{name:<{30 - len(indent)}}{handlers}")
+
+    # ------------------------------------------------------------------ optimizer
+    def create_opt(self) -> torch.optim.Optimizer:
+        """Build the optimizer from `opt_func` (parameter groups from `splitter`) and set lr and wd."""
+        params = ([{"params": list(g)} for g in self.splitter(self.model)] if self.splitter
+                  else list(self.model.parameters()))
+        opt = self.opt_func(params, lr=1e-3)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"opt_func must return a torch.optim.Optimizer, got {type(opt).__name__}; "
+                            f"use e.g. opt_func=torch.optim.AdamW or functools.partial(torch.optim.SGD, momentum=0.9)")
+        set_hyper(opt, "lr", self._group_lrs(self.lr, len(opt.param_groups)))
+        if self.wd is not None:
+            set_hyper(opt, "wd", self.wd)
+        self.opt = opt
+        return opt
+
+    @staticmethod
+    def _group_lrs(lr: float | slice | list, n_groups: int) -> np.ndarray:
+        """One learning rate per parameter group: a float for all, a slice spread geometrically, or a list."""
+        if isinstance(lr, slice):
+            if lr.start is None:
+                return np.array([lr.stop / 10] * (n_groups - 1) + [lr.stop], dtype=float)
+            return np.geomspace(lr.start, lr.stop, n_groups) if n_groups > 1 else np.array([lr.stop], dtype=float)
+        lrs = np.broadcast_to(np.asarray(lr, dtype=float), (n_groups,)) if np.ndim(lr) == 0 else np.asarray(lr, float)
+        if lrs.shape != (n_groups,):
+            raise ValueError(f"got {len(lrs)} learning rates for {n_groups} parameter groups")
+        return lrs
+
+    # ------------------------------------------------------------------ the loop
+    def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None):
+        before, after_cancel, after = _LEVEL_EVENTS[level]
+        try:
+            self(before)
+            f()
+        except cancel:
+            self(after_cancel)
+        self(after)
+        if final is not None:
+            final()
+
+    def fit(self, n_epoch: int, lr: float | slice | None = None, wd: float | None = None, cbs: Any = None) -> None:
+        """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`), validating after each.
+
+        >>> learn.fit(3, lr=1e-2)
+        """
+        if not isinstance(n_epoch, int) or n_epoch < 1:
+            raise ValueError(f"n_epoch must be a positive int, got {n_epoch!r}")
+        with self.added_cbs(cbs):
+            set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
+            if wd is not None:
+                set_hyper(self.opt, "wd", wd)
+            self.n_epoch, self.steps_per_epoch = n_epoch, len(self.dls.train)
+            self.epoch = self.iter = self.train_iter = self.step = 0
+            self._with_events(self._do_fit, "fit", CancelFitException, self._end_cleanup)
+
+    def _do_fit(self) -> None:
+        for epoch in range(self.epoch, self.n_epoch):  # before_fit may have moved self.epoch (resume)
+            self.epoch = epoch
+            self._with_events(self._do_epoch, "epoch", CancelEpochException)
+
+    def _do_epoch(self) -> None:
+        self._do_epoch_train()
+        if self.dls.valid is not None:
+            self._do_epoch_validate()
+
+    def _do_epoch_train(self) -> None:
+        self.dl, self.training, self._handlers = self.dls.train, True, self._train_handlers
+        self.model.train()
+        self._with_events(self._all_batches, "train", CancelTrainException)
+
+    def _do_epoch_validate(self, dl: Iterable | None = None) -> None:
+        self.dl = self.dls.valid if dl is None else dl
+        self.training, self._handlers = False, self._valid_handlers
+        self.model.eval()
+        with torch.no_grad():
+            self._with_events(self._all_batches, "validate", CancelValidateException)
+
+    def _all_batches(self) -> None:
+        self.n_iter = len(self.dl)
+        for i, batch in enumerate(self.dl):
+            self.one_batch(i, batch)
+
+    def one_batch(self, i: int, batch: Any) -> None:
+        """Run the batch events for batch number `i` of the current loader."""
+        self.iter = i
+        self._split(to_device(batch, self.strategy.device))
+        self._with_events(self._do_one_batch, "batch", CancelBatchException)
+        if self.training:
+            self.train_iter += 1
+
+    def _split(self, b: Any) -> None:
+        if isinstance(b, (list, tuple)):
+            n = self.dls.n_inp if self.dls.n_inp is not None else max(len(b) - 1, 1)
+            self.xb, self.yb = tuple(b[:n]), tuple(b[n:])
+        else:
+            self.xb, self.yb = (b,), ()
+
+    def _do_one_batch(self) -> None:
+        with self._forward_context():
+            self.pred = self.model(*self.xb)
+            self("after_pred")
+            if self.yb or self.training:
+                self.loss_grad = self._compute_loss()
+                self.loss = self.loss_grad.detach()
+        self("after_loss")
+        if not self.training:
+            return
+        self._with_events(self._backward, "backward", CancelBackwardException)
+        self._with_events(self._step, "step", CancelStepException)
+        self.opt.zero_grad(set_to_none=True)
+
+    def _compute_loss(self) -> torch.Tensor:
+        if not self.yb:
+            raise ValueError("the training batch has no targets for loss_func: yield (inputs, targets) batches, "
+                             "or set DataLoaders(n_inp=...) to say how many elements are inputs")
+        try:
+            loss = self.loss_func(self.pred, *self.yb)
+        except Exception as e:
+            raise ValueError(f"loss_func could not use the model's output: loss_func(pred, *yb) with pred "
+                             f"{_describe(self.pred)} and yb {_describe(self.yb)} raised {type(e).__name__}: {e}. "
+                             f"Check the model's output size and the targets.") from e
+        if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+            raise ValueError(f"loss_func must return a scalar tensor, got {_describe(loss)}; use a reduction such as 'mean'")
+        return loss
+
+    def _backward(self) -> None:
+        self.strategy.backward(self.loss_grad)
+
+    def _step(self) -> None:
+        if self.strategy.step(self.opt):
+            self.step += 1
+
+    def _forward_context(self) -> contextlib.AbstractContextManager:
+        cbs = self._forward_cbs
+        if not cbs:
+            return _NO_CONTEXT
+        if len(cbs) == 1:
+            return cbs[0].forward_context()
+        stack = contextlib.ExitStack()
+        for cb in cbs:
+            stack.enter_context(cb.forward_context())
+        return stack
+
+    def _end_cleanup(self) -> None:
+        self.dl = self.xb = self.yb = self.pred = self.loss = self.loss_grad = None
+
+    # ------------------------------------------------------------------ schedules
+    def fit_one_cycle(self, n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
+                      div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,
+                      moms: tuple[float, float, float] | None = (0.95, 0.85, 0.95), cbs: Any = None) -> None:
+        """Train with the one-cycle policy: lr warms up to `lr_max` then anneals; momentum does the reverse.
+
+        >>> learn.fit_one_cycle(3, lr_max=1e-2)
+        """
+        lr_max = self._group_lrs(self.lr if lr_max is None else lr_max, len(self.opt.param_groups))
+        scheds = {"lr": combined_cos(pct_start, lr_max / div, lr_max, lr_max / div_final)}
+        if moms is not None:
+            scheds["mom"] = combined_cos(pct_start, *moms)
+        self.fit(n_epoch, wd=wd, cbs=[ParamScheduler(scheds), *_listify(cbs)])
+
+    def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10.0, num_it: int = 100, stop_div: bool = True,
+                show_plot: bool = True) -> SuggestedLRs:
+        """Try learning rates from `start_lr` to `end_lr`, restore the model, and suggest one.
+
+        >>> lr = learn.lr_find().valley
+        """
+        finder = LRFinder(start_lr, end_lr, num_it, stop_div)
+        n_epoch = math.ceil(num_it / max(len(self.dls.train), 1))
+        with self.no_bar():
+            self.fit(n_epoch, cbs=finder)
+        suggestions = finder.suggestions()
+        if show_plot:
+            finder.plot(suggestions.valley)
+        self.lr_finder = finder
+        return suggestions
+
+    # ------------------------------------------------------------------ inference
+    def validate(self, dl: Iterable | None = None, cbs: Any = None) -> dict[str, float | None]:
+        """Run one validation pass; returns `{"valid_loss": ..., <metric>: ...}`.
+
+        >>> learn.validate()["accuracy"]
+        """
+        dl = self._inference_dl(dl, "validate")
+        with self.added_cbs(cbs):
+            self._do_epoch_validate(dl)
+            self._end_cleanup()
+        return self.recorder.valid_values()
+
+    def get_preds(self, dl: Iterable | None = None, with_input: bool = False, with_loss: bool = False,
+                  act: Callable | None = None) -> tuple:
+        """Predictions and targets over `dl` (default: the validation set), concatenated.
+
+        Returns `(preds, targs)`, with the inputs first if `with_input` and the per-item losses
+        last if `with_loss`. `act` is applied to the predictions (default: `loss_func.activation`
+        if the loss defines one).
+
+        >>> preds, targs = learn.get_preds()
+        >>> inps, preds, targs, losses = learn.get_preds(with_input=True, with_loss=True, act=torch.softmax)
+        """
+        from .gather import GatherPreds
+
+        dl = self._inference_dl(dl, "get_preds")
+        gatherer = GatherPreds(with_input, with_loss)
+        with self.no_bar(), self.added_cbs(gatherer):
+            self._do_epoch_validate(dl)
+            self._end_cleanup()
+        act = act if act is not None else getattr(self.loss_func, "activation", None)
+        return gatherer.result(act)
+
+    def predict(self, item: Any, act: Callable | None = None) -> Any:
+        """The model's output for one item (its input tensor, or a tuple of them), without a batch dimension.
+
+        >>> probs = learn.predict(x_valid[0], act=partial(torch.softmax, dim=-1))
+        """
+        xb = item if isinstance(item, tuple) else (item,)
+        xb = to_device(tuple(x.unsqueeze(0) if isinstance(x, torch.Tensor) else x for x in xb), self.strategy.device)
+        self.model.eval()
+        with torch.no_grad(), self._forward_context():
+            pred = self.model(*xb)
+        act = act if act is not None else getattr(self.loss_func, "activation", None)
+        pred = act(pred) if act is not None else pred
+        return pred[0]
+
+    def _inference_dl(self, dl: Iterable | None, what: str) -> Iterable:
+        dl = self.dls.valid if dl is None else dl
+        if dl is None:
+            raise ValueError(f"{what} needs data: pass {what}(dl=...) or build DataLoaders with a validation set")
+        return dl
+
+    # ------------------------------------------------------------------ saving
+    def save(self, name: str, with_opt: bool = True) -> Path:
+        """Write the weights to `path/model_dir/<name>.safetensors` (and the optimizer to `<name>.opt.pt`).
+
+        >>> learn.save("stage1")   # models/stage1.safetensors, models/stage1.opt.pt
+        """
+        file = self.path / self.model_dir / f"{name}.safetensors"
+        save_weights(self.strategy.model_state_dict(self.model), file)
+        if with_opt:
+            save_torch(self.strategy.optimizer_state_dict(self.model, self.opt), file.with_suffix(".opt.pt"))
+        return file
+
+    def load(self, name: str | Path, with_opt: bool = True, strict: bool = True) -> "Learner":
+        """Load weights saved by `save` (a name in `model_dir`, or a path to a .safetensors file).
+
+        The file is checked against the model before anything is loaded.
+        """
+        file = Path(name) if Path(name).suffix == ".safetensors" else self.path / self.model_dir / f"{name}.safetensors"
+        if not file.exists():
+            raise FileNotFoundError(f"no saved weights at {file}; names saved so far: "
+                                    f"{sorted(p.stem for p in file.parent.glob('*.safetensors'))}")
+        state = load_weights(file)
+        if strict:
+            check_state_dict(self.strategy.unwrap(self.model), state, source=str(file))
+            self.strategy.load_model_state_dict(self.model, state)
+        else:
+            self.strategy.unwrap(self.model).load_state_dict(state, strict=False)
+        opt_file = file.with_suffix(".opt.pt")
+        if with_opt and opt_file.exists():
+            self.strategy.load_optimizer_state_dict(self.model, self.opt, load_torch(opt_file))
+        elif with_opt:
+            warnings.warn(f"no optimizer state at {opt_file}; the optimizer starts fresh", stacklevel=2)
+        return self
+
+    # ------------------------------------------------------------------ output
+    @contextlib.contextmanager
+    def no_bar(self):
+        """Train without the progress display for the duration of a `with` block."""
+        from ..callbacks.progress import ProgressCallback
+
+        with self.removed_cbs([cb for cb in self.cbs if isinstance(cb, ProgressCallback)]):
+            yield self
+
+    def __repr__(self) -> str:
+        return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {tuple(x.shape)} ({x.dtype})"
+    if isinstance(x, (list, tuple)):
+        return "(" + ", ".join(_describe(v) for v in x) + ")"
+    return type(x).__name__
+
+
+def _default_cbs() -> list[Callback]:
+    from ..callbacks.progress import ProgressCallback  # the default progress display
+
+    return [ProgressCallback()]

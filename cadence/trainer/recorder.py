@@ -1,0 +1,112 @@
+"""Recorder: what happened during training, per optimizer step and per epoch.
+
+Always attached as `learn.recorder`.
+
+>>> learn.fit(2)
+>>> learn.recorder.values[-1]      # {'epoch': 1, 'train_loss': ..., 'valid_loss': ..., 'accuracy': ..., 'time': ...}
+>>> learn.recorder.losses[:3], learn.recorder.lrs[:3]     # per training batch
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .callback import Callback, Order
+from .metrics import AvgLoss, Metric, as_metric, batch_size
+
+
+def _identity(x):
+    return x
+
+
+class Recorder(Callback):
+    """Records per-batch training loss and lr, and per-epoch train loss, valid loss, metrics and time.
+
+    Metrics are computed on the validation set. Under distribution the bridge sets
+    `reducers = (all_sum, all_gather)`, which combine loss and metric state over processes
+    before values are read; on one process both are the identity.
+    """
+
+    order = Order.RECORD
+
+    def __init__(self, metrics: list[Any] | None = None):
+        self.metrics: list[Metric] = [as_metric(m) for m in (metrics or [])]
+        self.train_loss, self.valid_loss = AvgLoss("train_loss"), AvgLoss("valid_loss")
+        self.values: list[dict[str, float | None]] = []
+        self.losses: list[float] = []
+        self.lrs: list[float] = []
+        self._batch_losses: list[torch.Tensor] = []
+        self._batch_sizes: list[int] = []
+        self.reducers = (_identity, _identity)
+
+    @property
+    def metric_names(self) -> list[str]:
+        """Columns of one epoch's results, in order."""
+        return ["epoch", "train_loss", "valid_loss", *(m.name for m in self.metrics), "time"]
+
+    def before_fit(self):
+        self.losses, self.lrs, self.values = [], [], []
+
+    def before_epoch(self):
+        self.start_time = time.perf_counter()
+        self.train_loss.reset()
+        self._batch_losses, self._batch_sizes = [], []
+
+    def before_validate(self):
+        self.valid_loss.reset()
+        for m in self.metrics:
+            m.reset()
+
+    def after_batch(self):
+        learn = self.learn
+        if learn.training:
+            self._batch_losses.append(learn.loss)
+            self._batch_sizes.append(batch_size(learn.yb or learn.xb))
+            self.lrs.append(learn.opt.param_groups[-1]["lr"])
+        elif learn.yb:
+            self.valid_loss.accumulate(learn)
+            for m in self.metrics:
+                m.accumulate(learn)
+
+    def after_train(self):
+        """Turn the epoch's batch losses into `losses` and the size-weighted train loss."""
+        if not self._batch_losses:
+            return
+        losses = torch.stack(self._batch_losses).double()
+        sizes = torch.tensor(self._batch_sizes, dtype=torch.float64, device=losses.device)
+        self.losses.extend(losses.float().cpu().tolist())
+        self.train_loss.sums = torch.stack([(losses * sizes).sum(), sizes.sum()])
+        self.train_loss.sync(*self.reducers)
+        self._batch_losses, self._batch_sizes = [], []
+
+    def after_validate(self):
+        for m in (self.valid_loss, *self.metrics):
+            m.sync(*self.reducers)
+
+    def after_epoch(self):
+        row = {"epoch": self.learn.epoch, "train_loss": self.train_loss.value, **self.valid_values(),
+               "time": time.perf_counter() - self.start_time}
+        self.values.append(row)
+
+    def valid_values(self) -> dict[str, float | None]:
+        """valid_loss and every metric of the last validation pass."""
+        if self.learn.dls.valid is None:
+            return {}
+        return {"valid_loss": self.valid_loss.value, **{m.name: m.value for m in self.metrics}}
+
+    def plot_loss(self, skip_start: int = 5):
+        """Training loss per batch and validation loss per epoch (needs matplotlib)."""
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        ax.plot(range(skip_start, len(self.losses)), self.losses[skip_start:], label="train")
+        per_epoch = len(self.losses) / max(len(self.values), 1)
+        valid = [(per_epoch * (i + 1), v["valid_loss"]) for i, v in enumerate(self.values) if v.get("valid_loss") is not None]
+        if valid:
+            ax.plot(*zip(*valid), label="valid")
+        ax.set(xlabel="batch", ylabel="loss")
+        ax.legend()
+        return fig
