@@ -1,0 +1,367 @@
+"""`cadence launch`: run a script on N processes through torch.distributed.run's elastic agent.
+
+Flags (Accelerate's names) override the YAML config; the result reaches the script as
+torchrun's variables (RANK, WORLD_SIZE, ...) plus CADENCE_* variables. Each Python worker runs
+under `run_worker`, which records an exception in torchrun's error file instead of printing it,
+so the launcher prints the first failing rank's traceback exactly once.
+
+    cadence launch --num_processes 2 --mixed_precision bf16 train.py --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from cadence.distributed import config as cfg_mod
+from cadence.distributed.config import Config
+
+# Config keys that are also `cadence launch` flags (besides --cpu for use_cpu).
+LAUNCH_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
+               "mixed_precision", "gradient_accumulation_steps", "num_cpu_threads_per_process",
+               "max_restarts", "monitor_interval", "rdzv_backend", "timeout", "debug")
+_WORKER_CODE = "from cadence.distributed.launch import run_worker; run_worker()"
+_DEFAULT_MULTI_NODE_PORT = 29500
+
+
+def add_launch_args(parser: argparse.ArgumentParser) -> None:
+    """Add `cadence launch`'s flags and the positional `training_script [args...]` to `parser`.
+
+    >>> p = argparse.ArgumentParser(); add_launch_args(p)
+    >>> p.parse_args(["--cpu", "--num_processes", "2", "train.py", "--lr", "1"]).training_script_args
+    ['--lr', '1']
+    """
+    parser.add_argument("--config_file", default=None, help="YAML config (default: `cadence config`'s file)")
+    parser.add_argument("--cpu", dest="use_cpu", action="store_const", const=True, default=None,
+                        help="train on CPU even where an accelerator exists")
+    parser.add_argument("--multi_gpu", action="store_true", help="DDP over GPUs (accepted for Accelerate users)")
+    cfg_mod.add_config_flags(parser, LAUNCH_KEYS)
+    parser.add_argument("--rdzv_conf", default="", help="extra rendezvous settings, `key1=v1,key2=v2`")
+    parser.add_argument("-m", "--module", action="store_true", help="run training_script as a module, like `python -m`")
+    parser.add_argument("--no_python", action="store_true", help="run training_script as a program, not with python")
+    parser.add_argument("training_script", help="the script (or module, or program) to run on every process")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    """The config file (`--config_file` or the default one) with the flags in `args` applied on top.
+
+    >>> resolve_config(argparse.Namespace(config_file=None, num_processes=2, use_cpu=True)).num_processes
+    2
+    """
+    base = cfg_mod.load_config(args.config_file)
+    changes = cfg_mod.flag_values(args)
+    if getattr(args, "multi_gpu", False) and base.distributed_type == "NO":
+        changes["distributed_type"] = "MULTI_GPU"
+    try:
+        return Config(**{**base.to_dict(), **changes})
+    except ValueError as e:
+        raise ValueError(f"cadence launch flags: {e}") from None
+
+
+def launch_env(config: Config) -> dict[str, str | None]:
+    """Variables the workers get from `config` (None: remove the variable).
+
+    >>> launch_env(Config(num_processes=2, use_cpu=True))["CADENCE_STRATEGY"]
+    'ddp'
+    """
+    per_node = config.num_processes // config.num_machines
+    threads = config.num_cpu_threads_per_process or os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // per_node)
+    return {
+        "CADENCE_MIXED_PRECISION": config.mixed_precision,
+        "CADENCE_GRADIENT_ACCUMULATION_STEPS": str(config.gradient_accumulation_steps),
+        "CADENCE_TIMEOUT": str(config.timeout),
+        "CADENCE_USE_CPU": "1" if config.use_cpu else "0",
+        "CADENCE_STRATEGY": config.strategy,
+        "CADENCE_DEBUG": "1" if config.debug else None,
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL" if config.debug else os.environ.get("TORCH_DISTRIBUTED_DEBUG"),
+        "CADENCE_FSDP_CONFIG": json.dumps(config.fsdp_config) if config.fsdp_config else None,
+        "CADENCE_DEEPSPEED_CONFIG": json.dumps(config.deepspeed_config) if config.deepspeed_config else None,
+        "OMP_NUM_THREADS": str(threads),
+    }
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_argv(config: Config, args: argparse.Namespace) -> list[str]:
+    """Arguments for `torch.distributed.run` that run `args.training_script` as `config` says.
+
+    >>> torchrun_argv(Config(num_processes=2), ns)[:4]       # doctest: +SKIP
+    ['--nnodes', '1', '--nproc_per_node', '2']
+    """
+    if args.no_python and args.module:
+        raise ValueError("--no_python and --module cannot be combined: pick one")
+    single = config.num_machines == 1
+    addr = config.main_process_ip or ("127.0.0.1" if single else None)
+    if addr is None:
+        raise ValueError("--num_machines > 1 needs --main_process_ip (the address of machine 0)")
+    port = config.main_process_port or (free_port() if single else _DEFAULT_MULTI_NODE_PORT)
+    argv = ["--nnodes", str(config.num_machines), "--nproc_per_node", str(config.num_processes // config.num_machines),
+            "--node_rank", str(config.machine_rank), "--master_addr", addr, "--master_port", str(port),
+            "--max_restarts", str(config.max_restarts), "--monitor_interval", str(config.monitor_interval),
+            "--rdzv_backend", config.rdzv_backend, "--rdzv_conf", args.rdzv_conf]
+    if config.rdzv_backend != "static":
+        argv += ["--rdzv_endpoint", f"{addr}:{port}"]
+    if args.no_python:
+        return argv + ["--no_python", args.training_script, *args.training_script_args]
+    module = ["-m"] if args.module else []
+    return argv + ["--no_python", sys.executable, "-u", "-c", _WORKER_CODE, *module,
+                   args.training_script, *args.training_script_args]
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Run `args.training_script` on every process and return the exit code for `cadence launch`.
+
+    Bad flags or config fail (ValueError) before any process starts. When a rank fails, the
+    agent stops the others, and the first failure's traceback is printed once to stderr.
+
+    >>> p = argparse.ArgumentParser(); add_launch_args(p)
+    >>> launch(p.parse_args(["--cpu", "--num_processes", "2", "train.py"]))   # doctest: +SKIP
+    0
+    """
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    config = resolve_config(args)
+    torchrun_args = torchrun.parse_args(torchrun_argv(config, args))
+    for name, value in launch_env(config).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if not config.debug:
+        logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
+    try:
+        torchrun.run(torchrun_args)
+    except ChildFailedError as e:
+        return report_failure(e.failures)
+    return 0
+
+
+def report_failure(failures: dict) -> int:
+    """Print the earliest failure's traceback and one line per other failed rank; return an exit code.
+
+    `failures` maps global rank to torch's `ProcessFailure`, as in `ChildFailedError.failures`.
+    """
+    ordered = sorted(failures.items(), key=lambda item: _failure_time(item[1]))
+    (rank, first), others = ordered[0], ordered[1:]
+    headline, trace = _failure_text(first)
+    print(f"cadence launch: rank {rank} failed: {headline}\n{trace}".rstrip(), file=sys.stderr)
+    for rank, failure in others:
+        print(f"cadence launch: rank {rank} also failed: {_failure_text(failure)[0]}", file=sys.stderr)
+    return first.exitcode if first.exitcode > 0 else 1
+
+
+def _failure_time(failure) -> float:
+    info = failure.error_file_data.get("message", {})
+    extra = info.get("extraInfo", {}) if isinstance(info, dict) else {}
+    return extra.get("time_ns", failure.timestamp * 1e9)
+
+
+def _failure_text(failure) -> tuple[str, str]:
+    """(one-line summary, traceback or '') of a ProcessFailure."""
+    info = failure.error_file_data.get("message")
+    if isinstance(info, dict):
+        return info.get("message", ""), info.get("extraInfo", {}).get("py_callstack", "")
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()}", ""
+    return f"exited with code {failure.exitcode}", ""
+
+
+def run_worker(argv: list[str] | None = None) -> None:
+    """Run a script (or `-m module`) as `__main__` in this worker; on an exception, record it for the launcher.
+
+    With torchrun's `TORCHELASTIC_ERROR_FILE` set, the traceback goes to that file (the launcher
+    prints it); without it, to stderr. Either way the process exits with code 1.
+
+    >>> run_worker(["train.py", "--epochs", "1"])          # doctest: +SKIP
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    module = argv[:1] == ["-m"]
+    target, *rest = argv[1:] if module else argv
+    sys.argv = [target, *rest]
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = str(Path(target).resolve().parent)
+            runpy.run_path(target, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:
+        _record_exception(e)
+        sys.exit(1)
+
+
+def user_traceback(e: BaseException) -> str:
+    """`e`'s traceback as text, without the launcher's own frames (run_worker, runpy, the notebook worker)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
+def _record_exception(e: BaseException) -> None:
+    text = user_traceback(e)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        print(text, file=sys.stderr, end="")
+        return
+    headline = traceback.format_exception_only(type(e), e)[-1].strip()
+    info = {"py_callstack": text, "timestamp": str(int(time.time())), "time_ns": time.time_ns()}
+    Path(error_file).write_text(json.dumps({"message": {"message": headline, "extraInfo": info}}))
+
+
+class WorkerError(RuntimeError):
+    """A launched worker failed; its message is the worker's traceback (or how the worker died)."""
+
+
+def notebook_launcher(function, args: tuple = (), num_processes: int | None = None, mixed_precision: str = "no",
+                      use_port: int | None = None):
+    """Run `function(*args)` on `num_processes` fresh processes (one per GPU, else one); return rank 0's result.
+
+    Workers start with spawn and receive `function` by cloudpickle, so a function defined in a
+    notebook cell works. Each gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the
+    CADENCE_* variables `cadence launch` sets. A worker's exception is re-raised here, chained to
+    a WorkerError holding the worker's traceback; the other workers are stopped.
+
+    >>> def train(lr): ...; return "done"
+    >>> notebook_launcher(train, (1e-3,), num_processes=2)          # doctest: +SKIP
+    'done'
+    """
+    if num_processes is None:
+        import torch
+        num_processes = torch.cuda.device_count() or 1
+    config = _launcher_config(num_processes, mixed_precision=mixed_precision)
+    return _spawn(function, args, config, use_port)
+
+
+def debug_launcher(function, args: tuple = (), num_processes: int = 2):
+    """Run `function(*args)` on `num_processes` CPU processes (gloo), as `notebook_launcher` does.
+
+    >>> debug_launcher(lambda: __import__("os").environ["WORLD_SIZE"])   # doctest: +SKIP
+    '2'
+    """
+    return _spawn(function, args, _launcher_config(num_processes, use_cpu=True), None)
+
+
+def _launcher_config(num_processes: int, **kwargs) -> Config:
+    from cadence.distributed.env import timeout
+
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive int, got {num_processes!r}")
+    try:
+        return Config(num_processes=num_processes, timeout=timeout().total_seconds(), **kwargs)
+    except ValueError as e:
+        raise ValueError(f"notebook_launcher: {e}") from None
+
+
+def _spawn(function, args: tuple, config: Config, use_port: int | None):
+    """Start one spawn process per rank, wait for all, return rank 0's result; stop every worker on the way out."""
+    import multiprocessing
+
+    import cloudpickle
+
+    if not callable(function):
+        raise TypeError(f"function must be callable, got {type(function).__name__}")
+    payload = cloudpickle.dumps((function, tuple(args)))
+    port = str(use_port or free_port())
+    env = {k: v for k, v in launch_env(config).items() if v is not None}
+    env.update(WORLD_SIZE=str(config.num_processes), LOCAL_WORLD_SIZE=str(config.num_processes),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    ctx = multiprocessing.get_context("spawn")
+    procs, conns = [], []
+    try:
+        for rank in range(config.num_processes):
+            receiver, sender = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker_main, args=(rank, payload, env, sender), daemon=True)
+            proc.start()
+            sender.close()
+            procs.append(proc)
+            conns.append(receiver)
+        return _collect(procs, conns)
+    finally:
+        _stop(procs)
+
+
+def _worker_main(rank: int, payload: bytes, env: dict[str, str], conn) -> None:
+    """Body of one spawned worker: set its variables, run the function, send back the outcome."""
+    import cloudpickle
+    import torch
+
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0")
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    try:
+        function, args = cloudpickle.loads(payload)
+        result = function(*args)
+        conn.send(("ok", cloudpickle.dumps(result) if rank == 0 else None))
+    except BaseException as e:
+        try:
+            pickled = cloudpickle.dumps(e)
+        except Exception:
+            pickled = None
+        conn.send(("error", pickled, user_traceback(e)))
+    finally:
+        conn.close()
+
+
+def _collect(procs: list, conns: list):
+    """Wait for every worker's message; raise on the first failure, else return rank 0's result."""
+    import multiprocessing.connection
+
+    import cloudpickle
+
+    pending, result = dict(enumerate(conns)), None
+    while pending:
+        for conn in multiprocessing.connection.wait(list(pending.values())):
+            rank = conns.index(conn)
+            try:
+                kind, *data = conn.recv()
+            except EOFError:
+                procs[rank].join(5)
+                raise WorkerError(f"rank {rank} died (exit code {procs[rank].exitcode}) before returning") from None
+            if kind == "error":
+                _reraise(rank, *data)
+            if rank == 0:
+                result = cloudpickle.loads(data[0])
+            del pending[rank]
+    return result
+
+
+def _reraise(rank: int, pickled: bytes | None, trace: str):
+    import cloudpickle
+
+    remote = WorkerError(f"rank {rank} raised:\n{trace}")
+    try:
+        error = cloudpickle.loads(pickled) if pickled is not None else None
+    except Exception:
+        error = None
+    if not isinstance(error, BaseException):
+        raise remote
+    error.add_note(f"(raised on rank {rank}; the worker's traceback is above)")
+    raise error from remote
+
+
+def _stop(procs: list) -> None:
+    """Terminate the workers still running, then kill those that ignore it."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()

@@ -1,0 +1,19 @@
+"""Launched on 2 processes: rank 1 raises mid-run while rank 0 waits in a collective."""
+
+import torch
+import torch.distributed as dist
+
+from cadence.distributed.env import rank, setup_distrib
+
+setup_distrib()
+dist.all_reduce(torch.ones(1))
+
+
+def step(i: int) -> None:
+    if rank() == 1 and i == 2:
+        raise ValueError("launch_raise: rank 1 failed on purpose")
+
+
+for i in range(5):
+    step(i)
+    dist.all_reduce(torch.ones(1))
