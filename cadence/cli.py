@@ -1,4 +1,11 @@
-"""`cadence` command line: a thin argparse layer over cadence.distributed.launch and .config."""
+"""`cadence` command line: a thin argparse layer over cadence.distributed.launch and .config.
+
+    cadence --version
+    cadence env
+    cadence config [default|update] [--num_processes 2 --mixed_precision bf16 ...]
+    cadence launch --num_processes 2 train.py --epochs 3
+    cadence test --cpu --num_processes 2
+"""
 
 from __future__ import annotations
 
@@ -6,20 +13,70 @@ import argparse
 import sys
 
 import cadence
+from cadence.distributed import config as cfg_mod
 from cadence.distributed import launch as launch_mod
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cadence")
+    """The `cadence` parser with its subcommands env, config, launch and test."""
+    parser = argparse.ArgumentParser(prog="cadence", description="Launch and configure cadence training runs.")
     parser.add_argument("--version", action="version", version=f"cadence {cadence.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    env = sub.add_parser("env", help="print versions, hardware and the config")
+    env.add_argument("--config_file", default=None)
+    config = sub.add_parser("config", help="write the launch config (asks in a terminal; flags answer questions)")
+    config.add_argument("action", nargs="?", choices=("ask", "default", "update"), default="ask",
+                        help="ask (default): ask what flags leave open; default: write without asking; "
+                             "update: rewrite an old or Accelerate-format file in cadence's format")
+    config.add_argument("--config_file", default=None, help="where to write (default: the default config path)")
+    cfg_mod.add_config_flags(config)
     launch_mod.add_launch_args(sub.add_parser("launch", help="run a script on N processes"))
+    launch_mod.add_launch_options(sub.add_parser("test", help="run a short distributed check with the config"))
     return parser
 
 
+def configure(args: argparse.Namespace) -> int:
+    """`cadence config`: write the config file and say where."""
+    given = cfg_mod.flag_values(args)
+    if args.action == "default":
+        start = cfg_mod.Config()
+    else:
+        start = cfg_mod.load_config(args.config_file if args.action == "update" else _existing(args.config_file))
+    ask = input if args.action == "ask" and sys.stdin.isatty() else None
+    path = cfg_mod.save(cfg_mod.questionnaire(start, given, ask), args.config_file)
+    print(f"cadence config written to {path}")
+    return 0
+
+
+def _existing(path: str | None) -> str | None:
+    """`path` if the file exists, so `cadence config` starts from its values; else None (the default file)."""
+    from pathlib import Path
+
+    return path if path is not None and Path(path).expanduser().is_file() else None
+
+
+def self_test(args: argparse.Namespace) -> int:
+    """`cadence test`: launch cadence.distributed.check with the config and report the outcome."""
+    args.training_script, args.training_script_args, args.module, args.no_python = "cadence.distributed.check", [], True, False
+    code = launch_mod.launch(args)
+    print("cadence test: all checks passed" if code == 0 else f"cadence test: FAILED (exit code {code}), see above")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `cadence` command; returns the exit code.
+
+    >>> main(["config", "default", "--num_processes", "2", "--use_cpu"])    # doctest: +SKIP
+    0
+    """
     args = build_parser().parse_args(argv)
-    return launch_mod.launch(args)
+    commands = {"env": lambda a: print(cfg_mod.environment_report(a.config_file)) or 0,
+                "config": configure, "launch": launch_mod.launch, "test": self_test}
+    try:
+        return commands[args.command](args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"cadence {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import difflib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,112 @@ def save(config: Config, path: str | os.PathLike | None = None) -> Path:
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     return file
+
+
+# What `cadence config` asks, in order; keys asked only on several machines come last.
+QUESTIONS = ("use_cpu", "num_machines", "num_processes", "distributed_type", "mixed_precision",
+             "gradient_accumulation_steps", "timeout")
+MULTI_MACHINE_QUESTIONS = ("machine_rank", "main_process_ip", "main_process_port", "rdzv_backend")
+
+
+def questionnaire(start: Config, given: dict[str, Any], ask: Callable[[str], str] | None = input) -> Config:
+    """A Config from `start`, the values `given` (flags), and answers to the remaining questions.
+
+    `ask=None` asks nothing (non-terminal use): the unanswered keys keep `start`'s values. A
+    distributed_type left at NO becomes MULTI_CPU/MULTI_GPU when several processes are chosen.
+
+    >>> questionnaire(Config(), {"num_processes": 2, "use_cpu": True}, ask=None).distributed_type
+    'MULTI_CPU'
+    """
+    values = {**start.to_dict(), **given}
+    fields = {f.name: f for f in config_fields()}
+    for name in QUESTIONS + MULTI_MACHINE_QUESTIONS:
+        if ask is None or name in given or (name in MULTI_MACHINE_QUESTIONS and values["num_machines"] == 1):
+            continue
+        if name == "distributed_type":
+            values[name] = _suggested_type(values)
+        values[name] = _ask_one(fields[name], values[name], ask)
+    if "distributed_type" not in given:
+        values["distributed_type"] = _suggested_type(values)
+    return Config(**values)
+
+
+def _suggested_type(values: dict[str, Any]) -> str:
+    if values["distributed_type"] != "NO" or values["num_processes"] == 1:
+        return values["distributed_type"]
+    import torch
+
+    return "MULTI_CPU" if values["use_cpu"] or not torch.cuda.is_available() else "MULTI_GPU"
+
+
+def _ask_one(f: dataclasses.Field, current: Any, ask: Callable[[str], str]) -> Any:
+    """Ask for one key until the answer is valid; an empty answer keeps `current`."""
+    choices = f" ({'/'.join(f.metadata['choices'])})" if f.metadata["choices"] else ""
+    while True:
+        answer = ask(f"{f.metadata['help']}{choices} [{_show(current)}]: ").strip()
+        if not answer:
+            return current
+        try:
+            return _checked(f, _parse(f.metadata["kind"], answer))
+        except ValueError as e:
+            print(f"  {e}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "none"}[value]
+    return str(value)
+
+
+def _parse(kind: type, answer: str) -> Any:
+    if kind is bool:
+        if answer.lower() not in ("y", "yes", "n", "no", "true", "false"):
+            raise ValueError(f"answer yes or no, not {answer!r}")
+        return answer.lower() in ("y", "yes", "true")
+    try:
+        return kind(answer)
+    except ValueError:
+        raise ValueError(f"expected a value of type {kind.__name__}, got {answer!r}") from None
+
+
+OPTIONAL_EXTRAS = ("deepspeed", "torch_xla", "tensorboard", "wandb")
+
+
+def environment_report(path: str | os.PathLike | None = None) -> str:
+    """What `cadence env` prints: versions, CPUs, accelerators, and the config file with its contents.
+
+    >>> print(environment_report())                         # doctest: +SKIP
+    cadence 0.1.0
+    Python 3.11.9 (Linux-6.1-x86_64)
+    ...
+    """
+    import platform
+    from importlib import metadata
+
+    import torch
+
+    import cadence
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    lines = [f"cadence {cadence.__version__}", f"Python {platform.python_version()} ({platform.platform()})",
+             f"torch {torch.__version__}", f"numpy {version('numpy')}",
+             *(f"{name} {version(name)}" for name in OPTIONAL_EXTRAS),
+             f"CPUs: {os.cpu_count()}", f"Accelerators: {_accelerators(torch)}"]
+    file = Path(path).expanduser() if path is not None else default_config_path()
+    if file.is_file():
+        lines += [f"Config: {file}", *("  " + line for line in file.read_text().splitlines())]
+    else:
+        lines.append(f"Config: {file} (not found; `cadence config` writes it, defaults apply)")
+    return "\n".join(lines)
+
+
+def _accelerators(torch) -> str:
+    found = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        found.append("mps")
+    return ", ".join(found) or "none (CPU only)"

@@ -39,16 +39,26 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
     >>> p.parse_args(["--cpu", "--num_processes", "2", "train.py", "--lr", "1"]).training_script_args
     ['--lr', '1']
     """
+    add_launch_options(parser)
+    parser.add_argument("-m", "--module", action="store_true", help="run training_script as a module, like `python -m`")
+    parser.add_argument("--no_python", action="store_true", help="run training_script as a program, not with python")
+    parser.add_argument("training_script", help="the script (or module, or program) to run on every process")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def add_launch_options(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that say how to launch (config file, processes, precision, ...), not what to run.
+
+    >>> p = argparse.ArgumentParser(); add_launch_options(p)
+    >>> p.parse_args(["--cpu"]).use_cpu
+    True
+    """
     parser.add_argument("--config_file", default=None, help="YAML config (default: `cadence config`'s file)")
     parser.add_argument("--cpu", dest="use_cpu", action="store_const", const=True, default=None,
                         help="train on CPU even where an accelerator exists")
     parser.add_argument("--multi_gpu", action="store_true", help="DDP over GPUs (accepted for Accelerate users)")
     cfg_mod.add_config_flags(parser, LAUNCH_KEYS)
     parser.add_argument("--rdzv_conf", default="", help="extra rendezvous settings, `key1=v1,key2=v2`")
-    parser.add_argument("-m", "--module", action="store_true", help="run training_script as a module, like `python -m`")
-    parser.add_argument("--no_python", action="store_true", help="run training_script as a program, not with python")
-    parser.add_argument("training_script", help="the script (or module, or program) to run on every process")
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
