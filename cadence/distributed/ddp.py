@@ -14,6 +14,7 @@ process (no process group) the model is left unwrapped, so the same script runs 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, ContextManager
 
 import torch
@@ -26,6 +27,12 @@ from .data import DistributedDL
 from .strategy import Strategy
 
 __all__ = ["DDP"]
+
+_SYNC_BN_DEVICES = ("cuda", "hpu", "xpu")
+
+
+def _has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 class DDP(Strategy):
@@ -57,15 +64,23 @@ class DDP(Strategy):
         """Move `model` to the device, convert BatchNorm if asked, wrap it in DDP; `opt` is returned as is.
 
         SyncBatchNorm conversion keeps the same Parameter objects, so an optimizer built on the
-        original model keeps working.
+        original model keeps working. SyncBatchNorm runs on GPUs only: on cpu and mps the
+        BatchNorm layers stay per-process, with a warning.
         """
         model = model.to(self.device)
-        if self.sync_bn:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if self.sync_bn and _has_batchnorm(model):
+            model = self._convert_sync_bn(model)
         if not env.is_initialized():
             return model, opt
         device_ids = [self.device] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs), opt
+
+    def _convert_sync_bn(self, model: nn.Module) -> nn.Module:
+        if self.device.type in _SYNC_BN_DEVICES or self.device.type == torch._C._get_privateuse1_backend_name():
+            return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        warnings.warn(f"sync_bn=True ignored on {self.device.type}: SyncBatchNorm needs a GPU, so BatchNorm "
+                      "statistics stay per-process; pass sync_bn=False to silence this", stacklevel=3)
+        return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the DDP wrapper."""

@@ -69,15 +69,24 @@ def test_get_logger_logs_once_unless_asked(monkeypatch, caplog):
     assert [r.getMessage() for r in caplog.records] == ["on main", "every rank 1"]
 
 
-def test_ddp_in_one_process_and_sync_bn_keeps_parameters():
+def test_sync_bn_conversion_keeps_parameter_objects():
+    """DDP.wrap converts after the optimizer exists: that relies on torch keeping the same Parameters."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    before = [id(t) for t in (*model.parameters(), *model.buffers())]
+    converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert isinstance(converted[1], nn.SyncBatchNorm)
+    assert [id(t) for t in (*converted.parameters(), *converted.buffers())] == before
+
+
+def test_ddp_in_one_process():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = DDP(device="cpu", sync_bn=True)
     strategy.setup()
-    wrapped, opt2 = strategy.wrap(model, opt)
+    with pytest.warns(UserWarning, match="SyncBatchNorm needs a GPU"):
+        wrapped, opt2 = strategy.wrap(model, opt)
     assert not strategy.created_group and opt2 is opt
-    assert isinstance(wrapped[1], nn.SyncBatchNorm) and strategy.unwrap(wrapped) is wrapped
-    assert {id(p) for p in wrapped.parameters()} == {id(p) for g in opt.param_groups for p in g["params"]}
+    assert type(wrapped[1]) is nn.BatchNorm1d and strategy.unwrap(wrapped) is wrapped
     assert strategy.model_state_dict(wrapped).keys() == model.state_dict().keys()
     with strategy.no_sync(wrapped):
         wrapped(torch.randn(5, 3)).sum().backward()
