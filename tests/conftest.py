@@ -20,3 +20,6 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     yield
+
+
+from fixtures import dls, dsets, model  # noqa: E402,F401  shared fixtures

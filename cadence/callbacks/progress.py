@@ -36,9 +36,13 @@ class ProgressCallback(Callback):
     order = Order.REPORT
 
     def __init__(self, console: Console | None = None):
-        self.console = console
+        self.console, self.active, self.live, self.in_fit = console, False, False, False
 
     def before_fit(self):
+        self.in_fit = True
+        self._start(header=True)
+
+    def _start(self, header: bool):
         self.active = is_main_process()
         if not self.active:
             return
@@ -47,7 +51,8 @@ class ProgressCallback(Callback):
         self.names = self.learn.recorder.metric_names
         self.widths = [max(len(n), 10) for n in self.names]
         if self.live:
-            self.console.print("  ".join(n.rjust(w) for n, w in zip(self.names, self.widths)), style="bold")
+            if header:
+                self.console.print("  ".join(n.rjust(w) for n, w in zip(self.names, self.widths)), style="bold")
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                 TimeRemainingColumn(), TextColumn("{task.fields[loss]}"), console=self.console,
                                 transient=True)
@@ -55,7 +60,7 @@ class ProgressCallback(Callback):
 
     def _start_bar(self, what: str):
         if self.active and self.live:
-            desc = f"epoch {self.learn.epoch + 1}/{self.learn.n_epoch} {what}"
+            desc = f"epoch {self.learn.epoch + 1}/{self.learn.n_epoch} {what}" if self.in_fit else what
             self.task = self.bar.add_task(desc, total=len(self.learn.dl), loss="")
             self.last_refresh = 0.0
 
@@ -63,6 +68,8 @@ class ProgressCallback(Callback):
         self._start_bar("train")
 
     def before_validate(self):
+        if not self.in_fit:  # learn.validate() on its own
+            self._start(header=False)
         self._start_bar("valid")
 
     def after_batch(self):
@@ -83,6 +90,8 @@ class ProgressCallback(Callback):
 
     def after_validate(self):
         self._end_bar()
+        if not self.in_fit:
+            self._stop()
 
     def after_epoch(self):
         if not self.active or not self.learn.recorder.values:
@@ -95,5 +104,10 @@ class ProgressCallback(Callback):
             print(" | ".join(f"{n} {format_value(n, row.get(n))}" for n in self.names if n in row), flush=True)
 
     def after_fit(self):
+        self._stop()
+        self.in_fit = False
+
+    def _stop(self):
         if self.active and self.live:
             self.bar.stop()
+        self.active = False

@@ -275,7 +275,7 @@ class Learner:
 
     def one_batch(self, i: int, batch: Any) -> None:
         """Run the batch events for batch number `i` of the current loader."""
-        self.iter = i
+        self.iter, self.pred, self.loss = i, None, None
         self._split(to_device(batch, self.strategy.device))
         self._with_events(self._do_one_batch, "batch", CancelBatchException)
         if self.training:

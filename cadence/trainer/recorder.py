@@ -62,6 +62,8 @@ class Recorder(Callback):
 
     def after_batch(self):
         learn = self.learn
+        if learn.loss is None:  # batch cancelled before its loss
+            return
         if learn.training:
             self._batch_losses.append(learn.loss)
             self._batch_sizes.append(batch_size(learn.yb or learn.xb))

@@ -1,0 +1,78 @@
+"""Bad input fails early with a message that says what to change."""
+
+import pytest
+import torch
+from torch import nn
+
+from cadence import Callback, DataLoaders, Learner
+
+
+def test_no_loss_function(dls, model):
+    with pytest.raises(ValueError, match="loss_func=nn.CrossEntropyLoss"):
+        Learner(dls, model)
+
+
+def test_metric_not_callable(dls, model):
+    with pytest.raises(TypeError, match="metrics must be callables"):
+        Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=["accuracy"])
+
+
+def test_validate_without_validation_set(dsets, model):
+    train, _ = dsets
+    learn = Learner(DataLoaders(torch.utils.data.DataLoader(train, batch_size=8), device="cpu"), model,
+                    loss_func=nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="validation set"):
+        learn.validate()
+    with pytest.raises(ValueError, match="validation set"):
+        learn.get_preds()
+
+
+def test_model_output_does_not_fit_loss(dls):
+    learn = Learner(dls, nn.Linear(8, 5), loss_func=nn.MSELoss())
+    before = learn.model.weight.detach().clone()
+    with pytest.raises(ValueError, match=r"pred tensor of shape \(16, 5\).*yb \(tensor of shape \(16,\)"):
+        learn.fit(1)
+    assert torch.equal(before, learn.model.weight)  # failed on the first batch, before any step
+
+
+def test_loss_that_is_not_scalar(dls, model):
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(reduction="none"))
+    with pytest.raises(ValueError, match="scalar tensor"):
+        learn.fit(1)
+
+
+def test_unknown_callback_event_name(dls, model):
+    class Typo(Callback):
+        def after_bacth(self):
+            pass
+
+    with pytest.raises(ValueError, match="after_bacth.*Did you mean 'after_batch'"):
+        Learner(dls, model, loss_func=nn.CrossEntropyLoss(), cbs=Typo())
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="unknown event 'before_fitt'"):
+        learn("before_fitt")
+
+
+def test_opt_func_that_returns_no_optimizer(dls, model):
+    with pytest.raises(TypeError, match="opt_func must return a torch.optim.Optimizer"):
+        Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=lambda params, lr: list(params))
+
+
+def test_not_a_callback(dls, model):
+    with pytest.raises(TypeError, match="Callback"):
+        Learner(dls, model, loss_func=nn.CrossEntropyLoss(), cbs=[print])
+
+
+def test_bad_epochs_and_lr_count(dls, model):
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="n_epoch"):
+        learn.fit(0)
+    with pytest.raises(ValueError, match="2 learning rates for 1 parameter groups"):
+        learn.fit(1, lr=[1e-3, 1e-2])
+
+
+def test_dls_and_model_types(dls, model):
+    with pytest.raises(TypeError, match="DataLoaders"):
+        Learner([1, 2], model, loss_func=nn.CrossEntropyLoss())
+    with pytest.raises(TypeError, match="nn.Module"):
+        Learner(dls, lambda x: x, loss_func=nn.CrossEntropyLoss())
