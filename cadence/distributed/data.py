@@ -97,7 +97,7 @@ def _check_sampler(dl: DataLoader) -> bool:
                          "not a custom batch_sampler; shard such a loader yourself")
     sampler = dl.sampler
     if isinstance(sampler, RandomSampler):
-        if sampler.replacement or sampler._num_samples is not None:
+        if sampler.replacement or sampler.num_samples != len(dl.dataset):
             raise ValueError("DistributedDL shuffles without replacement over the whole dataset; "
                              "build the DataLoader with shuffle=True instead of RandomSampler(replacement/num_samples)")
         return True
@@ -113,6 +113,8 @@ class DistributedDL:
     Attributes a caller needs: `dataset_len` (n), `per_rank` (items in each shard),
     `n_padded` (per_rank * world_size), `epoch`, `start_batch`, `last_batch` ((start, length)
     of the batch yielded last, in shard positions). `len()` is the number of batches per rank.
+    A shuffling DistributedDL built without `seed` while a process group exists is a collective:
+    every rank must build it, and rank 0's seed is broadcast.
 
     >>> ddl = DistributedDL(DataLoader(range(50), batch_size=12), rank=1, world_size=4)
     >>> [b.tolist() for b in ddl]

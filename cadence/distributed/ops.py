@@ -162,6 +162,14 @@ def _keep_mask(source: Any, rank: int, start: int, length: int) -> torch.Tensor:
     return source.real_mask(rank, start, length)
 
 
+def _check_source(source: Any) -> None:
+    if not (isinstance(source, int) or hasattr(source, "real_mask")):
+        raise TypeError(f"gather_for_metrics needs a DistributedDL or a number of samples, got {type(source).__name__}")
+    if env.is_initialized() and getattr(source, "world_size", env.world_size()) != env.world_size():
+        raise ValueError(f"the DistributedDL was built for world_size={source.world_size} but "
+                         f"{env.world_size()} processes run; build it without an explicit world_size")
+
+
 def gather_for_metrics(data: T, source: Any, start: int | None = None) -> T:
     """`gather(data)` without the samples DistributedDL added as padding, so each sample counts once.
 
@@ -175,12 +183,11 @@ def gather_for_metrics(data: T, source: Any, start: int | None = None) -> T:
     >>> all_preds = gather_for_metrics(torch.cat(local_preds), valid_dl)     # after the loop
     """
     _check_tensors_only(data, "gather_for_metrics")
-    if not (isinstance(source, int) or hasattr(source, "real_mask")):
-        raise TypeError(f"gather_for_metrics needs a DistributedDL or a number of samples, got {type(source).__name__}")
+    _check_source(source)
     ranks = range(env.world_size()) if env.is_initialized() else [getattr(source, "rank", 0)]
 
     def _gather(t: torch.Tensor) -> torch.Tensor:
-        parts = _gather_parts(t) if env.is_initialized() else [t]
+        parts = _gather_parts(t) if env.is_initialized() else [t.reshape(1) if t.ndim == 0 else t]
         first = start if start is not None else _default_start(source, len(parts[0]))
         kept = [p[_keep_mask(source, r, first, len(p)).to(p.device)] for r, p in zip(ranks, parts)]
         out = torch.cat(kept)
