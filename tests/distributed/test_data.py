@@ -172,3 +172,19 @@ def test_skip_batches_iterable():
     ddl = DistributedDL(DataLoader(Stream(12), batch_size=2), rank=0, world_size=2)
     ddl.skip_batches(2)
     assert flat(ddl) == [8, 10]
+
+
+def test_state_dict_resumes_mid_epoch_with_the_same_permutation():
+    make = lambda: DistributedDL(DataLoader(torch.arange(40), batch_size=3, shuffle=True), rank=1, world_size=2)
+    ddl = make()
+    list(ddl)                                         # epoch 0
+    it = iter(ddl)                                    # epoch 1, stop after 2 batches
+    seen = [next(it).tolist() for _ in range(2)]
+    state = ddl.state_dict()
+    assert state == {"seed": ddl.seed, "epoch": 1, "batches_done": 2}
+    rest = [b.tolist() for b in it]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest and resumed.get_idxs() == ddl.get_idxs()
+    resumed.set_epoch(1)
+    assert seen + rest == [b.tolist() for b in resumed]
