@@ -46,24 +46,6 @@ class _IndexSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         return iter(self.idxs)
 
-    def state_dict(self) -> dict[str, int | None]:
-        """Where iteration stands: the shared seed, the epoch and the batches of it already yielded.
-
-        >>> state = ddl.state_dict()          # saved with a checkpoint; all ranks hold the same values
-        """
-        bs = self.dl.batch_size or 1
-        done = 0 if self.last_batch is None else self.last_batch[0] // bs + 1
-        return {"seed": self.seed, "epoch": self.epoch, "batches_done": done}
-
-    def load_state_dict(self, state: dict[str, int | None]) -> None:
-        """Continue where `state_dict` was taken: the next iteration yields the rest of that epoch.
-
-        >>> ddl.load_state_dict(state); rest = list(ddl)
-        """
-        self.seed = state["seed"]
-        self.set_epoch(state["epoch"])
-        self.skip_batches(state["batches_done"])
-
     def __len__(self) -> int:
         return len(self.idxs)
 
