@@ -8,7 +8,15 @@
 
 __version__ = "0.1.0"
 
+from .callbacks.distributed import DistributedTrainer
 from .callbacks.progress import ProgressCallback
+from .distributed.data import DistributedDL
+from .distributed.env import (is_distributed, is_local_main_process, is_main_process, local_rank, rank, setup_distrib,
+                              teardown_distrib, world_size)
+from .distributed.launch import debug_launcher, notebook_launcher
+from .distributed.ops import (broadcast, gather, gather_for_metrics, get_logger, local_main_process_first,
+                              main_print, main_process_first, on_local_main_process, on_main_process,
+                              pad_across_processes, rank0_first, reduce, wait_for_everyone)
 from .trainer.callback import Callback, Order
 from .trainer.data import DataLoaders, to_device
 from .trainer.events import (CancelBackwardException, CancelBatchException, CancelEpochException, CancelException,
@@ -29,4 +37,9 @@ __all__ = [
     "accuracy", "error_rate", "top_k_accuracy", "rmse",
     "ParamScheduler", "LRFinder", "SuggestedLRs", "SchedLin", "SchedCos", "SchedNo", "SchedExp", "combine_scheds",
     "combined_cos",
+    "DistributedTrainer", "DistributedDL", "rank", "world_size", "local_rank", "is_main_process",
+    "is_local_main_process", "is_distributed", "setup_distrib", "teardown_distrib", "notebook_launcher",
+    "debug_launcher", "broadcast", "gather", "gather_for_metrics", "get_logger", "local_main_process_first",
+    "main_print", "main_process_first", "on_local_main_process", "on_main_process", "pad_across_processes",
+    "rank0_first", "reduce", "wait_for_everyone",
 ]

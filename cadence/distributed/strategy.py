@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .env import default_device
+from .ops import gather, reduce
 
 
 class Strategy:
@@ -64,6 +65,15 @@ class Strategy:
     def no_sync(self, model: nn.Module) -> ContextManager:
         """Context in which backward does not synchronise gradients across processes."""
         return contextlib.nullcontext()
+
+    # collectives over the processes of this strategy (identity on one process)
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of `t` over processes."""
+        return reduce(t, "sum")
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every process's `t` concatenated on dim 0, in rank order."""
+        return gather(t)
 
     # state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

@@ -17,6 +17,10 @@ def _cat(chunks: list[Any]) -> Any:
     return torch.cat(chunks)
 
 
+def _map(f: Callable, x: Any) -> Any:
+    return type(x)(_map(f, v) for v in x) if isinstance(x, (tuple, list)) else f(x)
+
+
 def per_item_loss(loss_func: Callable, pred: torch.Tensor, yb: tuple) -> torch.Tensor:
     """`loss_func` with `reduction='none'`: an attribute of nn losses, or a keyword of functional ones."""
     if hasattr(loss_func, "reduction"):
@@ -51,6 +55,14 @@ class GatherPreds(Callback):
             self.inputs.append(learn.xb[0] if len(learn.xb) == 1 else learn.xb)
         if self.with_loss:
             self.losses.append(per_item_loss(learn.loss_func, learn.pred, learn.yb).detach())
+
+    def after_validate(self):
+        """Combine every process's batches (padding already dropped), in rank order: the loader's order."""
+        gather = self.learn.strategy.gather
+        for name in ("inputs", "preds", "targs", "losses"):
+            chunks = getattr(self, name)
+            if chunks:
+                setattr(self, name, [_map(gather, _cat(chunks))])
 
     def result(self, act: Callable | None = None) -> tuple:
         """(inputs?, preds, targs, losses?) concatenated over all batches."""

@@ -454,6 +454,51 @@ class Learner:
             warnings.warn(f"no optimizer state at {opt_file}; the optimizer starts fresh", stacklevel=2)
         return self
 
+    # ------------------------------------------------------------------ distribution
+    def distrib_ctx(self, sync_bn: bool = True, in_notebook: bool = False, strategy: Any = None, **strategy_kwargs):
+        """Train on every launched process inside a `with` block (fastai's name); a no-op-like single process otherwise.
+
+        The strategy comes from `strategy` (a name: "ddp", or a Strategy), else from the launcher
+        (`$CADENCE_STRATEGY`), else DDP. `in_notebook` is accepted for fastai compatibility: under
+        `notebook_launcher` the workers already carry the launcher's settings.
+
+        >>> with learn.distrib_ctx():
+        ...     learn.fit_one_cycle(3, 1e-2)
+        """
+        from ..callbacks.distributed import distrib_ctx
+
+        return distrib_ctx(self, sync_bn=sync_bn, in_notebook=in_notebook, strategy=strategy, **strategy_kwargs)
+
+    def to_distributed(self, strategy: Any = None, sync_bn: bool = True, **strategy_kwargs) -> "Learner":
+        """Shard the loaders, wrap the model, create the process group if needed; undo with `detach_distributed`."""
+        from ..callbacks.distributed import to_distributed
+
+        return to_distributed(self, strategy=strategy, sync_bn=sync_bn, **strategy_kwargs)
+
+    def detach_distributed(self) -> "Learner":
+        """Restore the original loaders and module; destroy the process group if `to_distributed` created it."""
+        from ..callbacks.distributed import detach_distributed
+
+        return detach_distributed(self)
+
+    def parallel_ctx(self, device_ids: list[int] | None = None):
+        """fastai's single-process `nn.DataParallel` inside a `with` block; a no-op with fewer than two GPUs."""
+        from ..callbacks.distributed import parallel_ctx
+
+        return parallel_ctx(self, device_ids)
+
+    def to_parallel(self, device_ids: list[int] | None = None) -> "Learner":
+        """Wrap the model in `nn.DataParallel` when two or more GPUs exist."""
+        from ..callbacks.distributed import to_parallel
+
+        return to_parallel(self, device_ids)
+
+    def detach_parallel(self) -> "Learner":
+        """Undo `to_parallel`."""
+        from ..callbacks.distributed import detach_parallel
+
+        return detach_parallel(self)
+
     # ------------------------------------------------------------------ output
     @contextlib.contextmanager
     def no_bar(self):

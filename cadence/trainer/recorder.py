@@ -18,16 +18,12 @@ from .callback import Callback, Order
 from .metrics import AvgLoss, Metric, as_metric, batch_size
 
 
-def _identity(x):
-    return x
-
-
 class Recorder(Callback):
     """Records per-batch training loss and lr, and per-epoch train loss, valid loss, metrics and time.
 
-    Metrics are computed on the validation set. Under distribution the bridge sets
-    `reducers = (all_sum, all_gather)`, which combine loss and metric state over processes
-    before values are read; on one process both are the identity.
+    Metrics are computed on the validation set. Loss and metric state are combined over
+    processes with `learn.strategy.all_sum` / `gather` before values are read (the identity
+    on one process).
     """
 
     order = Order.RECORD
@@ -40,7 +36,6 @@ class Recorder(Callback):
         self.lrs: list[float] = []
         self._batch_losses: list[torch.Tensor] = []
         self._batch_sizes: list[int] = []
-        self.reducers = (_identity, _identity)
 
     @property
     def metric_names(self) -> list[str]:
@@ -81,12 +76,13 @@ class Recorder(Callback):
         sizes = torch.tensor(self._batch_sizes, dtype=torch.float64, device=losses.device)
         self.losses.extend(losses.float().cpu().tolist())
         self.train_loss.sums = torch.stack([(losses * sizes).sum(), sizes.sum()])
-        self.train_loss.sync(*self.reducers)
+        self.train_loss.sync(self.learn.strategy.all_sum, self.learn.strategy.gather)
         self._batch_losses, self._batch_sizes = [], []
 
     def after_validate(self):
+        strategy = self.learn.strategy
         for m in (self.valid_loss, *self.metrics):
-            m.sync(*self.reducers)
+            m.sync(strategy.all_sum, strategy.gather)
 
     def after_epoch(self):
         row = {"epoch": self.learn.epoch, "train_loss": self.train_loss.value, **self.valid_values(),

@@ -1,0 +1,128 @@
+"""The bridge from the Learner to cadence.distributed: `distrib_ctx`, `to_distributed`, `DistributedTrainer`.
+
+Entering distribution swaps the learner's loaders for `DistributedDL` shards, wraps the model
+and optimizer with the strategy, and makes the strategy run backward and step. Validation
+drops the samples DistributedDL added as padding, so loss and metrics count each sample once;
+the Recorder combines them over processes. Leaving restores the loaders, the user's module and
+the single-device strategy, and destroys the process group only if it was created here.
+
+>>> with learn.distrib_ctx():        # DDP over however many processes were launched
+...     learn.fit_one_cycle(3, 1e-2)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..distributed.data import DistributedDL
+from ..distributed.registry import get_strategy
+from ..trainer.callback import Callback, Order
+
+
+class DistributedTrainer(Callback):
+    """Keeps a distributed fit honest: shards any other loader validated on, drops padding from metrics."""
+
+    order = Order.DISTRIBUTED
+
+    def __init__(self, strategy: Any, old_strategy: Any, old_loaders: tuple):
+        self.strategy, self.old_strategy, self.old_loaders = strategy, old_strategy, old_loaders
+        self._shards: dict[int, DistributedDL] = {}
+
+    def before_validate(self):
+        """`validate(dl)` / `get_preds(dl)` on a plain loader: iterate this rank's shard of it."""
+        dl = self.learn.dl
+        if isinstance(dl, DataLoader):
+            if id(dl) not in self._shards:
+                self._shards[id(dl)] = self.strategy.shard(dl)
+            self.learn.dl = self._shards[id(dl)]
+
+    def after_loss(self):
+        """In validation, keep only real samples of the batch (DistributedDL pads the last shard)."""
+        learn = self.learn
+        dl = learn.dl
+        if learn.training or not isinstance(dl, DistributedDL) or dl.last_batch is None:
+            return
+        keep = dl.real_mask(dl.rank, *dl.last_batch)
+        if bool(keep.all()):
+            return
+        keep = keep.to(learn.pred.device)
+        learn.pred = learn.pred[keep]
+        learn.xb = tuple(x[keep] if isinstance(x, torch.Tensor) else x for x in learn.xb)
+        learn.yb = tuple(y[keep] if isinstance(y, torch.Tensor) else y for y in learn.yb)
+        learn.loss = learn.loss_func(learn.pred, *learn.yb).detach() if learn.yb and bool(keep.any()) else None
+
+
+def _shard(strategy: Any, dl: Any) -> Any:
+    return strategy.shard(dl) if isinstance(dl, DataLoader) else dl
+
+
+def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **strategy_kwargs) -> Any:
+    """Set `learn` up for distributed training (see `Learner.to_distributed`)."""
+    if any(isinstance(cb, DistributedTrainer) for cb in learn.cbs):
+        raise ValueError("this Learner is already distributed; call learn.detach_distributed() first")
+    strategy = get_strategy(strategy, sync_bn=sync_bn, **strategy_kwargs)
+    strategy.setup()
+    bridge = DistributedTrainer(strategy, learn.strategy, (learn.dls.train, learn.dls.valid))
+    model = learn.strategy.unwrap(learn.model)
+    learn.model, learn.opt = strategy.wrap(model, learn.opt)
+    learn.dls.train, learn.dls.valid = _shard(strategy, learn.dls.train), _shard(strategy, learn.dls.valid)
+    learn.strategy = strategy
+    learn.add_cb(bridge)
+    return learn
+
+
+def detach_distributed(learn: Any) -> Any:
+    """Undo `to_distributed`: original loaders, the user's module, single-device strategy, group destroyed if ours."""
+    bridges = [cb for cb in learn.cbs if isinstance(cb, DistributedTrainer)]
+    if not bridges:
+        return learn
+    bridge = bridges[0]
+    learn.remove_cb(bridge)
+    learn.model = bridge.strategy.unwrap(learn.model)
+    learn.dls.train, learn.dls.valid = bridge.old_loaders
+    learn.strategy = bridge.old_strategy
+    bridge.strategy.teardown()
+    return learn
+
+
+@contextlib.contextmanager
+def distrib_ctx(learn: Any, sync_bn: bool = True, in_notebook: bool = False, strategy: Any = None,
+                **strategy_kwargs) -> Iterator[Any]:
+    """Context manager form of `to_distributed` / `detach_distributed` (see `Learner.distrib_ctx`)."""
+    to_distributed(learn, strategy=strategy, sync_bn=sync_bn, **strategy_kwargs)
+    try:
+        yield learn
+    finally:
+        detach_distributed(learn)
+
+
+@contextlib.contextmanager
+def parallel_ctx(learn: Any, device_ids: list[int] | None = None) -> Iterator[Any]:
+    """fastai's single-process `nn.DataParallel` over the visible GPUs; a no-op with fewer than two."""
+    to_parallel(learn, device_ids)
+    try:
+        yield learn
+    finally:
+        detach_parallel(learn)
+
+
+def to_parallel(learn: Any, device_ids: list[int] | None = None) -> Any:
+    """Wrap `learn.model` in `nn.DataParallel` when two or more GPUs exist; otherwise leave it."""
+    if torch.cuda.device_count() >= 2 and not isinstance(learn.model, torch.nn.DataParallel):
+        learn.model = torch.nn.DataParallel(learn.model, device_ids=device_ids)
+    return learn
+
+
+def detach_parallel(learn: Any) -> Any:
+    """Undo `to_parallel`."""
+    if isinstance(learn.model, torch.nn.DataParallel):
+        learn.model = learn.model.module
+    return learn
+
+
+__all__ = ["DistributedTrainer", "distrib_ctx", "to_distributed", "detach_distributed", "parallel_ctx", "to_parallel",
+           "detach_parallel", "rank"]
