@@ -169,7 +169,7 @@ def report_failure(failures: dict) -> int:
     ordered = sorted(failures.items(), key=lambda item: _failure_time(item[1]))
     (rank, first), others = ordered[0], ordered[1:]
     headline, trace = _failure_text(first)
-    print(f"cadence launch: rank {rank} failed: {headline}\n{trace}".rstrip(), file=sys.stderr)
+    print(f"cadence launch: rank {rank} failed:\n{trace or headline}".rstrip(), file=sys.stderr)
     for rank, failure in others:
         print(f"cadence launch: rank {rank} also failed: {_failure_text(failure)[0]}", file=sys.stderr)
     return first.exitcode if first.exitcode > 0 else 1

@@ -11,7 +11,7 @@ dist.all_reduce(torch.ones(1))
 
 def step(i: int) -> None:
     if rank() == 1 and i == 2:
-        raise ValueError("launch_raise: rank 1 failed on purpose")
+        raise ValueError(f"launch_raise failed on purpose at step {i}")
 
 
 for i in range(5):
