@@ -135,14 +135,16 @@ def torchrun_argv(config: Config, args: argparse.Namespace) -> list[str]:
 def launch(args: argparse.Namespace) -> int:
     """Run `args.training_script` on every process and return the exit code for `cadence launch`.
 
-    Bad flags or config fail (ValueError) before any process starts. When a rank fails, the
-    agent stops the others, and the first failure's traceback is printed once to stderr.
+    Bad flags or config fail (ValueError) before any process starts. The CADENCE_* variables
+    are set in this process's environment, which the agent passes on to the workers. When a
+    rank fails, the agent stops the others, and the first failure's traceback is printed once.
 
     >>> p = argparse.ArgumentParser(); add_launch_args(p)
     >>> launch(p.parse_args(["--cpu", "--num_processes", "2", "train.py"]))   # doctest: +SKIP
     0
     """
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     config = resolve_config(args)
@@ -153,12 +155,22 @@ def launch(args: argparse.Namespace) -> int:
         else:
             os.environ[name] = value
     if not config.debug:
-        logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
+        _quiet_torch_loggers()
     try:
         torchrun.run(torchrun_args)
     except ChildFailedError as e:
         return report_failure(e.failures)
+    except SignalException as e:
+        print(f"cadence launch: stopped by {e.sigval.name}; every worker was terminated", file=sys.stderr)
+        return 128 + int(e.sigval)
     return 0
+
+
+def _quiet_torch_loggers() -> None:
+    """Silence the elastic agent's warnings (restarts, SIGTERMs sent): the launcher reports failures itself."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def report_failure(failures: dict) -> int:
@@ -169,9 +181,10 @@ def report_failure(failures: dict) -> int:
     ordered = sorted(failures.items(), key=lambda item: _failure_time(item[1]))
     (rank, first), others = ordered[0], ordered[1:]
     headline, trace = _failure_text(first)
-    print(f"cadence launch: rank {rank} failed:\n{trace or headline}".rstrip(), file=sys.stderr)
+    print(f"cadence launch: rank {rank} failed:\n{trace}".rstrip() if trace else
+          f"cadence launch: rank {rank} failed: {headline}", file=sys.stderr)
     for rank, failure in others:
-        print(f"cadence launch: rank {rank} also failed: {_failure_text(failure)[0]}", file=sys.stderr)
+        print(f"cadence launch: rank {rank} also stopped: {_failure_text(failure)[0]}", file=sys.stderr)
     return first.exitcode if first.exitcode > 0 else 1
 
 
@@ -209,8 +222,12 @@ def run_worker(argv: list[str] | None = None) -> None:
         else:
             sys.path[0] = str(Path(target).resolve().parent)
             runpy.run_path(target, run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
+    except SystemExit:
         raise
+    except KeyboardInterrupt:
+        if os.environ.get("CADENCE_DEBUG"):
+            raise
+        sys.exit(130)                        # the launcher says it was interrupted; no trace per rank
     except BaseException as e:
         _record_exception(e)
         sys.exit(1)

@@ -1,6 +1,7 @@
 """`cadence launch` end to end: 2 CPU processes over gloo, settings from flags and config, failures."""
 
 import json
+import os
 import time
 
 import pytest
@@ -89,3 +90,39 @@ def test_a_failing_rank_ends_the_run_with_its_traceback_once():
     assert output.count("ValueError: launch_raise failed on purpose at step 2") == 1, output
     assert output.count("Traceback (most recent call last)") == 1, output
     assert "cadence launch: rank 1 failed" in proc.stderr and 'launch_raise.py", line 14, in step' in proc.stderr
+
+
+def parsed(*argv: str):
+    import argparse
+
+    from cadence.distributed.launch import add_launch_args, resolve_config
+
+    parser = argparse.ArgumentParser()
+    add_launch_args(parser)
+    args = parser.parse_args(argv)
+    return resolve_config(args), args
+
+
+def test_multi_machine_arguments_reach_torchrun():
+    from cadence.distributed.launch import torchrun_argv
+
+    config, args = parsed("--num_machines", "2", "--num_processes", "8", "--machine_rank", "1", "--main_process_ip",
+                          "10.0.0.1", "--rdzv_backend", "c10d", "--max_restarts", "2", "train.py", "--lr", "1")
+    argv = torchrun_argv(config, args)
+    pairs = dict(zip(argv[:-1], argv[1:]))
+    assert (pairs["--nnodes"], pairs["--nproc_per_node"], pairs["--node_rank"]) == ("2", "4", "1")
+    assert (pairs["--master_port"], pairs["--rdzv_endpoint"], pairs["--max_restarts"]) == ("29500", "10.0.0.1:29500", "2")
+    assert argv[-3:] == ["train.py", "--lr", "1"]
+
+
+def test_launch_env_threads_strategy_and_bad_combinations(monkeypatch):
+    from cadence.distributed.launch import launch_env, torchrun_argv
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = launch_env(parsed("--cpu", "--num_processes", "2", "--debug", "x.py")[0])
+    assert env["OMP_NUM_THREADS"] == str(max(1, os.cpu_count() // 2)) and env["CADENCE_DEBUG"] == "1"
+    assert launch_env(parsed("x.py")[0])["CADENCE_STRATEGY"] is None
+    with pytest.raises(ValueError, match="main_process_ip"):
+        torchrun_argv(*parsed("--num_machines", "2", "--num_processes", "2", "x.py"))
+    with pytest.raises(ValueError, match="--no_python and --module"):
+        torchrun_argv(*parsed("--no_python", "-m", "x"))
