@@ -13,6 +13,7 @@ the single-device strategy, and destroys the process group only if it was create
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Iterator
 
 import torch
@@ -21,6 +22,8 @@ from torch.utils.data import DataLoader
 from ..distributed.data import DistributedDL
 from ..distributed.registry import get_strategy
 from ..trainer.callback import Callback, Order
+from .accumulate import GradAccum
+from .precision import MixedPrecision
 
 
 class DistributedTrainer(Callback):
@@ -28,8 +31,9 @@ class DistributedTrainer(Callback):
 
     order = Order.DISTRIBUTED
 
-    def __init__(self, strategy: Any, old_strategy: Any, old_loaders: tuple):
+    def __init__(self, strategy: Any, old_strategy: Any, old_loaders: tuple, launcher_cbs: list):
         self.strategy, self.old_strategy, self.old_loaders = strategy, old_strategy, old_loaders
+        self.launcher_cbs = launcher_cbs  # added from `cadence launch` settings; removed on detach
         self._shards: dict[int, DistributedDL] = {}
 
     def before_validate(self):
@@ -66,13 +70,25 @@ def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **str
         raise ValueError("this Learner is already distributed; call learn.detach_distributed() first")
     strategy = get_strategy(strategy, sync_bn=sync_bn, **strategy_kwargs)
     strategy.setup()
-    bridge = DistributedTrainer(strategy, learn.strategy, (learn.dls.train, learn.dls.valid))
+    bridge = DistributedTrainer(strategy, learn.strategy, (learn.dls.train, learn.dls.valid), _launcher_cbs(learn))
     model = learn.strategy.unwrap(learn.model)
     learn.model, learn.opt = strategy.wrap(model, learn.opt)
     learn.dls.train, learn.dls.valid = _shard(strategy, learn.dls.train), _shard(strategy, learn.dls.valid)
     learn.strategy = strategy
-    learn.add_cb(bridge)
+    learn.add_cbs([bridge, *bridge.launcher_cbs])
     return learn
+
+
+def _launcher_cbs(learn: Any) -> list[Callback]:
+    """Callbacks for `cadence launch --mixed_precision / --gradient_accumulation_steps`, unless the script has its own."""
+    cbs: list[Callback] = []
+    precision = os.environ.get("CADENCE_MIXED_PRECISION", "no")
+    if precision != "no" and not any(isinstance(cb, MixedPrecision) for cb in learn.cbs):
+        cbs.append(MixedPrecision(precision))
+    steps = int(os.environ.get("CADENCE_GRADIENT_ACCUMULATION_STEPS", "1"))
+    if steps > 1 and not any(isinstance(cb, GradAccum) for cb in learn.cbs):
+        cbs.append(GradAccum(steps=steps))
+    return cbs
 
 
 def detach_distributed(learn: Any) -> Any:
@@ -81,7 +97,7 @@ def detach_distributed(learn: Any) -> Any:
     if not bridges:
         return learn
     bridge = bridges[0]
-    learn.remove_cb(bridge)
+    learn.remove_cbs([bridge, *bridge.launcher_cbs])
     learn.model = bridge.strategy.unwrap(learn.model)
     learn.dls.train, learn.dls.valid = bridge.old_loaders
     learn.strategy = bridge.old_strategy

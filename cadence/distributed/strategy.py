@@ -19,6 +19,7 @@ from torch import nn
 
 from .env import default_device
 from .ops import gather, reduce
+from .precision import FullPrecision
 
 
 class Strategy:
@@ -28,6 +29,7 @@ class Strategy:
 
     def __init__(self, device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else default_device()
+        self.precision: FullPrecision = FullPrecision()
 
     # lifecycle
     def setup(self) -> None:
@@ -50,21 +52,37 @@ class Strategy:
         return dl
 
     # one optimisation step
+    def set_precision(self, precision: FullPrecision) -> None:
+        """Use a precision plugin (see `precision.make_precision`); the MixedPrecision callback calls this."""
+        self.precision = precision
+
     def forward_context(self) -> ContextManager:
         """Context the forward pass and loss run in (autocast for mixed precision)."""
-        return contextlib.nullcontext()
+        return self.precision.forward_context()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    def backward(self, loss: torch.Tensor, model: nn.Module | None = None, sync: bool = True) -> None:
+        """Backward of `loss`; with `sync=False` gradients stay local (accumulation micro-batches)."""
+        with contextlib.nullcontext() if sync else self.no_sync(model):
+            self.precision.backward(loss)
 
     def step(self, opt: torch.optim.Optimizer) -> bool:
         """Step the optimizer; False when the step was skipped (e.g. fp16 overflow)."""
-        opt.step()
-        return True
+        return self.precision.step(opt)
 
     def no_sync(self, model: nn.Module) -> ContextManager:
         """Context in which backward does not synchronise gradients across processes."""
         return contextlib.nullcontext()
+
+    def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
+                       norm_type: float = 2.0) -> torch.Tensor:
+        """Unscale, then clip the gradients of the whole model to `max_norm`; returns the norm before clipping."""
+        self.precision.unscale(opt)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type)
+
+    def clip_grad_value(self, model: nn.Module, opt: torch.optim.Optimizer, value: float) -> None:
+        """Unscale, then clamp every gradient element to [-value, value]."""
+        self.precision.unscale(opt)
+        torch.nn.utils.clip_grad_value_(model.parameters(), value)
 
     # collectives over the processes of this strategy (identity on one process)
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:

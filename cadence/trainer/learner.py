@@ -93,6 +93,7 @@ class Learner:
         self._handlers = self._valid_handlers = self._train_handlers
         self._forward_cbs: list[Callback] = []
         self.training, self.n_epoch, self.steps_per_epoch = False, 0, 0
+        self.sync_gradients = True  # False while GradAccum accumulates: backward stays local (DDP no_sync)
         self.epoch = self.iter = self.train_iter = self.step = 0
         self.dl = self.xb = self.yb = self.pred = self.loss = self.loss_grad = None
         self.add_cbs([Recorder(_listify(metrics)), *_default_cbs(), *_listify(cbs)])
@@ -317,7 +318,7 @@ class Learner:
         return loss
 
     def _backward(self) -> None:
-        self.strategy.backward(self.loss_grad)
+        self.strategy.backward(self.loss_grad, self.model, self.sync_gradients)
 
     def _step(self) -> None:
         if self.strategy.step(self.opt):
@@ -453,6 +454,24 @@ class Learner:
         elif with_opt:
             warnings.warn(f"no optimizer state at {opt_file}; the optimizer starts fresh", stacklevel=2)
         return self
+
+    # ------------------------------------------------------------------ precision
+    def to_bf16(self) -> "Learner":
+        """Train with bf16 autocast (adds a `MixedPrecision("bf16")` callback)."""
+        return self._set_precision("bf16")
+
+    def to_fp16(self, **scaler_kwargs) -> "Learner":
+        """Train with fp16 autocast and a GradScaler (`scaler_kwargs` go to `torch.amp.GradScaler`)."""
+        return self._set_precision("fp16", **scaler_kwargs)
+
+    def to_fp32(self) -> "Learner":
+        """Back to full precision."""
+        return self._set_precision("no")
+
+    def _set_precision(self, precision: str, **scaler_kwargs) -> "Learner":
+        from ..callbacks.precision import set_precision
+
+        return set_precision(self, precision, **scaler_kwargs)
 
     # ------------------------------------------------------------------ distribution
     def distrib_ctx(self, sync_bn: bool = True, in_notebook: bool = False, strategy: Any = None, **strategy_kwargs):

@@ -1,0 +1,102 @@
+"""GradAccum: accumulate the gradients of several micro-batches before one optimizer step.
+
+Each micro-batch's loss is scaled by its share of the window's samples, so a window gives the
+gradient of one step on the concatenated batch; a partial window at the end of an epoch is
+scaled by its true size and stepped. Under DDP the micro-batches before the last run without
+gradient synchronisation. `learn.step` counts optimizer steps, so schedules and trackers do
+not change with the accumulation.
+
+>>> learn.fit(3, cbs=GradAccum(steps=4))        # batch 8 x 4 = one step of batch 32
+>>> learn.fit(3, cbs=GradAccum(samples=64))     # fastai's way: step once 64 samples were seen
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..trainer.callback import Callback, Order
+from ..trainer.events import CancelBatchException
+
+
+def batch_sizes(dl: Any) -> list[int] | None:
+    """Size of every batch `dl` yields, from its length and batch size; None when it cannot be known."""
+    bs = getattr(dl, "batch_size", None)
+    n = getattr(dl, "per_rank", None)  # a DistributedDL's shard
+    if n is None:
+        try:
+            n = len(dl.dataset)
+        except (AttributeError, TypeError):
+            return None
+    if not bs:
+        return None
+    full, rest = divmod(n, bs)
+    return [bs] * full + ([rest] if rest and not getattr(dl, "drop_last", False) else [])
+
+
+def plan_windows(sizes: list[int], steps: int | None = None, samples: int | None = None) -> tuple[list[bool], list[float]]:
+    """For every batch: does it end a window, and its loss scale (its share of the window's samples).
+
+    >>> plan_windows([8, 8, 8, 4], steps=2)
+    ([False, True, False, True], [0.5, 0.5, 0.6666666666666666, 0.3333333333333333])
+    """
+    ends, scales, window = [], [], []
+    for i, size in enumerate(sizes):
+        window.append(size)
+        full = len(window) == steps if steps else sum(window) >= samples
+        if full or i == len(sizes) - 1:
+            total = sum(window)
+            scales += [s / total for s in window]
+            ends += [False] * (len(window) - 1) + [True]
+            window = []
+    return ends, scales
+
+
+class GradAccum(Callback):
+    """Step once every `steps` micro-batches, or once `samples` samples were seen (give one of them)."""
+
+    order = Order.ACCUMULATE
+    run_valid = False
+
+    def __init__(self, steps: int | None = None, samples: int | None = None):
+        if (steps is None) == (samples is None):
+            raise ValueError("GradAccum takes steps (e.g. GradAccum(steps=4)) or samples (GradAccum(samples=64))")
+        for name, v in (("steps", steps), ("samples", samples)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"GradAccum {name} must be a positive int, got {v!r}")
+        self.steps, self.samples = steps, samples
+
+    def before_fit(self):
+        self._plan(self.learn.dls.train)
+        self.learn.steps_per_epoch = sum(self.ends)
+
+    def before_train(self):
+        self._plan(self.learn.dl)
+
+    def _plan(self, dl: Any) -> None:
+        sizes = batch_sizes(dl)
+        if sizes is None:
+            if self.samples is not None:
+                raise ValueError("GradAccum(samples=...) needs a loader with a dataset length and batch_size; "
+                                 "use GradAccum(steps=...) instead")
+            sizes = [1] * len(dl)  # unknown sizes: weigh micro-batches equally
+        if len(sizes) != len(dl):
+            sizes = [1] * len(dl)
+        self.ends, self.scales = plan_windows(sizes, self.steps, self.samples)
+
+    def before_batch(self):
+        self.learn.sync_gradients = self.ends[self.learn.iter]
+
+    def after_loss(self):
+        scale = self.scales[self.learn.iter]
+        if scale != 1.0:
+            self.learn.loss_grad = self.learn.loss_grad * scale
+
+    def before_step(self):
+        if not self.ends[self.learn.iter]:
+            raise CancelBatchException()  # keep the gradients: no step, no zero_grad
+
+    def after_train(self):
+        self.learn.sync_gradients = True
+
+    def after_fit(self):
+        self.learn.sync_gradients = True

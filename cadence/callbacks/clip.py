@@ -1,0 +1,37 @@
+"""GradClip: clip gradients before every optimizer step, after unscaling (fp16), over the whole model.
+
+The norm before clipping is kept in `learn.grad_norm` (trackers log it).
+
+>>> learn.fit(3, cbs=GradClip(1.0))            # clip the global L2 norm to 1
+>>> learn.fit(3, cbs=GradClip(value=0.5))      # clamp every gradient element
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..trainer.callback import Callback, Order
+
+
+class GradClip(Callback):
+    """Clip by global norm (`max_norm`, `norm_type`) or by value (`value`)."""
+
+    order = Order.CLIP
+    run_valid = False
+
+    def __init__(self, max_norm: float | None = None, norm_type: float = 2.0, value: float | None = None):
+        if (max_norm is None) == (value is None):
+            raise ValueError("GradClip takes either max_norm (e.g. GradClip(1.0)) or value (GradClip(value=0.5)), not both")
+        for name, v in (("max_norm", max_norm), ("value", value)):
+            if v is not None and not v > 0:
+                raise ValueError(f"GradClip {name} must be > 0, got {v}")
+        self.max_norm, self.norm_type, self.value = max_norm, norm_type, value
+
+    def before_step(self):
+        learn = self.learn
+        if self.max_norm is not None:
+            norm = learn.strategy.clip_grad_norm(learn.model, learn.opt, self.max_norm, self.norm_type)
+        else:
+            norm = learn.strategy.clip_grad_norm(learn.model, learn.opt, math.inf, self.norm_type)
+            learn.strategy.clip_grad_value(learn.model, learn.opt, self.value)
+        learn.grad_norm = float(norm)

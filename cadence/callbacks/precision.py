@@ -1,0 +1,71 @@
+"""MixedPrecision: train in bf16 or fp16 (autocast; fp16 with a GradScaler).
+
+The callback is the switch; the strategy runs it (FSDP and DeepSpeed do mixed precision
+themselves). An fp16 step whose gradients overflow is skipped: `learn.step` does not advance,
+so schedules do not either, and `skipped_steps` counts it.
+
+>>> learn = Learner(dls, model, loss_func=F.cross_entropy).to_bf16()
+>>> learn.fit(1, cbs=MixedPrecision("fp16"))
+>>> learn.mixed_precision.skipped_steps
+"""
+
+from __future__ import annotations
+
+from typing import Any, ContextManager
+
+from ..distributed.precision import FullPrecision, make_precision
+from ..trainer.callback import Callback, Order
+
+
+class MixedPrecision(Callback):
+    """Run forward and loss under autocast in `precision` ("bf16" or "fp16"); fp16 scales the loss.
+
+    `scaler_kwargs` go to `torch.amp.GradScaler` (e.g. `init_scale=2.**16`, `growth_interval=2000`).
+    """
+
+    order = Order.PRECISION
+
+    def __init__(self, precision: str = "bf16", **scaler_kwargs):
+        if precision not in ("bf16", "fp16"):
+            raise ValueError(f"MixedPrecision takes 'bf16' or 'fp16', got {precision!r}; use learn.to_fp32() for fp32")
+        self.precision, self.scaler_kwargs = precision, scaler_kwargs
+        self.plugin: FullPrecision | None = None
+        self._pending_state: dict | None = None
+
+    def before_fit(self):
+        strategy = self.learn.strategy
+        if self.plugin is None or self.plugin.device_type != strategy.device.type:
+            self.plugin = make_precision(self.precision, strategy.device, **self.scaler_kwargs)
+            if self._pending_state is not None:
+                self.plugin.load_state_dict(self._pending_state)
+                self._pending_state = None
+        strategy.set_precision(self.plugin)
+
+    def forward_context(self) -> ContextManager:
+        return self.learn.strategy.forward_context()
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped because fp16 gradients overflowed."""
+        return getattr(self.plugin, "skipped_steps", 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.plugin.state_dict() if self.plugin is not None else self._pending_state
+        return {"precision": self.precision, "plugin": state or {}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["precision"] != self.precision:
+            raise ValueError(f"the checkpoint was trained with {state['precision']}, this run uses {self.precision}")
+        if self.plugin is not None:
+            self.plugin.load_state_dict(state["plugin"])
+        elif state["plugin"]:
+            self._pending_state = state["plugin"]
+
+
+def set_precision(learn: Any, precision: str, **scaler_kwargs) -> Any:
+    """Switch `learn` to "bf16", "fp16" or "no" (fp32): replaces any MixedPrecision callback."""
+    learn.remove_cb(MixedPrecision)
+    if precision == "no":
+        learn.strategy.set_precision(FullPrecision())
+        return learn
+    return learn.add_cb(MixedPrecision(precision, **scaler_kwargs))
