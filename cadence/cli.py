@@ -18,7 +18,11 @@ from cadence.distributed import launch as launch_mod
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `cadence` parser with its subcommands env, config, launch and test."""
+    """The `cadence` parser with its subcommands env, config, launch and test.
+
+    >>> build_parser().parse_args(["config", "default", "--num_processes", "2"]).num_processes
+    2
+    """
     parser = argparse.ArgumentParser(prog="cadence", description="Launch and configure cadence training runs.")
     parser.add_argument("--version", action="version", version=f"cadence {cadence.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -36,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configure(args: argparse.Namespace) -> int:
-    """`cadence config`: write the config file and say where."""
+    """`cadence config`: write the config file and say where; returns the exit code.
+
+    >>> configure(build_parser().parse_args(["config", "default", "--use_cpu"]))     # doctest: +SKIP
+    cadence config written to /home/me/.cache/cadence/default_config.yaml
+    0
+    """
     given = cfg_mod.flag_values(args)
     if args.action == "default":
         start = cfg_mod.Config()
@@ -56,7 +65,14 @@ def _existing(path: str | None) -> str | None:
 
 
 def self_test(args: argparse.Namespace) -> int:
-    """`cadence test`: launch cadence.distributed.check with the config and report the outcome."""
+    """`cadence test`: launch cadence.distributed.check with the config and report the outcome.
+
+    >>> self_test(build_parser().parse_args(["test", "--cpu", "--num_processes", "2"]))   # doctest: +SKIP
+    passed rendezvous: 2 process(es) joined over gloo in 0.1s
+    ...
+    cadence test: all checks passed
+    0
+    """
     args.training_script, args.training_script_args, args.module, args.no_python = "cadence.distributed.check", [], True, False
     code = launch_mod.launch(args)
     print("cadence test: all checks passed" if code == 0 else f"cadence test: FAILED (exit code {code}), see above")

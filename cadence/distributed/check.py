@@ -23,7 +23,11 @@ class CheckFailed(RuntimeError):
 
 
 def check_rendezvous() -> str:
-    """Join the process group (gloo on CPU, nccl on CUDA) with the launcher's timeout."""
+    """Join the process group (gloo on CPU, nccl on CUDA) with the launcher's timeout.
+
+    >>> check_rendezvous()          # in a launched process     # doctest: +SKIP
+    '2 process(es) joined over gloo in 0.1s'
+    """
     device = env.default_device()
     backend = "nccl" if device.type == "cuda" else "gloo"
     start = time.perf_counter()
@@ -32,7 +36,11 @@ def check_rendezvous() -> str:
 
 
 def check_all_reduce() -> str:
-    """Sum rank + 1 over all ranks and compare with n(n+1)/2."""
+    """Sum rank + 1 over all ranks and compare with n(n+1)/2.
+
+    >>> check_all_reduce()          # after check_rendezvous()  # doctest: +SKIP
+    'sum over 2 rank(s) is 3 as expected'
+    """
     n = dist.get_world_size()
     total = torch.tensor([dist.get_rank() + 1.0], device=env.default_device())
     dist.all_reduce(total)
@@ -42,7 +50,11 @@ def check_all_reduce() -> str:
 
 
 def check_ddp_steps(steps: int = 3) -> str:
-    """Train a tiny model under DistributedDataParallel on different data per rank; weights must agree."""
+    """Train a tiny model under DistributedDataParallel on different data per rank; weights must agree.
+
+    >>> check_ddp_steps()           # after check_rendezvous()  # doctest: +SKIP
+    '3 steps, weights identical on every rank, last loss 1.9830'
+    """
     device = env.default_device()
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2).to(device))
@@ -68,7 +80,10 @@ CHECKS: tuple[tuple[str, Callable[[], str]], ...] = (
 
 
 def main() -> None:
-    """Run every check in order; rank 0 prints what passed, the failing rank prints what failed."""
+    """Run every check in order; rank 0 prints what passed, the failing rank prints what failed.
+
+        cadence launch --cpu --num_processes 2 -m cadence.distributed.check
+    """
     try:
         for name, check in CHECKS:
             try:

@@ -3,8 +3,8 @@
 Keys carry Accelerate's names, so a file written by `accelerate config` loads too; the keys
 Accelerate writes that cadence has no use for are accepted and ignored, any other key fails.
 
->>> cfg = load_config()                 # $CADENCE_CONFIG_FILE, else ~/.cache/cadence/default_config.yaml
->>> cfg.num_processes, cfg.mixed_precision
+>>> cfg = load_config()       # $CADENCE_CONFIG_FILE, else ~/.cache/cadence/default_config.yaml  # doctest: +SKIP
+>>> cfg.num_processes, cfg.mixed_precision                                                   # doctest: +SKIP
 (1, 'no')
 """
 
@@ -85,12 +85,20 @@ class Config:
 
     @property
     def strategy(self) -> str | None:
-        """Strategy name the launched script uses (`CADENCE_STRATEGY`), None for a single process."""
+        """Strategy name the launched script uses (`CADENCE_STRATEGY`), None for a single process.
+
+        >>> Config(distributed_type="FSDP", num_processes=4).strategy
+        'fsdp'
+        """
         named = {"FSDP": "fsdp", "DEEPSPEED": "deepspeed", "XLA": "xla"}.get(self.distributed_type)
         return named or ("ddp" if self.num_processes > 1 else None)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict in field order, ready for YAML."""
+        """Plain dict in field order, ready for YAML.
+
+        >>> Config().to_dict()["mixed_precision"]
+        'no'
+        """
         return dataclasses.asdict(self)
 
 
@@ -114,7 +122,11 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:
-    """The config's fields, each with metadata `help`, `kind`, `choices` and `minimum`."""
+    """The config's fields, each with metadata `help`, `kind`, `choices` and `minimum`.
+
+    >>> config_fields()[0].name, config_fields()[0].metadata["choices"]
+    ('compute_environment', ('LOCAL_MACHINE',))
+    """
     return dataclasses.fields(Config)
 
 
@@ -137,7 +149,11 @@ def add_config_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | N
 
 
 def flag_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The config keys that `args` (parsed with `add_config_flags`) sets, i.e. those not None."""
+    """The config keys that `args` (parsed with `add_config_flags`) sets, i.e. those not None.
+
+    >>> flag_values(argparse.Namespace(num_processes=2, mixed_precision=None))
+    {'num_processes': 2}
+    """
     return {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name, None) is not None}
 
 
@@ -199,7 +215,7 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
 def save(config: Config, path: str | os.PathLike | None = None) -> Path:
     """Write `config` as YAML to `path` (default: `default_config_path()`) and return the path.
 
-    >>> save(Config(num_processes=2, distributed_type="MULTI_CPU"), "/tmp/cfg.yaml")
+    >>> save(Config(num_processes=2, distributed_type="MULTI_CPU"), "/tmp/cfg.yaml")    # doctest: +SKIP
     PosixPath('/tmp/cfg.yaml')
     """
     file = Path(path).expanduser() if path is not None else default_config_path()

@@ -100,7 +100,11 @@ def launch_env(config: Config) -> dict[str, str | None]:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    >>> 1024 <= free_port() <= 65535
+    True
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -177,6 +181,9 @@ def report_failure(failures: dict) -> int:
     """Print the earliest failure's traceback and one line per other failed rank; return an exit code.
 
     `failures` maps global rank to torch's `ProcessFailure`, as in `ChildFailedError.failures`.
+
+    >>> report_failure(child_failed_error.failures)        # doctest: +SKIP
+    1
     """
     ordered = sorted(failures.items(), key=lambda item: _failure_time(item[1]))
     (rank, first), others = ordered[0], ordered[1:]
@@ -234,7 +241,12 @@ def run_worker(argv: list[str] | None = None) -> None:
 
 
 def user_traceback(e: BaseException) -> str:
-    """`e`'s traceback as text, without the launcher's own frames (run_worker, runpy, the notebook worker)."""
+    """`e`'s traceback as text, without the launcher's own frames (run_worker, runpy, the notebook worker).
+
+    >>> try: 1 / 0
+    ... except ZeroDivisionError as e: print(user_traceback(e).splitlines()[-1])
+    ZeroDivisionError: division by zero
+    """
     tb = e.__traceback__
     while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
         tb = tb.tb_next
