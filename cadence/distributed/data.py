@@ -138,6 +138,9 @@ class DistributedDL:
         self.seed = self._shared_seed(seed) if self.shuffle else seed
         self.epoch, self.start_batch, self.last_batch = 0, 0, None
         self._started = False
+        # the loader's own generator: iterating never draws from the global RNG (so a resumed run's
+        # random numbers match the uninterrupted run's), and worker seeds follow (seed, epoch)
+        self._generator = torch.Generator()
         self._loader = self._build_loader()
 
     @property
@@ -164,9 +167,9 @@ class DistributedDL:
         bs = self.dl.batch_size or 1
         if self.iterable:
             self._stream = _RankStream(self.dl.dataset, self.rank, self.world_size, self.dataset_len, bs)
-            return DataLoader(self._stream, **_loader_kwargs(self.dl))
+            return DataLoader(self._stream, generator=self._generator, **_loader_kwargs(self.dl))
         self._sampler = _IndexSampler()
-        return DataLoader(self.dl.dataset, sampler=self._sampler, **_loader_kwargs(self.dl))
+        return DataLoader(self.dl.dataset, sampler=self._sampler, generator=self._generator, **_loader_kwargs(self.dl))
 
     # which samples each rank sees
     def order(self, epoch: int | None = None) -> list[int]:
@@ -255,6 +258,7 @@ class DistributedDL:
         if self._started:
             self.epoch += 1
         self._started = True
+        self._generator.manual_seed((self.seed or 0) + self.epoch)
         bs = self.dl.batch_size or 1
         start, self.start_batch = self.start_batch * bs, 0
         if self.iterable:
