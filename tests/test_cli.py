@@ -21,9 +21,10 @@ def run_cli(*args: str, timeout: float = 120, **env: str) -> subprocess.Complete
                           stdin=subprocess.DEVNULL, env=cadence_env(**env))
 
 
-def test_version():
-    proc = run_cli("--version")
-    assert proc.returncode == 0 and proc.stdout.strip() == f"cadence {cadence.__version__}"
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"cadence {cadence.__version__}"
 
 
 def test_config_from_a_non_terminal_with_flags(tmp_path):

@@ -81,15 +81,14 @@ def test_misspelled_key_fails_before_launching(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_failing_rank_ends_the_run_with_its_traceback_once():
-    start = time.monotonic()
-    proc = run_launch("launch_raise.py", check=False, timeout=60)
-    elapsed = time.monotonic() - start
+    proc = run_launch("launch_raise.py", check=False, timeout=120)
+    elapsed = time.time() - float(proc.stdout.split("RAISING AT ")[1].split()[0])
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert elapsed < 30, f"took {elapsed:.0f}s"
+    assert elapsed < 30, f"the run took {elapsed:.0f}s to end after rank 1 raised"
     assert output.count("ValueError: launch_raise failed on purpose at step 2") == 1, output
     assert output.count("Traceback (most recent call last)") == 1, output
-    assert "cadence launch: rank 1 failed" in proc.stderr and 'launch_raise.py", line 14, in step' in proc.stderr
+    assert "cadence launch: rank 1 failed" in proc.stderr and 'launch_raise.py", line ' in proc.stderr and ', in step' in proc.stderr
 
 
 def parsed(*argv: str):
