@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import cadence
 from cadence.distributed import config as cfg_mod
@@ -50,7 +51,10 @@ def configure(args: argparse.Namespace) -> int:
     if args.action == "default":
         start = cfg_mod.Config()
     else:
-        start = cfg_mod.load_config(args.config_file if args.action == "update" else _existing(args.config_file))
+        if args.action == "update":          # the file must exist: an explicit path
+            start = cfg_mod.load_config(args.config_file or cfg_mod.default_config_path())
+        else:
+            start = cfg_mod.load_config(_existing(args.config_file))
     ask = input if args.action == "ask" and sys.stdin.isatty() else None
     path = cfg_mod.save(cfg_mod.questionnaire(start, given, ask), args.config_file)
     print(f"cadence config written to {path}")
@@ -59,8 +63,6 @@ def configure(args: argparse.Namespace) -> int:
 
 def _existing(path: str | None) -> str | None:
     """`path` if the file exists, so `cadence config` starts from its values; else None (the default file)."""
-    from pathlib import Path
-
     return path if path is not None and Path(path).expanduser().is_file() else None
 
 
