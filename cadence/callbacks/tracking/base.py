@@ -1,0 +1,256 @@
+"""Experiment tracking: the `GeneralTracker` interface and the `Tracker` callback that feeds it.
+
+One run per job, opened and written by the main process only. Steps are optimizer steps
+(`learn.step`), so the numbering does not change with world size or gradient accumulation,
+and a resumed run (the Tracker's `state_dict` restored by Checkpoint) continues it.
+
+>>> learn = Learner(dls, model, loss_func=F.cross_entropy, metrics=accuracy,
+...                 cbs=Tracker(["tensorboard", "csv"], project="digits", config={"arch": "mlp"}))
+>>> learn.fit(3, lr=1e-2)       # runs/digits/<time>/: events.out.tfevents.*, metrics.csv, hparams.yaml
+
+Your own tracker is a `GeneralTracker` subclass:
+
+>>> class PrintTracker(GeneralTracker):
+...     name = "print"
+...     def log(self, values, step): print(step, values)
+>>> learn.fit(1, cbs=Tracker(PrintTracker()))
+"""
+
+from __future__ import annotations
+
+import importlib
+import numbers
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ...distributed.env import is_main_process, world_size
+from ...trainer.callback import Callback, Order
+from ...trainer.metrics import batch_size
+from ...trainer.schedule import LRFinder
+
+
+def require_package(module: str, extra: str) -> None:
+    """Import `module` or fail with the `pip install` line that provides it."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"this tracker needs {module}, which is not installed; "
+                          f'install it with: pip install "cadence[{extra}]"') from e
+
+
+def plain(value: Any) -> Any:
+    """`value` as JSON/YAML-safe data: numbers, strings, bools, None, lists and dicts of them; anything else as str."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return str(value)
+
+
+class GeneralTracker:
+    """One experiment-tracking backend. Subclass it and override `log` (and whatever else you need).
+
+    The `Tracker` callback calls, on the main process only: `start(step)` at the start of
+    fit, then `store_init_configuration(hparams)`, `log(values, step)` per optimizer step and
+    per epoch, and `finish()` at the end of fit. `state_dict()` / `load_state_dict()` carry
+    what a resumed run needs (a run id, a directory); after `load_state_dict`, the next
+    `start` continues that run instead of opening a new one.
+
+    >>> class ListTracker(GeneralTracker):
+    ...     name = "list"
+    ...     def __init__(self): super().__init__(); self.rows = []
+    ...     def log(self, values, step): self.rows.append((step, values))
+    """
+
+    name: str = "general"
+    requires: tuple[str, str] | None = None   # (module, cadence extra that installs it), checked at construction
+
+    def __init__(self, project: str | None = None, run_name: str | None = None, config: dict | None = None,
+                 dir: str | Path | None = None):
+        if self.requires is not None:
+            require_package(*self.requires)
+        self.project, self.run_name, self.dir = project, run_name, dir
+        self.config: dict[str, Any] = dict(config or {})
+        self._resume: dict[str, Any] | None = None
+
+    def start(self, step: int) -> None:
+        """Open the run; `step` optimizer steps are already done (0, or the resume point)."""
+
+    def store_init_configuration(self, config: dict[str, Any]) -> None:
+        """Store the run's hyperparameters."""
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        """Record `values` (name -> number) at optimizer step `step`."""
+        raise NotImplementedError(f"{type(self).__name__} must define log(values, step)")
+
+    def finish(self) -> None:
+        """Close the run (flush files, end the W&B run)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue this one (JSON-serializable)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next `start` continue the run described by `state`."""
+        self._resume = dict(state) if state else None
+
+    def _take_resume(self) -> dict[str, Any] | None:
+        """The state to resume from, once: the fit after that opens a new run."""
+        resume, self._resume = self._resume, None
+        return resume
+
+
+class FileTracker(GeneralTracker):
+    """A tracker writing files into one directory per run: `dir/project/run_name` (`dir` defaults to `runs`).
+
+    A new run never writes into a directory holding another run's `marker` files: it gets a
+    `_1`, `_2`, ... suffix. A resumed run reopens the directory in its state.
+    """
+
+    marker: str = "*"
+
+    def start(self, step: int) -> None:
+        resume = self._take_resume()
+        self.resumed = resume is not None
+        self.log_dir = (Path(resume["dir"]) if resume else self._new_run_dir()).resolve()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def _new_run_dir(self) -> Path:
+        root = Path(self.dir if self.dir is not None else "runs") / (self.project or "")
+        name = self.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
+        path, n = root / name, 0
+        while any(path.glob(self.marker)):
+            n += 1
+            path = root / f"{name}_{n}"
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        log_dir = getattr(self, "log_dir", None)
+        return {"dir": str(log_dir)} if log_dir is not None else {}
+
+
+def _make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
+    if isinstance(kind, GeneralTracker):
+        return kind
+    if isinstance(kind, type) and issubclass(kind, GeneralTracker):
+        raise TypeError(f"pass an instance, e.g. Tracker({kind.__name__}(...)), not the class {kind.__name__}")
+    from .csv import CSVTracker
+    from .tensorboard import TensorBoardTracker
+    from .wandb import WandbTracker
+
+    kinds = {cls.name: cls for cls in (TensorBoardTracker, WandbTracker, CSVTracker)}
+    if kind not in kinds:
+        raise ValueError(f"unknown tracker {kind!r}; use one of {sorted(kinds)} or a GeneralTracker instance")
+    return kinds[kind](project=project, run_name=run_name, config=config, dir=dir)
+
+
+class Tracker(Callback):
+    """Log training to TensorBoard, W&B, a CSV file, or your own `GeneralTracker`s.
+
+    Args:
+        kinds: "tensorboard", "wandb", "csv", a `GeneralTracker` instance, or a list of these.
+        project, run_name, config, dir: given to the trackers built from names. `config` (a dict)
+            is stored with what the learner knows: n_epoch, lr, batch_size, optimizer, world_size.
+
+    Logged per optimizer step: `train/loss` (mean loss of the step's micro-batches on the main
+    process), `train/lr` (last parameter group), `train/grad_norm` (when a callback sets
+    `learn.grad_norm`). Per epoch, at the epoch's last step: `train/epoch_loss`, `valid/loss`,
+    `valid/<metric>` as the Recorder combined them over processes. Other processes log
+    nothing, and `lr_find` is not tracked.
+
+    >>> learn.fit(3, cbs=Tracker(["tensorboard", "wandb"], project="digits", config={"arch": "resnet18"}))
+    """
+
+    order = Order.REPORT
+    run_valid = False
+
+    def __init__(self, kinds: Any, project: str | None = None, run_name: str | None = None,
+                 config: dict[str, Any] | None = None, dir: str | Path | None = None):
+        if config is not None and not isinstance(config, dict):
+            raise TypeError(f"config must be a dict of hyperparameters, got {type(config).__name__}")
+        kinds = list(kinds) if isinstance(kinds, (list, tuple)) else [kinds]
+        if not kinds:
+            raise ValueError('Tracker needs at least one tracker, e.g. Tracker("tensorboard")')
+        self.config = dict(config or {})
+        self.trackers: list[GeneralTracker] = [_make_tracker(k, project, run_name, self.config, dir) for k in kinds]
+        names = [t.name for t in self.trackers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two trackers share a name in {names}; give each GeneralTracker subclass its own `name`")
+        self.active, self._last_step = False, 0
+        self._loss_sum, self._loss_n = None, 0
+
+    def before_fit(self):
+        self.active = is_main_process() and not any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
+        if not self.active:
+            return
+        learn = self.learn
+        self._last_step, self._loss_sum, self._loss_n = learn.step, None, 0
+        hparams = {"n_epoch": learn.n_epoch, "lr": learn.opt.param_groups[-1]["lr"],
+                   "batch_size": getattr(learn.dls.train, "batch_size", None), "optimizer": type(learn.opt).__name__,
+                   "world_size": world_size(), **self.config}
+        for t in self.trackers:
+            t.start(learn.step)
+            t.store_init_configuration(plain({**hparams, **t.config}))
+
+    def after_step(self):
+        """Sum the micro-batch losses; log once the optimizer step was really taken."""
+        if not self.active:
+            return
+        learn = self.learn
+        if learn.loss is not None:
+            n = batch_size(learn.yb or learn.xb)
+            loss = learn.loss.detach().double() * n
+            self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+            self._loss_n += n
+        if learn.step == self._last_step:
+            return
+        self._last_step = learn.step
+        values = {"train/lr": float(learn.opt.param_groups[-1]["lr"])}
+        if self._loss_sum is not None:
+            values["train/loss"] = (self._loss_sum / self._loss_n).item()
+        grad_norm = getattr(learn, "grad_norm", None)
+        if grad_norm is not None:
+            values["train/grad_norm"] = float(grad_norm)
+        self._loss_sum, self._loss_n = None, 0
+        self._log(values)
+
+    def after_epoch(self):
+        if not self.active or not self.learn.recorder.values:
+            return
+        row = self.learn.recorder.values[-1]
+        values = {"train/epoch_loss": row.get("train_loss"), "valid/loss": row.get("valid_loss"),
+                  **{f"valid/{m.name}": row.get(m.name) for m in self.learn.recorder.metrics}}
+        self._log({k: float(v) for k, v in values.items() if v is not None})
+
+    def after_fit(self):
+        if not self.active:
+            return
+        self.active = False
+        for t in self.trackers:
+            t.finish()
+
+    def _log(self, values: dict[str, float]) -> None:
+        if values:
+            for t in self.trackers:
+                t.log(values, self.learn.step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Per tracker (by name), what a resumed run needs; Checkpoint saves it."""
+        return {"trackers": {t.name: t.state_dict() for t in self.trackers}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next fit continue the runs in `state` (same directories, same W&B run id)."""
+        states = state.get("trackers", {})
+        for t in self.trackers:
+            if states.get(t.name):
+                t.load_state_dict(states[t.name])
+
+    def __repr__(self) -> str:
+        return f"Tracker({[t.name for t in self.trackers]})"

@@ -1,0 +1,58 @@
+"""WandbTracker: a Weights & Biases run (online, or offline with `WANDB_MODE=offline`).
+
+>>> learn.fit(3, cbs=Tracker("wandb", project="digits", config={"arch": "mlp"}))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .base import GeneralTracker
+
+
+class WandbTracker(GeneralTracker):
+    """Log to a W&B run: `wandb.init(project=, name=, dir=, **init_kwargs)` at the start of fit.
+
+    W&B's local files go under `dir` (default: `$WANDB_DIR`, else the working directory).
+    The state holds the run id: a resumed fit reopens that run (`resume="allow"`).
+
+    >>> learn.fit(1, cbs=Tracker(WandbTracker(project="digits", entity="my-team", tags=["baseline"])))
+    """
+
+    name = "wandb"
+    requires = ("wandb", "wandb")
+
+    def __init__(self, project: str | None = None, run_name: str | None = None, config: dict | None = None,
+                 dir: str | Path | None = None, **init_kwargs: Any):
+        super().__init__(project, run_name, config, dir)
+        self.init_kwargs, self.run, self.run_id, self.run_dir = init_kwargs, None, None, None
+
+    def start(self, step: int) -> None:
+        import wandb
+
+        resume = self._take_resume()
+        kwargs = dict(project=self.project, name=self.run_name, **self.init_kwargs)
+        run_dir = resume.get("dir") if resume else (str(Path(self.dir).resolve()) if self.dir is not None else None)
+        if run_dir is not None:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            kwargs["dir"] = run_dir
+        if resume:
+            kwargs.update(id=resume["id"], resume="allow")
+        self.run = wandb.init(**kwargs)
+        self.run_id, self.run_dir = self.run.id, run_dir
+
+    def store_init_configuration(self, config: dict[str, Any]) -> None:
+        self.run.config.update(config, allow_val_change=True)
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run id (and the directory W&B writes to), so a resumed fit continues the same run."""
+        return {"id": self.run_id, "dir": self.run_dir} if self.run_id is not None else {}
