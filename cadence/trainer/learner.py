@@ -232,10 +232,15 @@ class Learner:
         if final is not None:
             final()
 
-    def fit(self, n_epoch: int, lr: float | slice | None = None, wd: float | None = None, cbs: Any = None) -> None:
+    def fit(self, n_epoch: int, lr: float | slice | None = None, wd: float | None = None, cbs: Any = None,
+            resume: str | Path | None = None) -> None:
         """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`), validating after each.
 
+        `resume` ("latest", a checkpoint name or path) continues a run saved by the `Checkpoint`
+        callback exactly where it stopped, mid-epoch included.
+
         >>> learn.fit(3, lr=1e-2)
+        >>> learn.fit(3, lr=1e-2, cbs=Checkpoint(every_n_steps=100), resume="latest")
         """
         if not isinstance(n_epoch, int) or n_epoch < 1:
             raise ValueError(f"n_epoch must be a positive int, got {n_epoch!r}")
@@ -245,7 +250,18 @@ class Learner:
                 set_hyper(self.opt, "wd", wd)
             self.n_epoch, self.steps_per_epoch = n_epoch, len(self.dls.train)
             self.epoch = self.iter = self.train_iter = self.step = 0
+            if resume is not None:
+                self._resume(resume)
             self._with_events(self._do_fit, "fit", CancelFitException, self._end_cleanup)
+
+    def _resume(self, which: str | Path) -> None:
+        from ..callbacks.checkpoint import Checkpoint
+
+        checkpoints = [cb for cb in self.cbs if isinstance(cb, Checkpoint)]
+        if not checkpoints:
+            raise ValueError("fit(resume=...) needs the Checkpoint callback that wrote the run: "
+                             "pass cbs=[Checkpoint(...)] (same dir) to the Learner or to fit")
+        checkpoints[0].resume(which)
 
     def _do_fit(self) -> None:
         for epoch in range(self.epoch, self.n_epoch):  # before_fit may have moved self.epoch (resume)
@@ -271,7 +287,8 @@ class Learner:
 
     def _all_batches(self) -> None:
         self.n_iter = len(self.dl)
-        for i, batch in enumerate(self.dl):
+        # a resumed loader starts mid-epoch and says where (DistributedDL.start_batch)
+        for i, batch in enumerate(self.dl, getattr(self.dl, "start_batch", 0)):
             self.one_batch(i, batch)
 
     def one_batch(self, i: int, batch: Any) -> None:
@@ -341,7 +358,8 @@ class Learner:
     # ------------------------------------------------------------------ schedules
     def fit_one_cycle(self, n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
                       div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,
-                      moms: tuple[float, float, float] | None = (0.95, 0.85, 0.95), cbs: Any = None) -> None:
+                      moms: tuple[float, float, float] | None = (0.95, 0.85, 0.95), cbs: Any = None,
+                      resume: str | Path | None = None) -> None:
         """Train with the one-cycle policy: lr warms up to `lr_max` then anneals; momentum does the reverse.
 
         >>> learn.fit_one_cycle(3, lr_max=1e-2)
@@ -350,7 +368,7 @@ class Learner:
         scheds = {"lr": combined_cos(pct_start, lr_max / div, lr_max, lr_max / div_final)}
         if moms is not None:
             scheds["mom"] = combined_cos(pct_start, *moms)
-        self.fit(n_epoch, wd=wd, cbs=[ParamScheduler(scheds), *_listify(cbs)])
+        self.fit(n_epoch, wd=wd, cbs=[ParamScheduler(scheds), *_listify(cbs)], resume=resume)
 
     def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10.0, num_it: int = 100, stop_div: bool = True,
                 show_plot: bool = True) -> SuggestedLRs:
@@ -517,6 +535,29 @@ class Learner:
         from ..callbacks.distributed import detach_parallel
 
         return detach_parallel(self)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_state(self, directory: str | Path) -> Path:
+        """Write a complete checkpoint (weights, optimizer, counters, callback states, RNG, data position).
+
+        >>> learn.save_state("checkpoints/manual")
+        """
+        from ..callbacks.checkpoint import save_state
+
+        return save_state(self, directory)
+
+    def load_state(self, directory: str | Path) -> "Learner":
+        """Restore what `save_state` wrote; the next `fit` continues from it only through `fit(resume=...)`."""
+        from ..callbacks.checkpoint import load_state
+
+        load_state(self, directory)
+        return self
+
+    def save_model(self, directory: str | Path, max_shard_size: int | str = "2GB") -> Path:
+        """Write the weights only, as `model.safetensors` or shards with an index (the Hugging Face layout)."""
+        from ..callbacks.checkpoint import save_model
+
+        return save_model(self, directory, max_shard_size)
 
     # ------------------------------------------------------------------ output
     @contextlib.contextmanager

@@ -36,6 +36,7 @@ class Recorder(Callback):
         self.lrs: list[float] = []
         self._batch_losses: list[torch.Tensor] = []
         self._batch_sizes: list[int] = []
+        self._resumed = False
 
     @property
     def metric_names(self) -> list[str]:
@@ -43,12 +44,28 @@ class Recorder(Callback):
         return ["epoch", "train_loss", "valid_loss", *(m.name for m in self.metrics), "time"]
 
     def before_fit(self):
+        if self._resumed:  # load_state_dict restored the history of the interrupted run
+            return
         self.losses, self.lrs, self.values = [], [], []
+        self._batch_losses, self._batch_sizes = [], []
 
     def before_epoch(self):
         self.start_time = time.perf_counter()
         self.train_loss.reset()
-        self._batch_losses, self._batch_sizes = [], []
+        if not self._resumed:  # a resumed epoch keeps the losses of its first part
+            self._batch_losses, self._batch_sizes = [], []
+        self._resumed = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """History so far, and the current epoch's batch losses (a checkpoint may fall mid-epoch)."""
+        return {"values": self.values, "losses": self.losses, "lrs": self.lrs,
+                "epoch_losses": [float(x) for x in self._batch_losses], "epoch_sizes": list(self._batch_sizes)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.values, self.losses, self.lrs = state["values"], state["losses"], state["lrs"]
+        self._batch_losses = [torch.tensor(x, device=self.learn.strategy.device) for x in state["epoch_losses"]]
+        self._batch_sizes = list(state["epoch_sizes"])
+        self._resumed = True
 
     def before_validate(self):
         self.valid_loss.reset()

@@ -1,0 +1,121 @@
+"""Checkpoint directory format, pruning, best tracking, loading checks, save_model shards (one process)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from cadence import CancelFitException, Callback, Learner, accuracy
+from cadence.callbacks.checkpoint import Checkpoint, complete_checkpoints
+
+
+def make_learner(dls, tmp_path, cbs=(), model=None):
+    torch.manual_seed(0)
+    model = model or nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, path=tmp_path, cbs=list(cbs))
+    learn.remove_cb(learn.progress)
+    return learn
+
+
+def test_directory_format(dls, tmp_path):
+    learn = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=3)])
+    learn.fit(2)
+    root = tmp_path / "checkpoints"
+    names = [d.name for d in complete_checkpoints(root)]
+    assert names == ["step-00000003", "step-00000004", "step-00000006", "step-00000008"]  # every 3 steps + epoch ends
+    assert (root / "latest").read_text() == "step-00000008"
+    ckpt = root / "step-00000008"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "optimizer.pt", "rng-rank0.pt", "state.json"]
+    weights = load_file(str(ckpt / "model.safetensors"))
+    for k, v in learn.model.state_dict().items():
+        assert torch.equal(weights[k], v)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert (state["epoch"], state["step"], state["epoch_complete"], state["world_size"]) == (1, 8, True, 1)
+    assert "recorder" in state["callbacks"] and state["sampler"]["batches_done"] == 4
+    mid = json.loads((root / "step-00000003" / "state.json").read_text())
+    assert (mid["epoch"], mid["batches_done"], mid["epoch_complete"]) == (0, 3, False)
+    torch.load(ckpt / "optimizer.pt", weights_only=True)
+    torch.load(ckpt / "rng-rank0.pt", weights_only=True)
+    assert not list(root.glob(".*"))  # no temporary directories left
+
+
+def test_keep_last_and_monitor_keep_the_best(dls, tmp_path):
+    class ScriptedAccuracy(Callback):
+        order = 55  # after the Recorder: overwrite the epoch's accuracy with a known sequence
+
+        def after_epoch(self):
+            self.learn.recorder.values[-1]["accuracy"] = [0.5, 0.9, 0.6, 0.7, 0.8][self.epoch]
+
+    ckpt = Checkpoint(keep_last=2, monitor="accuracy", mode="max")
+    learn = make_learner(dls, tmp_path, [ScriptedAccuracy(), ckpt])
+    learn.fit(5)
+    root = tmp_path / "checkpoints"
+    assert [d.name for d in complete_checkpoints(root)] == ["step-00000008", "step-00000016", "step-00000020"]
+    assert (root / "best").read_text() == "step-00000008" and ckpt.best == 0.9
+
+
+def test_epoch_stopped_early_is_still_saved(dls, tmp_path):
+    class StopAfterFirstEpoch(Callback):
+        order = 70
+
+        def after_epoch(self):
+            raise CancelFitException()
+
+    learn = make_learner(dls, tmp_path, [StopAfterFirstEpoch(), Checkpoint()])
+    learn.fit(3)
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step-00000004"
+
+
+def test_resume_needs_the_checkpoint_callback(dls, tmp_path):
+    learn = make_learner(dls, tmp_path)
+    with pytest.raises(ValueError, match="Checkpoint"):
+        learn.fit(1, resume="latest")
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        learn.fit(1, cbs=Checkpoint(), resume="latest")
+
+
+def test_resume_from_another_architecture_fails_before_loading(dls, tmp_path):
+    make_learner(dls, tmp_path, [Checkpoint()]).fit(1)
+    other = make_learner(dls, tmp_path, [Checkpoint()], model=nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 3)))
+    before = {k: v.clone() for k, v in other.model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"shape mismatches: 0.weight: \(16, 8\) in .*, \(4, 8\) in model"):
+        other.fit(1, cbs=None, resume="latest")
+    assert all(torch.equal(before[k], v) for k, v in other.model.state_dict().items())
+
+
+def test_save_state_load_state_round_trip(dls, tmp_path):
+    learn = make_learner(dls, tmp_path)
+    learn.fit(1)
+    learn.save_state(tmp_path / "manual")
+    other = make_learner(dls, tmp_path)
+    other.load_state(tmp_path / "manual")
+    for a, b in zip(learn.model.parameters(), other.model.parameters()):
+        assert torch.equal(a, b)
+    assert other.step == learn.step == 4
+    assert other.recorder.values == learn.recorder.values
+
+
+def test_save_model_shards_in_hugging_face_layout(dls, tmp_path):
+    learn = make_learner(dls, tmp_path)
+    out = learn.save_model(tmp_path / "export", max_shard_size=400)  # bytes: forces several shards
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    loaded = {}
+    for f in files:
+        loaded.update(load_file(str(out / f)))
+    assert loaded.keys() == learn.model.state_dict().keys()
+    assert index["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in loaded.values())
+    single = learn.save_model(tmp_path / "one")
+    assert sorted(p.name for p in single.iterdir()) == ["model.safetensors"]
+    with pytest.raises(ValueError, match="max_shard_size"):
+        learn.save_model(tmp_path / "bad", max_shard_size="lots")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="every_n_steps"):
+        Checkpoint(every_n_steps=0)
+    with pytest.raises(ValueError, match="mode"):
+        Checkpoint(mode="best")

@@ -1,0 +1,81 @@
+"""Exact resume: a run killed with SIGKILL and resumed ends bitwise equal to an uninterrupted run.
+
+tests/scripts/resume.py trains with shuffling, dropout, GradAccum(steps=2), AdamW and one-cycle,
+checkpointing every 4 optimizer steps and after every epoch.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import REPO, SCRIPTS, cadence_env, run_launch
+
+pytestmark = pytest.mark.slow
+
+
+def run_one(*args, check=True):
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "resume.py"), *map(str, args)], capture_output=True, text=True,
+                          timeout=180, env=cadence_env(), cwd=REPO)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def assert_same_weights(a, b):
+    wa, wb = load_file(str(a)), load_file(str(b))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def latest(ckpt):
+    return (ckpt / "latest").read_text()
+
+
+def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
+    run_one("--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
+    killed = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--kill-at", 10, check=False)
+    assert killed.returncode == -signal.SIGKILL
+    assert latest(tmp_path / "run") == "step-00000008"
+    state = json.loads((tmp_path / "run" / "step-00000008" / "state.json").read_text())
+    assert not state["epoch_complete"] and state["batches_done"] == 4  # mid-epoch 1
+    done = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--resume")
+    assert "STEPS 18" in done.stdout
+    assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
+    # the resumed run prints the same epoch results as the uninterrupted one (time aside)
+    ref_lines = [line.rsplit("|", 1)[0] for line in run_one("--ckpt", tmp_path / "ref2", "--out", tmp_path / "r2.st")
+                 .stdout.splitlines() if line.startswith("epoch")]
+    assert [line.rsplit("|", 1)[0] for line in done.stdout.splitlines() if line.startswith("epoch")] == ref_lines[1:]
+
+
+def test_kill_during_a_checkpoint_write_leaves_latest_complete(tmp_path):
+    run_one("--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
+    killed = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--kill-in-save", 12, check=False)
+    assert killed.returncode == -signal.SIGKILL
+    root = tmp_path / "run"
+    assert (root / ".step-00000012.tmp").is_dir() and not (root / "step-00000012").exists()
+    assert latest(root) == "step-00000008" and (root / "step-00000008" / "state.json").is_file()
+    run_one("--ckpt", root, "--out", tmp_path / "run.st", "--resume")
+    assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
+
+
+def test_two_processes_killed_resume_exactly_and_on_one_process(tmp_path):
+    run_launch("resume.py", "--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
+    killed = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--kill-at", 5,
+                        check=False)
+    assert killed.returncode != 0
+    assert latest(tmp_path / "run") == "step-00000004"
+    assert sorted(p.name for p in (tmp_path / "run" / "step-00000004").glob("rng-*")) == ["rng-rank0.pt", "rng-rank1.pt"]
+    done = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--resume")
+    assert "STEPS 9" in done.stdout
+    assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
+
+    # the same 2-process checkpoint continues on one process: 32 samples of epoch 1 were done
+    (tmp_path / "run" / "latest").write_text("step-00000004")
+    one = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "one.st", "--resume")
+    assert "STEPS 14" in one.stdout and "data order differs" in one.stderr

@@ -1,0 +1,81 @@
+"""Train with shuffling, dropout, GradAccum, AdamW and one-cycle; checkpoint; optionally die or resume.
+
+Launched on 1 or 2 processes by tests/callbacks/test_checkpoint_resume.py:
+  resume.py --ckpt DIR --out FILE [--kill-at STEP | --kill-in-save STEP] [--resume]
+--kill-at: SIGKILL every rank right after optimizer step STEP (after any checkpoint of that step).
+--kill-in-save: SIGKILL while the checkpoint of step STEP is being written.
+The final weights go to FILE (safetensors) from rank 0; `STEPS <step>` is printed at the end.
+"""
+
+import argparse
+import os
+import signal
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import Callback, DataLoaders, Learner, Order, accuracy
+from cadence.callbacks.accumulate import GradAccum
+from cadence.callbacks.checkpoint import Checkpoint
+from cadence.distributed.env import is_main_process
+
+
+class KillAt(Callback):
+    order = Order.CHECKPOINT + 10  # after the checkpoint of this step was written
+
+    def __init__(self, step):
+        self.at = step
+
+    def after_batch(self):
+        if self.training and self.learn.step == self.at and self.learn.iter % 2 == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillInSave(Callback):
+    """Its state is saved with every checkpoint; at step `at` it dies while the checkpoint is half written."""
+
+    def __init__(self, step):
+        self.at = step
+
+    def state_dict(self):
+        if self.learn.step == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--kill-at", type=int)
+    p.add_argument("--kill-in-save", type=int)
+    p.add_argument("--resume", action="store_true")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
+                      DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+    cbs = [GradAccum(steps=2), Checkpoint(args.ckpt, every_n_steps=4)]
+    if args.kill_at:
+        cbs.append(KillAt(args.kill_at))
+    if args.kill_in_save:
+        cbs.append(KillInSave(args.kill_in_save))
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, cbs=cbs)
+    with learn.distrib_ctx():
+        learn.fit_one_cycle(3, lr_max=1e-2, resume="latest" if args.resume else None)
+    if is_main_process():
+        save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
+        print(f"STEPS {learn.step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
