@@ -121,6 +121,8 @@ def save_state(learn: Any, directory: str | os.PathLike, epoch_complete: bool = 
         state = _train_state(learn, epoch_complete)
         with atomic_path(tmp / "state.json") as f:
             f.write_text(json.dumps(state, indent=1))
+    wait_for_everyone()  # every rank's files are in place before the rename makes the checkpoint visible
+    if is_main_process():
         _replace_dir(tmp, directory)
     wait_for_everyone()
     return directory

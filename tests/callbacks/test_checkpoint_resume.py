@@ -4,6 +4,7 @@ tests/scripts/resume.py trains with shuffling, dropout, GradAccum(steps=2), Adam
 checkpointing every 4 optimizer steps and after every epoch.
 """
 
+import csv
 import json
 import signal
 import subprocess
@@ -37,6 +38,19 @@ def latest(ckpt):
     return (ckpt / "latest").read_text()
 
 
+def assert_tracked_steps(ckpt, n_steps):
+    """The trackers of a killed-and-resumed run hold every optimizer step exactly once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = ckpt / "runs" / "resume" / "run"
+    with open(run / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows if r["train/loss"]] == list(range(1, n_steps + 1))
+    acc = EventAccumulator(str(run))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(1, n_steps + 1))
+
+
 def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
     run_one("--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
     killed = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--kill-at", 10, check=False)
@@ -47,6 +61,7 @@ def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
     done = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--resume")
     assert "STEPS 18" in done.stdout
     assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
+    assert_tracked_steps(tmp_path / "run", 18)
     # the resumed run prints the same epoch results as the uninterrupted one (time aside)
     ref_lines = [line.rsplit("|", 1)[0] for line in run_one("--ckpt", tmp_path / "ref2", "--out", tmp_path / "r2.st")
                  .stdout.splitlines() if line.startswith("epoch")]
@@ -74,6 +89,7 @@ def test_two_processes_killed_resume_exactly_and_on_one_process(tmp_path):
     done = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--resume")
     assert "STEPS 9" in done.stdout
     assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
+    assert_tracked_steps(tmp_path / "run", 9)
 
     # the same 2-process checkpoint continues on one process: 32 samples of epoch 1 were done
     (tmp_path / "run" / "latest").write_text("step-00000004")

@@ -5,6 +5,7 @@ Launched on 1 or 2 processes by tests/callbacks/test_checkpoint_resume.py:
 --kill-at: SIGKILL every rank right after optimizer step STEP (after any checkpoint of that step).
 --kill-in-save: SIGKILL while the checkpoint of step STEP is being written.
 The final weights go to FILE (safetensors) from rank 0; `STEPS <step>` is printed at the end.
+A CSV and a TensorBoard tracker log under CKPT/runs/resume/run.
 """
 
 import argparse
@@ -19,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from cadence import Callback, DataLoaders, Learner, Order, accuracy
 from cadence.callbacks.accumulate import GradAccum
 from cadence.callbacks.checkpoint import Checkpoint
+from cadence.callbacks.tracking import Tracker
 from cadence.distributed.env import is_main_process
 
 
@@ -64,7 +66,8 @@ def main():
     dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
                       DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
     model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
-    cbs = [GradAccum(steps=2), Checkpoint(args.ckpt, every_n_steps=4)]
+    cbs = [GradAccum(steps=2), Checkpoint(args.ckpt, every_n_steps=4),
+           Tracker(["csv", "tensorboard"], project="resume", run_name="run", dir=os.path.join(args.ckpt, "runs"))]
     if args.kill_at:
         cbs.append(KillAt(args.kill_at))
     if args.kill_in_save:
