@@ -8,8 +8,9 @@
 
 __version__ = "0.1.0"
 
-from .callbacks.distributed import DistributedTrainer
-from .callbacks.progress import ProgressCallback
+from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
+                        MixedPrecision, MonitorCallback, ProgressCallback, SaveModel, TensorBoardTracker,
+                        TerminateOnNaN, Tracker, WandbTracker)
 from .distributed.data import DistributedDL
 from .distributed.env import (is_distributed, is_local_main_process, is_main_process, local_rank, rank, setup_distrib,
                               teardown_distrib, world_size)
@@ -42,4 +43,6 @@ __all__ = [
     "debug_launcher", "broadcast", "gather", "gather_for_metrics", "get_logger", "local_main_process_first",
     "main_print", "main_process_first", "on_local_main_process", "on_main_process", "pad_across_processes",
     "rank0_first", "reduce", "wait_for_everyone",
+    "Checkpoint", "CSVTracker", "EarlyStopping", "GeneralTracker", "GradAccum", "GradClip", "MixedPrecision",
+    "MonitorCallback", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
 ]

@@ -1,5 +1,17 @@
-"""Training features, one callback per module."""
+"""Training features, one callback per module.
 
+>>> from cadence.callbacks import MixedPrecision, GradAccum, GradClip, Checkpoint, Tracker, EarlyStopping
+"""
+
+from .accumulate import GradAccum
+from .checkpoint import Checkpoint
+from .clip import GradClip
+from .distributed import DistributedTrainer
+from .early_stop import EarlyStopping, MonitorCallback, SaveModel, TerminateOnNaN
+from .precision import MixedPrecision
 from .progress import ProgressCallback
+from .tracking import CSVTracker, GeneralTracker, TensorBoardTracker, Tracker, WandbTracker
 
-__all__ = ["ProgressCallback"]
+__all__ = ["GradAccum", "Checkpoint", "GradClip", "DistributedTrainer", "EarlyStopping", "MonitorCallback", "SaveModel",
+           "TerminateOnNaN", "MixedPrecision", "ProgressCallback", "CSVTracker", "GeneralTracker", "TensorBoardTracker",
+           "Tracker", "WandbTracker"]

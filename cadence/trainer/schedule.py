@@ -173,9 +173,11 @@ class LRFinder(Callback):
 
     def suggestions(self) -> SuggestedLRs:
         """valley (fastai's default), steepest descent, and minimum-loss lr / 10."""
-        lrs, losses = np.array(self.lrs), np.array(self.losses)
-        if len(lrs) < 3:
+        if len(self.lrs) < 3:
             raise ValueError("lr_find recorded fewer than 3 steps; use more data or a larger num_it")
+        # like fastai: ignore the noisy first tenth and the diverging last points
+        trim = slice(len(self.lrs) // 10, -5 if len(self.lrs) > 20 else None)
+        lrs, losses = np.array(self.lrs[trim]), np.array(self.losses[trim])
         i_min = int(np.argmin(losses))
         grads = np.gradient(losses, np.log(lrs))
         return SuggestedLRs(valley=float(lrs[_valley_index(losses)]), steep=float(lrs[int(np.argmin(grads[:i_min + 1]))]),
