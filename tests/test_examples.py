@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from notebooks import output_text as _text
+from notebooks import outputs as _outputs
+from notebooks import python3_kernel as _python3_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_digits.py"
@@ -29,36 +32,6 @@ def test_train_digits_script_reaches_97_percent(tmp_path):
     found = ACCURACY_LINE.findall(proc.stdout)
     assert found, f"no 'validation accuracy:' line in the output:\n{proc.stdout}"
     assert float(found[-1]) >= 0.97, proc.stdout
-
-
-def _python3_kernel(tmp_path: Path, monkeypatch) -> str:
-    """The name of a kernel that runs this interpreter, installing a kernelspec into a temp prefix if needed."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    try:
-        argv0 = KernelSpecManager().get_kernel_spec("python3").argv[0]
-    except NoSuchKernel:
-        argv0 = None
-    # jupyter_client replaces a bare "python" with sys.executable; an absolute path must be ours
-    if argv0 not in ("python", "python3", sys.executable):
-        from ipykernel.kernelspec import install
-
-        prefix = tmp_path / "kernel-prefix"
-        install(kernel_name="python3", prefix=str(prefix))
-        monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))  # searched before every other dir
-        assert KernelSpecManager().get_kernel_spec("python3").argv[0] in ("python", sys.executable)
-    return "python3"
-
-
-def _outputs(nb, output_type: str) -> list:
-    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
-            if out.output_type == output_type]
-
-
-def _text(out) -> str:
-    if out.output_type == "stream":
-        return out.text
-    return out.get("data", {}).get("text/plain", "")
 
 
 @pytest.mark.slow
