@@ -185,7 +185,9 @@ def report_failure(failures: dict) -> int:
     >>> report_failure(child_failed_error.failures)        # doctest: +SKIP
     1
     """
-    ordered = sorted(failures.items(), key=lambda item: _failure_time(item[1]))
+    # the cause first: a rank that failed only because a peer vanished mid-collective comes after
+    ordered = sorted(failures.items(), key=lambda item: (_extra(item[1]).get("peer_failure", False),
+                                                          _failure_time(item[1])))
     (rank, first), others = ordered[0], ordered[1:]
     headline, trace = _failure_text(first)
     print(f"cadence launch: rank {rank} failed:\n{trace}".rstrip() if trace else
@@ -195,10 +197,28 @@ def report_failure(failures: dict) -> int:
     return first.exitcode if first.exitcode > 0 else 1
 
 
-def _failure_time(failure) -> float:
+def _extra(failure) -> dict:
     info = failure.error_file_data.get("message", {})
-    extra = info.get("extraInfo", {}) if isinstance(info, dict) else {}
-    return extra.get("time_ns", failure.timestamp * 1e9)
+    return info.get("extraInfo", {}) if isinstance(info, dict) else {}
+
+
+def _failure_time(failure) -> float:
+    return _extra(failure).get("time_ns", failure.timestamp * 1e9)
+
+
+_PEER_FAILURE_TEXT = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout",
+                      "communicator was aborted", "DistBackendError")
+
+
+def is_peer_failure(e: BaseException) -> bool:
+    """True when `e` (or what caused it) is a collective that failed because another rank went away."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ == "DistBackendError" or any(t in str(e) for t in _PEER_FAILURE_TEXT):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _failure_text(failure) -> tuple[str, str]:
@@ -259,8 +279,9 @@ def _record_exception(e: BaseException) -> None:
     if not error_file:
         print(text, file=sys.stderr, end="")
         return
-    headline = traceback.format_exception_only(type(e), e)[-1].strip()
-    info = {"py_callstack": text, "timestamp": str(int(time.time())), "time_ns": time.time_ns()}
+    headline = f"{type(e).__name__}: {e}"
+    info = {"py_callstack": text, "timestamp": str(int(time.time())), "time_ns": time.time_ns(),
+            "peer_failure": is_peer_failure(e)}
     Path(error_file).write_text(json.dumps({"message": {"message": headline, "extraInfo": info}}))
 
 
@@ -352,31 +373,42 @@ def _worker_main(rank: int, payload: bytes, env: dict[str, str], conn) -> None:
             pickled = cloudpickle.dumps(e)
         except Exception:
             pickled = None
-        conn.send(("error", pickled, user_traceback(e)))
+        conn.send(("error", pickled, user_traceback(e), is_peer_failure(e)))
     finally:
         conn.close()
 
 
 def _collect(procs: list, conns: list):
-    """Wait for every worker's message; raise on the first failure, else return rank 0's result."""
+    """Wait for every worker's message; raise the first failure, else return rank 0's result.
+
+    A failure caused only by a peer that went away (a broken collective) waits a few seconds
+    for the peer's own error, which is the one worth showing.
+    """
     import multiprocessing.connection
 
     import cloudpickle
 
-    pending, result = dict(enumerate(conns)), None
+    pending, result, peer_failure = dict(enumerate(conns)), None, None
     while pending:
-        for conn in multiprocessing.connection.wait(list(pending.values())):
+        ready = multiprocessing.connection.wait(list(pending.values()), timeout=5 if peer_failure else None)
+        if not ready:
+            _reraise(*peer_failure)
+        for conn in ready:
             rank = conns.index(conn)
             try:
                 kind, *data = conn.recv()
             except EOFError:
                 procs[rank].join(5)
                 raise WorkerError(f"rank {rank} died (exit code {procs[rank].exitcode}) before returning") from None
-            if kind == "error":
-                _reraise(rank, *data)
-            if rank == 0:
-                result = cloudpickle.loads(data[0])
             del pending[rank]
+            if kind == "error" and not data[2]:
+                _reraise(rank, *data[:2])
+            if kind == "error":
+                peer_failure = peer_failure or (rank, *data[:2])
+            elif rank == 0:
+                result = cloudpickle.loads(data[0])
+    if peer_failure:
+        _reraise(*peer_failure)
     return result
 
 
