@@ -34,8 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_digits.py, how
 
 from train_digits import get_model  # noqa: E402
 
-from cadence import (DataLoaders, Learner, accuracy, main_print, rank0_first, setup_distrib,  # noqa: E402
-                     teardown_distrib, world_size)
+from cadence import DataLoaders, Learner, accuracy, main_print, rank0_first, world_size  # noqa: E402
 
 
 def default_data_dir() -> Path:
@@ -80,20 +79,13 @@ def main(argv: list[str] | None = None) -> float:
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    # rank0_first waits for rank 0 only when a process group exists: create it now (a no-op in one
-    # process); distrib_ctx below reuses it, and we destroy it at the end.
-    created = setup_distrib()
-    try:
-        path = rank0_first(get_digits, args.data_dir or default_data_dir())
-        learn = Learner(get_dls(path, args.bs, seed=args.seed), get_model(), loss_func=nn.CrossEntropyLoss(),
-                        metrics=accuracy)
-        with learn.distrib_ctx():
-            learn.fit_one_cycle(args.epochs, lr_max=args.lr)
-            acc = learn.validate()["accuracy"]  # over the whole validation set, every sample counted once
-            n_procs = world_size()
-    finally:
-        if created:
-            teardown_distrib()
+    path = rank0_first(get_digits, args.data_dir or default_data_dir())  # rank 0 caches the data, then the others read it
+    learn = Learner(get_dls(path, args.bs, seed=args.seed), get_model(), loss_func=nn.CrossEntropyLoss(),
+                    metrics=accuracy)
+    with learn.distrib_ctx():
+        learn.fit_one_cycle(args.epochs, lr_max=args.lr)
+        acc = learn.validate()["accuracy"]  # over the whole validation set, every sample counted once
+        n_procs = world_size()
     main_print(f"trained on {n_procs} process{'es' if n_procs > 1 else ''}")
     main_print(f"validation accuracy: {acc:.4f}")
     return acc

@@ -47,7 +47,7 @@ class ProgressCallback(Callback):
         if not self.active:
             return
         self.console = self.console or Console()
-        self.live = self.console.is_terminal
+        self.live = self.console.is_terminal and not self.console.is_jupyter  # notebooks get plain lines
         self.names = self.learn.recorder.metric_names
         self.widths = [max(len(n), 10) for n in self.names]
         if self.live:

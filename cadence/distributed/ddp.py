@@ -78,8 +78,9 @@ class DDP(Strategy):
     def _convert_sync_bn(self, model: nn.Module) -> nn.Module:
         if self.device.type in _SYNC_BN_DEVICES or self.device.type == torch._C._get_privateuse1_backend_name():
             return nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        warnings.warn(f"sync_bn=True ignored on {self.device.type}: SyncBatchNorm needs a GPU, so BatchNorm "
-                      "statistics stay per-process; pass sync_bn=False to silence this", stacklevel=3)
+        if env.is_main_process():
+            warnings.warn(f"sync_bn=True ignored on {self.device.type}: SyncBatchNorm needs a GPU, so BatchNorm "
+                          "statistics stay per-process; pass sync_bn=False to silence this", stacklevel=3)
         return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:

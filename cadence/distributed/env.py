@@ -108,8 +108,22 @@ def setup_distrib(backend: str | None = None, timeout_s: float | None = None) ->
         torch.cuda.set_device(device)
     _export_torchrun_vars()
     wait = timedelta(seconds=timeout_s) if timeout_s is not None else timeout()
-    dist.init_process_group(backend=backend, timeout=wait)
+    store, rank_, size = next(dist.rendezvous("env://", timeout=wait))
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"cadence/group{_next_generation()}", store),
+                            rank=rank_, world_size=size, timeout=wait)
     return True
+
+
+def _next_generation() -> int:
+    """How many groups this process created before: a fresh store prefix for each one.
+
+    torch reuses the key prefix of a destroyed default group, so a second group would read the
+    first one's stale addresses (and fail to connect); every rank creates its groups in the same
+    order, so the count agrees across ranks.
+    """
+    generation = int(os.environ.get("CADENCE_GROUP_GENERATION", "0"))
+    os.environ["CADENCE_GROUP_GENERATION"] = str(generation + 1)
+    return generation
 
 
 def _export_torchrun_vars() -> None:

@@ -229,6 +229,9 @@ def pad_across_processes(data: T, dim: int = 0, pad_index: Any = 0, pad_first: b
 
 @contextlib.contextmanager
 def _first(is_first: bool) -> Iterator[None]:
+    # launched on several processes but no group yet (fastai's recipe calls rank0_first before
+    # distrib_ctx): create the group now; distrib_ctx uses it and leaves it to its creator
+    env.setup_distrib()
     if not is_first:
         wait_for_everyone()
     yield

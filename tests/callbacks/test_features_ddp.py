@@ -14,7 +14,8 @@ def test_accumulation_clipping_and_fp16_under_ddp():
         assert f"CHECK rank{r} fp16_ddp ok" in out, out
 
 
-def test_launcher_precision_and_accumulation_flags_reach_the_learner():
-    out = run_launch("features_ddp.py", "launcher",
+def test_rank0_first_and_launcher_flags_reach_the_learner(tmp_path):
+    out = run_launch("features_ddp.py", "launcher", tmp_path,
                      flags=("--mixed_precision", "bf16", "--gradient_accumulation_steps", "2")).stdout
-    assert "CHECK rank0 launcher_settings ok" in out and "CHECK rank1 launcher_settings ok" in out, out
+    for check in ("rank0_first_without_group", "launcher_settings"):
+        assert f"CHECK rank0 {check} ok" in out and f"CHECK rank1 {check} ok" in out, out

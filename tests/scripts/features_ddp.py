@@ -2,16 +2,19 @@
 
 accum: GradAccum(steps=4) with batch 4 per rank (a partial final window included) and GradClip
 equal one process stepping on the concatenated batch of both ranks; fp16 trains under DDP.
-launcher: `cadence launch --mixed_precision bf16 --gradient_accumulation_steps 2` reach distrib_ctx.
+launcher (argv[2]: a shared temp dir): rank0_first works before any process group exists, and
+`cadence launch --mixed_precision bf16 --gradient_accumulation_steps 2` reach distrib_ctx.
 """
 
+import os
 import sys
+import time
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cadence import DataLoaders, Learner
+from cadence import DataLoaders, Learner, rank0_first
 from cadence.callbacks.accumulate import GradAccum
 from cadence.callbacks.clip import GradClip
 from cadence.callbacks.precision import MixedPrecision
@@ -56,7 +59,7 @@ def reference(epochs):
     return model, norms
 
 
-def check_accum():
+def check_accum():  # two distrib_ctx in a row: the second creates a new process group
     learn = learner([GradAccum(steps=STEPS), GradClip(MAX_NORM)])
     with learn.distrib_ctx():
         learn.fit(2)
@@ -76,7 +79,24 @@ def check_accum():
     print(f"CHECK rank{rank()} fp16_ddp ok", flush=True)
 
 
-def check_launcher():
+def check_rank0_first_before_any_group(tmp):
+    """fastai's recipe: rank0_first (e.g. a download) before distrib_ctx, while no process group exists yet."""
+    marker = os.path.join(tmp, "downloaded")
+
+    def download():
+        if rank() == 0:
+            time.sleep(1.0)
+            with open(marker, "w") as f:
+                f.write("data")
+        assert os.path.exists(marker), "rank 1 started before rank 0 finished"
+        return marker
+
+    assert rank0_first(download) == marker
+    print(f"CHECK rank{rank()} rank0_first_without_group ok", flush=True)
+
+
+def check_launcher(tmp):
+    check_rank0_first_before_any_group(tmp)
     learn = learner()
     with learn.distrib_ctx():
         assert learn.mixed_precision.precision == "bf16"
@@ -88,4 +108,4 @@ def check_launcher():
 
 
 if __name__ == "__main__":
-    {"accum": check_accum, "launcher": check_launcher}[sys.argv[1]]()
+    {"accum": check_accum, "launcher": check_launcher}[sys.argv[1]](*sys.argv[2:])
