@@ -101,7 +101,8 @@ class ProgressCallback(Callback):
             cells = [format_value(n, row.get(n)).rjust(w) for n, w in zip(self.names, self.widths)]
             self.console.print("  ".join(cells), highlight=False)
         else:
-            print(" | ".join(f"{n} {format_value(n, row.get(n))}" for n in self.names if n in row), flush=True)
+            line = " | ".join(f"{n} {format_value(n, row.get(n))}" for n in self.names if n in row)
+            print(line + "\n", end="", flush=True)  # one write: other processes' lines cannot split it
 
     def after_fit(self):
         self._stop()

@@ -297,7 +297,9 @@ def main_print(*args: Any, **kwargs: Any) -> None:
     >>> main_print(f"epoch {epoch}: loss {loss:.3f}")
     """
     if env.is_main_process():
-        builtins.print(*args, **kwargs)
+        # one write with its newline, so lines of processes sharing the terminal do not interleave
+        sep, end = kwargs.pop("sep", " "), kwargs.pop("end", "\n")
+        builtins.print(sep.join(map(str, args)) + end, end="", flush=True, **kwargs)
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):

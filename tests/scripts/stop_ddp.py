@@ -38,7 +38,9 @@ class CaptureWeights(Callback):
 
 
 def report(what, value):
-    print(f"RANK {rank()} {what} {value}", flush=True)
+    # one write per line: both ranks share stdout, and print's separate newline write could interleave
+    sys.stdout.write(f"RANK {rank()} {what} {value}\n")
+    sys.stdout.flush()
 
 
 def main(path):
