@@ -62,8 +62,11 @@ class Strategy:
 
     def backward(self, loss: torch.Tensor, model: nn.Module | None = None, sync: bool = True) -> None:
         """Backward of `loss`; with `sync=False` gradients stay local (accumulation micro-batches)."""
-        with contextlib.nullcontext() if sync else self.no_sync(model):
+        if sync:
             self.precision.backward(loss)
+        else:
+            with self.no_sync(model):
+                self.precision.backward(loss)
 
     def step(self, opt: torch.optim.Optimizer) -> bool:
         """Step the optimizer; False when the step was skipped (e.g. fp16 overflow)."""

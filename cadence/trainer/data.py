@@ -17,13 +17,19 @@ from torch.utils.data import DataLoader, Dataset
 def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool = False) -> Any:
     """Move the tensors in `batch` (a tensor, or tuples, lists and dicts of them) to `device`.
 
-    >>> to_device({"x": torch.ones(2), "ids": [torch.zeros(1)]}, "cpu")["x"].device
+    >>> to_device({"x": torch.ones(2), "ids": [torch.zeros(1)]}, torch.device("cpu"))["x"].device
     device(type='cpu')
     """
+    if isinstance(device, str):
+        device = torch.device(device)
     if device is None:
         return batch
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
+        return batch if batch.device == device else batch.to(device, non_blocking=non_blocking)
+    if type(batch) is tuple or type(batch) is list:  # the usual (x, y) batch: no ABC check, no generator
+        out = [(b if b.device == device else b.to(device, non_blocking=non_blocking)) if isinstance(b, torch.Tensor)
+               else to_device(b, device, non_blocking) for b in batch]
+        return tuple(out) if type(batch) is tuple else out
     if isinstance(batch, Mapping):
         return type(batch)({k: to_device(v, device, non_blocking) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple

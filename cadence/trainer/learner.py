@@ -224,11 +224,13 @@ class Learner:
     def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None):
         before, after_cancel, after = _LEVEL_EVENTS[level]
         try:
-            self(before)
+            if self._handlers[before]:  # most events have no handler by default: skip the call
+                self(before)
             f()
         except cancel:
             self(after_cancel)
-        self(after)
+        if self._handlers[after]:
+            self(after)
         if final is not None:
             final()
 
@@ -307,18 +309,24 @@ class Learner:
             self.xb, self.yb = (b,), ()
 
     def _do_one_batch(self) -> None:
-        with self._forward_context():
-            self.pred = self.model(*self.xb)
-            self("after_pred")
-            if self.yb or self.training:
-                self.loss_grad = self._compute_loss()
-                self.loss = self.loss_grad.detach()
+        if self._forward_cbs:
+            with self._forward_context():
+                self._pred_and_loss()
+        else:
+            self._pred_and_loss()
         self("after_loss")
         if not self.training:
             return
         self._with_events(self._backward, "backward", CancelBackwardException)
         self._with_events(self._step, "step", CancelStepException)
         self.opt.zero_grad(set_to_none=True)
+
+    def _pred_and_loss(self) -> None:
+        self.pred = self.model(*self.xb)
+        self("after_pred")
+        if self.yb or self.training:
+            self.loss_grad = self._compute_loss()
+            self.loss = self.loss_grad.detach()
 
     def _compute_loss(self) -> torch.Tensor:
         if not self.yb:

@@ -142,7 +142,7 @@ def batch_size(b: Any) -> int:
     """Number of samples in a batch: the length of its first tensor."""
     while isinstance(b, (list, tuple)):
         b = b[0]
-    return len(b)
+    return b.shape[0] if isinstance(b, torch.Tensor) else len(b)  # Tensor.__len__ is a Python call
 
 
 def _func_name(func: Callable) -> str:
