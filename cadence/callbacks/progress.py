@@ -73,7 +73,7 @@ class ProgressCallback(Callback):
         self._start_bar("valid")
 
     def after_batch(self):
-        if not (self.active and self.live):
+        if not self.live:
             return
         now = time.perf_counter()
         if now - self.last_refresh >= _REFRESH_S or self.learn.iter + 1 == len(self.learn.dl):
@@ -111,4 +111,4 @@ class ProgressCallback(Callback):
     def _stop(self):
         if self.active and self.live:
             self.bar.stop()
-        self.active = False
+        self.active = self.live = False

@@ -92,6 +92,7 @@ class Learner:
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
         self._forward_cbs: list[Callback] = []
+        self._quiet_levels: frozenset[str] = frozenset()
         self.training, self.n_epoch, self.steps_per_epoch = False, 0, 0
         self.sync_gradients = True  # False while GradAccum accumulates: backward stays local (DDP no_sync)
         self.epoch = self.iter = self.train_iter = self.step = 0
@@ -183,6 +184,8 @@ class Learner:
             valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
+        self._quiet_levels = frozenset(level for level in ("backward", "step")
+                                       if not any(train[e] for e in _LEVEL_EVENTS[level]))
         self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
 
     def show_training_loop(self) -> None:
@@ -222,6 +225,9 @@ class Learner:
 
     # ------------------------------------------------------------------ the loop
     def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None):
+        if level in self._quiet_levels:  # backward / step with no callback taking part: nothing can cancel them
+            f()
+            return
         before, after_cancel, after = _LEVEL_EVENTS[level]
         try:
             if self._handlers[before]:  # most events have no handler by default: skip the call
@@ -296,17 +302,15 @@ class Learner:
     def one_batch(self, i: int, batch: Any) -> None:
         """Run the batch events for batch number `i` of the current loader."""
         self.iter, self.pred, self.loss = i, None, None
-        self._split(to_device(batch, self.strategy.device))
-        self._with_events(self._do_one_batch, "batch", CancelBatchException)
-        if self.training:
-            self.train_iter += 1
-
-    def _split(self, b: Any) -> None:
-        if isinstance(b, (list, tuple)):
+        b = to_device(batch, self.strategy.device)
+        if isinstance(b, (list, tuple)):  # (inputs..., targets...): all but the last are inputs unless n_inp says
             n = self.dls.n_inp if self.dls.n_inp is not None else max(len(b) - 1, 1)
             self.xb, self.yb = tuple(b[:n]), tuple(b[n:])
         else:
             self.xb, self.yb = (b,), ()
+        self._with_events(self._do_one_batch, "batch", CancelBatchException)
+        if self.training:
+            self.train_iter += 1
 
     def _do_one_batch(self) -> None:
         if self._forward_cbs:
