@@ -24,7 +24,6 @@ class Order:
     """When each kind of callback runs within an event: lower runs first."""
 
     DISTRIBUTED = -20   # swaps data loaders / wraps the model before anything else sees them
-    RESUME = -15        # restores state before schedules and trackers read it
     ACCUMULATE = -5     # decides whether this batch steps
     DEFAULT = 0
     PRECISION = 10

@@ -113,7 +113,7 @@ class StepEveryOther(Callback):
 class FakeResume(Callback):
     """What Checkpoint does on resume: counters set before the tracker's before_fit."""
 
-    order = Order.RESUME
+    order = Order.DEFAULT  # before the tracker; the real resume happens in fit(), before before_fit
 
     def __init__(self, epoch, step):
         self.resume_epoch, self.resume_step = epoch, step
