@@ -30,16 +30,16 @@ class MixedPrecision(Callback):
             raise ValueError(f"MixedPrecision takes 'bf16' or 'fp16', got {precision!r}; use learn.to_fp32() for fp32")
         self.precision, self.scaler_kwargs = precision, scaler_kwargs
         self.plugin: FullPrecision | None = None
-        self._pending_state: dict | None = None
+
+    def _plugin(self) -> FullPrecision:
+        """The plugin for the current strategy's device (made once; a new device gets a new one)."""
+        device = self.learn.strategy.device
+        if self.plugin is None or self.plugin.device_type != device.type:
+            self.plugin = make_precision(self.precision, device, **self.scaler_kwargs)
+        return self.plugin
 
     def before_fit(self):
-        strategy = self.learn.strategy
-        if self.plugin is None or self.plugin.device_type != strategy.device.type:
-            self.plugin = make_precision(self.precision, strategy.device, **self.scaler_kwargs)
-            if self._pending_state is not None:
-                self.plugin.load_state_dict(self._pending_state)
-                self._pending_state = None
-        strategy.set_precision(self.plugin)
+        self.learn.strategy.set_precision(self._plugin())
 
     def forward_context(self) -> ContextManager:
         return self.learn.strategy.forward_context()
@@ -50,16 +50,13 @@ class MixedPrecision(Callback):
         return getattr(self.plugin, "skipped_steps", 0)
 
     def state_dict(self) -> dict[str, Any]:
-        state = self.plugin.state_dict() if self.plugin is not None else self._pending_state
-        return {"precision": self.precision, "plugin": state or {}}
+        return {"precision": self.precision, "plugin": self.plugin.state_dict() if self.plugin is not None else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["precision"] != self.precision:
             raise ValueError(f"the checkpoint was trained with {state['precision']}, this run uses {self.precision}")
-        if self.plugin is not None:
-            self.plugin.load_state_dict(state["plugin"])
-        elif state["plugin"]:
-            self._pending_state = state["plugin"]
+        if state["plugin"]:
+            self._plugin().load_state_dict(state["plugin"])
 
 
 def set_precision(learn: Any, precision: str, **scaler_kwargs) -> Any:

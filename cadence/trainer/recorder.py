@@ -78,8 +78,7 @@ class Recorder(Callback):
             return
         if learn.training:
             self._batch_losses.append(learn.loss)
-            first = (learn.yb or learn.xb)[0]
-            self._batch_sizes.append(first.shape[0] if isinstance(first, torch.Tensor) else batch_size(first))
+            self._batch_sizes.append(batch_size(learn.yb or learn.xb))
             self.lrs.append(learn.opt.param_groups[-1]["lr"])
         elif learn.yb:
             self.valid_loss.accumulate(learn)

@@ -119,3 +119,15 @@ def test_bad_arguments():
         Checkpoint(every_n_steps=0)
     with pytest.raises(ValueError, match="mode"):
         Checkpoint(mode="best")
+
+
+def test_grad_scaler_state_round_trips_before_the_first_fit(dls, tmp_path):
+    from cadence import MixedPrecision
+
+    learn = make_learner(dls, tmp_path, [MixedPrecision("fp16", init_scale=1024.0)])
+    learn.fit(1)
+    learn.save_state(tmp_path / "amp")
+    fresh = make_learner(dls, tmp_path, [MixedPrecision("fp16")])  # default scale 65536, no fit yet
+    fresh.load_state(tmp_path / "amp")
+    assert fresh.mixed_precision.state_dict() == learn.mixed_precision.state_dict()
+    assert fresh.mixed_precision.plugin.scaler.get_scale() == learn.mixed_precision.plugin.scaler.get_scale()
