@@ -26,10 +26,12 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
         return batch
     if isinstance(batch, torch.Tensor):
         return batch if batch.device == device else batch.to(device, non_blocking=non_blocking)
-    if type(batch) is tuple or type(batch) is list:  # the usual (x, y) batch: no ABC check, no generator
-        out = [(b if b.device == device else b.to(device, non_blocking=non_blocking)) if isinstance(b, torch.Tensor)
-               else to_device(b, device, non_blocking) for b in batch]
-        return tuple(out) if type(batch) is tuple else out
+    if type(batch) is tuple or type(batch) is list:  # the usual (x, y) batch, often already there: returned as is
+        for b in batch:
+            if not (isinstance(b, torch.Tensor) and b.device == device):
+                break
+        else:
+            return batch
     if isinstance(batch, Mapping):
         return type(batch)({k: to_device(v, device, non_blocking) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
@@ -61,6 +63,8 @@ class DataLoaders:
         for name, dl in (("train", train), ("valid", valid)):
             if dl is not None and not hasattr(dl, "__iter__"):
                 raise TypeError(f"DataLoaders({name}=...) must be iterable (a torch DataLoader), got {type(dl).__name__}")
+        if n_inp is not None and (not isinstance(n_inp, int) or n_inp < 1):
+            raise ValueError(f"n_inp must be a positive int (how many leading batch elements are inputs), got {n_inp!r}")
         self.train, self.valid, self.n_inp = train, valid, n_inp
         self.device = torch.device(device) if device is not None else _default_device()
 

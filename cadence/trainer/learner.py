@@ -304,7 +304,7 @@ class Learner:
         self.iter, self.pred, self.loss = i, None, None
         b = to_device(batch, self.strategy.device)
         if isinstance(b, (list, tuple)):  # (inputs..., targets...): all but the last are inputs unless n_inp says
-            n = self.dls.n_inp if self.dls.n_inp is not None else max(len(b) - 1, 1)
+            n = self.dls.n_inp or max(len(b) - 1, 1)
             self.xb, self.yb = tuple(b[:n]), tuple(b[n:])
         else:
             self.xb, self.yb = (b,), ()
@@ -318,7 +318,8 @@ class Learner:
                 self._pred_and_loss()
         else:
             self._pred_and_loss()
-        self("after_loss")
+        if self._handlers["after_loss"]:
+            self("after_loss")
         if not self.training:
             return
         self._with_events(self._backward, "backward", CancelBackwardException)
@@ -327,12 +328,10 @@ class Learner:
 
     def _pred_and_loss(self) -> None:
         self.pred = self.model(*self.xb)
-        self("after_pred")
-        if self.yb or self.training:
-            self.loss_grad = self._compute_loss()
-            self.loss = self.loss_grad.detach()
-
-    def _compute_loss(self) -> torch.Tensor:
+        if self._handlers["after_pred"]:
+            self("after_pred")
+        if not (self.yb or self.training):  # inference on inputs only: no loss
+            return
         if not self.yb:
             raise ValueError("the training batch has no targets for loss_func: yield (inputs, targets) batches, "
                              "or set DataLoaders(n_inp=...) to say how many elements are inputs")
@@ -344,7 +343,7 @@ class Learner:
                              f"Check the model's output size and the targets.") from e
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
             raise ValueError(f"loss_func must return a scalar tensor, got {_describe(loss)}; use a reduction such as 'mean'")
-        return loss
+        self.loss_grad, self.loss = loss, loss.detach()
 
     def _backward(self) -> None:
         self.strategy.backward(self.loss_grad, self.model, self.sync_gradients)

@@ -78,7 +78,8 @@ class Recorder(Callback):
             return
         if learn.training:
             self._batch_losses.append(learn.loss)
-            self._batch_sizes.append(batch_size(learn.yb or learn.xb))
+            first = (learn.yb or learn.xb)[0]
+            self._batch_sizes.append(first.shape[0] if type(first) is torch.Tensor else batch_size(first))
             self.lrs.append(learn.opt.param_groups[-1]["lr"])
         elif learn.yb:
             self.valid_loss.accumulate(learn)

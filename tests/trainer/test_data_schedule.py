@@ -20,6 +20,11 @@ def test_to_device_walks_tuples_lists_dicts_and_namedtuples():
     assert out["x"].device.type == "meta" and out["rest"][0].device.type == "meta"
     assert out["rest"][1][0].device.type == "meta" and out["rest"][1][1] == "label"
     assert isinstance(out["pair"], Pair) and out["pair"].a.device.type == "meta" and out["pair"].b == 3
+    xy = (torch.ones(1), torch.zeros(1))
+    assert to_device(xy, "cpu") is xy  # already on the device: no copy of the batch
+    for batch in ([torch.ones(1), torch.zeros(1)], (torch.ones(1, device="meta"), torch.ones(1))):
+        out = to_device(batch, "meta")
+        assert type(out) is type(batch) and [t.device.type for t in out] == ["meta", "meta"]
 
 
 def test_from_dsets_shuffles_train_only_and_keeps_kwargs():
@@ -50,6 +55,8 @@ def test_n_inp_splits_inputs_from_targets():
     with learn.no_bar():
         learn.fit(1)
     assert len(learn.recorder.losses) == 4
+    with pytest.raises(ValueError, match="n_inp must be a positive int"):
+        DataLoaders(batches, device="cpu", n_inp=0)
 
 
 def test_schedules():
