@@ -14,7 +14,7 @@ from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStoppin
 from .distributed.data import DistributedDL
 from .distributed.env import (is_distributed, is_local_main_process, is_main_process, local_rank, rank, setup_distrib,
                               teardown_distrib, world_size)
-from .distributed.launch import debug_launcher, notebook_launcher
+from .distributed.notebook import debug_launcher, notebook_launcher
 from .distributed.ops import (broadcast, gather, gather_for_metrics, get_logger, local_main_process_first,
                               main_print, main_process_first, on_local_main_process, on_main_process,
                               pad_across_processes, rank0_first, reduce, wait_for_everyone)

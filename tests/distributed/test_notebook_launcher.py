@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from cadence.distributed.launch import WorkerError, debug_launcher, notebook_launcher
+from cadence.distributed.notebook import WorkerError, debug_launcher, notebook_launcher
 
 # Defined as a notebook cell would define them: in a `__main__` namespace, not importable by workers.
 CELL = '''
