@@ -8,8 +8,6 @@ Attached to every Learner by default; output comes from the main process only.
 
 from __future__ import annotations
 
-import time
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -30,6 +28,21 @@ def format_value(name: str, value) -> str:
     return f"{value:.6f}"
 
 
+class _PolledProgress(Progress):
+    """A rich Progress that asks `poll` for the latest numbers each time it redraws (10 times a second).
+
+    The training loop never calls the bar, so a live bar costs nothing per batch.
+    """
+
+    def __init__(self, poll, *columns, **kwargs):
+        self.poll = poll  # set first: rich renders once while constructing
+        super().__init__(*columns, **kwargs)
+
+    def get_renderables(self):
+        self.poll()
+        yield from super().get_renderables()
+
+
 class ProgressCallback(Callback):
     """Show training progress: rich bar + table on a terminal, plain lines in logs and notebooks."""
 
@@ -37,6 +50,7 @@ class ProgressCallback(Callback):
 
     def __init__(self, console: Console | None = None):
         self.console, self.active, self.live, self.in_fit = console, False, False, False
+        self.task = self._xb_before = None  # the bar's current task; the learner's xb when it was added
 
     def before_fit(self):
         self.in_fit = True
@@ -53,16 +67,27 @@ class ProgressCallback(Callback):
         if self.live:
             if header:
                 self.console.print("  ".join(n.rjust(w) for n, w in zip(self.names, self.widths)), style="bold")
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TimeRemainingColumn(), TextColumn("{task.fields[loss]}"), console=self.console,
-                                transient=True)
+            self.bar = _PolledProgress(self._poll, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                       TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),
+                                       console=self.console, transient=True, refresh_per_second=1 / _REFRESH_S)
             self.bar.start()
 
     def _start_bar(self, what: str):
         if self.active and self.live:
             desc = f"epoch {self.learn.epoch + 1}/{self.learn.n_epoch} {what}" if self.in_fit else what
+            self._xb_before = self.learn.xb  # the loop has not started this loader while xb is still this object
             self.task = self.bar.add_task(desc, total=len(self.learn.dl), loss="")
-            self.last_refresh = 0.0
+
+    def _poll(self):
+        """Copy the batch counter and loss from the learner into the bar (called by the bar as it redraws)."""
+        task, learn = self.task, self.learn
+        if task is None or learn is None or learn.xb is self._xb_before:
+            return
+        loss = learn.loss
+        try:
+            self.bar.update(task, completed=learn.iter + 1, loss="" if loss is None else f"loss {float(loss):.4f}")
+        except KeyError:  # the task ended while this redraw was starting
+            pass
 
     def before_train(self):
         self._start_bar("train")
@@ -72,18 +97,11 @@ class ProgressCallback(Callback):
             self._start(header=False)
         self._start_bar("valid")
 
-    def after_batch(self):
-        if not self.live:
-            return
-        now = time.perf_counter()
-        if now - self.last_refresh >= _REFRESH_S or self.learn.iter + 1 == len(self.learn.dl):
-            self.last_refresh = now
-            loss = f"loss {float(self.learn.loss):.4f}" if self.learn.loss is not None else ""
-            self.bar.update(self.task, completed=self.learn.iter + 1, loss=loss)
-
     def _end_bar(self):
-        if self.active and self.live:
-            self.bar.remove_task(self.task)
+        if self.active and self.live and self.task is not None:
+            self.bar.refresh()  # draws the final count before the results row replaces the bar
+            task, self.task = self.task, None
+            self.bar.remove_task(task)
 
     def after_train(self):
         self._end_bar()

@@ -27,8 +27,8 @@ class FullPrecision:
     def forward_context(self) -> ContextManager:
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    # `plugin.backward(loss)` is `loss.backward()`: the plain Tensor method, no wrapper frame per step
+    backward = staticmethod(torch.Tensor.backward)
 
     def unscale(self, opt: torch.optim.Optimizer) -> None:
         """Make the gradients true gradients (before clipping); nothing to do without a scaler."""

@@ -29,6 +29,32 @@ def test_terminal_table_and_bar(dls):
     acc = learn.recorder.values[-1]["accuracy"]
     assert f"{acc:.6f}" in text
     assert "epoch 2/2 train" in text  # the live bar was drawn
+    n_train = len(dls.train)
+    final_train = [line for line in text.splitlines() if "epoch 2/2 train" in line and f"{n_train}/{n_train}" in line]
+    assert final_train and "loss " in final_train[-1]  # the bar read the last batch count and the loss from the learner
+
+
+def test_live_bar_updates_while_training(dls):
+    """The bar polls the learner as it redraws: a slow epoch shows intermediate counts without any per-batch call."""
+    import time
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 3)
+
+        def forward(self, x):
+            time.sleep(0.05)
+            return self.lin(x)
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, width=120)
+    learn = Learner(dls, Slow(), loss_func=nn.CrossEntropyLoss())
+    learn.remove_cb(ProgressCallback).add_cb(ProgressCallback(console=console))
+    learn.fit(1)
+    n_train = len(dls.train)
+    counts = {f"{k}/{n_train}" for k in range(1, n_train)}
+    assert any(c in out.getvalue() for c in counts), "no intermediate batch count was drawn"
 
 
 def test_no_bar_silences_output(dls, capsys):
