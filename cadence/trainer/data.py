@@ -20,18 +20,18 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
     >>> to_device({"x": torch.ones(2), "ids": [torch.zeros(1)]}, torch.device("cpu"))["x"].device
     device(type='cpu')
     """
-    if isinstance(device, str):
-        device = torch.device(device)
     if device is None:
         return batch
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.device == device else batch.to(device, non_blocking=non_blocking)
+    if type(device) is str:
+        device = torch.device(device)
     if type(batch) is tuple or type(batch) is list:  # the usual (x, y) batch, often already there: returned as is
         for b in batch:
             if not (isinstance(b, torch.Tensor) and b.device == device):
                 break
         else:
             return batch
+    if isinstance(batch, torch.Tensor):
+        return batch if batch.device == device else batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
         return type(batch)({k: to_device(v, device, non_blocking) for k, v in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple

@@ -102,7 +102,10 @@ class Learner:
 
     # ------------------------------------------------------------------ callbacks
     def __call__(self, event: str | Event) -> None:
-        """Run every callback's handler for `event`, in order."""
+        """Run every callback's handler for `event`, in order: `learn("before_fit")`."""
+        self._fire(event)
+
+    def _fire(self, event: str | Event) -> None:  # what `learn(event)` does; the loop calls it as a method (faster)
         try:
             handlers = self._handlers[event]
         except KeyError:
@@ -231,12 +234,12 @@ class Learner:
         before, after_cancel, after = _LEVEL_EVENTS[level]
         try:
             if self._handlers[before]:  # most events have no handler by default: skip the call
-                self(before)
+                self._fire(before)
             f()
         except cancel:
-            self(after_cancel)
+            self._fire(after_cancel)
         if self._handlers[after]:
-            self(after)
+            self._fire(after)
         if final is not None:
             final()
 
@@ -319,7 +322,7 @@ class Learner:
         else:
             self._pred_and_loss()
         if self._handlers["after_loss"]:
-            self("after_loss")
+            self._fire("after_loss")
         if not self.training:
             return
         self._with_events(self._backward, "backward", CancelBackwardException)
@@ -329,7 +332,7 @@ class Learner:
     def _pred_and_loss(self) -> None:
         self.pred = self.model(*self.xb)
         if self._handlers["after_pred"]:
-            self("after_pred")
+            self._fire("after_pred")
         if not (self.yb or self.training):  # inference on inputs only: no loss
             return
         if not self.yb:

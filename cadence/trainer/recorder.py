@@ -74,11 +74,12 @@ class Recorder(Callback):
 
     def after_batch(self):
         learn = self.learn
-        if learn.loss is None:  # batch cancelled before its loss
+        loss = learn.loss
+        if loss is None:  # batch cancelled before its loss
             return
         if learn.training:
-            self._batch_losses.append(learn.loss)
             first = (learn.yb or learn.xb)[0]
+            self._batch_losses.append(loss)
             self._batch_sizes.append(first.shape[0] if type(first) is torch.Tensor else batch_size(first))
             self.lrs.append(learn.opt.param_groups[-1]["lr"])
         elif learn.yb:
