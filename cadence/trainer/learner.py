@@ -204,7 +204,7 @@ class Learner:
         """Build the optimizer from `opt_func` (parameter groups from `splitter`) and set lr and wd."""
         params = ([{"params": list(g)} for g in self.splitter(self.model)] if self.splitter
                   else list(self.model.parameters()))
-        opt = self.opt_func(params, lr=1e-3)
+        opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(params) if self.splitter else 1)[-1]))
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"opt_func must return a torch.optim.Optimizer, got {type(opt).__name__}; "
                             f"use e.g. opt_func=torch.optim.AdamW or functools.partial(torch.optim.SGD, momentum=0.9)")

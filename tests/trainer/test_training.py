@@ -189,6 +189,17 @@ def test_discriminative_lrs_with_splitter(dls):
     assert [g["lr"] for g in learn.opt.param_groups] == pytest.approx([1e-4, 1e-3])
 
 
+def test_opt_func_is_built_with_the_learner_lr(dls):
+    seen = []
+
+    def opt_func(params, lr):  # an optimizer whose constructor uses lr (a schedule, a check) must see the real one
+        seen.append(lr)
+        return torch.optim.SGD(params, lr=lr)
+
+    Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss(), opt_func=opt_func, lr=0.05)
+    assert seen == [0.05]
+
+
 def test_lr_find_restores_the_model_and_suggests_a_rate(dls):
     learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss())
     before = {k: v.clone() for k, v in learn.model.state_dict().items()}
