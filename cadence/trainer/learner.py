@@ -307,8 +307,10 @@ class Learner:
         self.iter, self.pred, self.loss = i, None, None
         b = to_device(batch, self.strategy.device)
         if isinstance(b, (list, tuple)):  # (inputs..., targets...): all but the last are inputs unless n_inp says
-            n = self.dls.n_inp or max(len(b) - 1, 1)
-            self.xb, self.yb = tuple(b[:n]), tuple(b[n:])
+            if type(b) is not tuple:
+                b = tuple(b)
+            n = self.dls.n_inp or len(b) - 1 or 1
+            self.xb, self.yb = b[:n], b[n:]
         else:
             self.xb, self.yb = (b,), ()
         self._with_events(self._do_one_batch, "batch", CancelBatchException)

@@ -34,7 +34,8 @@ class Recorder(Callback):
         self.values: list[dict[str, float | None]] = []
         self.losses: list[float] = []
         self.lrs: list[float] = []
-        self._batch_losses: list[torch.Tensor] = []
+        self._batch_losses: list[torch.Tensor | float] = []  # floats on the CPU, tensors on an accelerator
+        self._float_losses = True
         self._batch_sizes: list[int] = []
         self._resumed = False
 
@@ -43,7 +44,13 @@ class Recorder(Callback):
         """Columns of one epoch's results, in order."""
         return ["epoch", "train_loss", "valid_loss", *(m.name for m in self.metrics), "time"]
 
+    def _on_cpu(self) -> bool:
+        return self.learn.strategy.device.type == "cpu"
+
     def before_fit(self):
+        # On an accelerator a batch loss stays a tensor (reading it would wait for the device). On the
+        # CPU reading it costs nothing, and a float is cheaper to keep than thousands of small tensors.
+        self._float_losses = self._on_cpu()
         if self._resumed:  # load_state_dict restored the history of the interrupted run
             return
         self.losses, self.lrs, self.values = [], [], []
@@ -63,7 +70,8 @@ class Recorder(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.values, self.losses, self.lrs = state["values"], state["losses"], state["lrs"]
-        self._batch_losses = [torch.tensor(x, device=self.learn.strategy.device) for x in state["epoch_losses"]]
+        device = self.learn.strategy.device
+        self._batch_losses = [x if self._on_cpu() else torch.tensor(x, device=device) for x in state["epoch_losses"]]
         self._batch_sizes = list(state["epoch_sizes"])
         self._resumed = True
 
@@ -79,7 +87,7 @@ class Recorder(Callback):
             return
         if learn.training:
             first = (learn.yb or learn.xb)[0]
-            self._batch_losses.append(loss)
+            self._batch_losses.append(loss.item() if self._float_losses else loss)
             self._batch_sizes.append(first.shape[0] if type(first) is torch.Tensor else batch_size(first))
             self.lrs.append(learn.opt.param_groups[-1]["lr"])
         elif learn.yb:
@@ -91,7 +99,8 @@ class Recorder(Callback):
         """Turn the epoch's batch losses into `losses` and the size-weighted train loss."""
         if not self._batch_losses:
             return
-        losses = torch.stack(self._batch_losses).double()
+        losses = (torch.tensor(self._batch_losses, dtype=torch.float64) if self._float_losses
+                  else torch.stack(self._batch_losses).double())
         sizes = torch.tensor(self._batch_sizes, dtype=torch.float64, device=losses.device)
         self.losses.extend(losses.float().cpu().tolist())
         self.train_loss.sums = torch.stack([(losses * sizes).sum(), sizes.sum()])

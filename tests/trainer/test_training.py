@@ -164,6 +164,36 @@ def test_predict_one_item(dls, dsets):
     assert torch.allclose(learn.predict(x), want)
 
 
+@pytest.mark.parametrize("on_accelerator", [False, True])
+def test_recorder_train_loss_is_the_size_weighted_mean(dsets, monkeypatch, on_accelerator):
+    """Batches of 24, 24 and 16: train_loss weights each batch loss by its size. On an accelerator the
+    Recorder keeps losses as tensors (no device sync per batch); no GPU here, so that path is forced."""
+    from cadence import Callback
+    from cadence.trainer.recorder import Recorder
+
+    if on_accelerator:
+        monkeypatch.setattr(Recorder, "_on_cpu", lambda self: False)
+
+    class Seen(Callback):
+        def before_fit(self):
+            self.rows = []
+
+        def after_batch(self):
+            if self.training:
+                self.rows.append((self.loss.item(), len(self.yb[0])))
+
+    train, valid = dsets
+    dls = DataLoaders(DataLoader(train, batch_size=24), DataLoader(valid, batch_size=16), device="cpu")
+    learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss(), cbs=Seen())
+    with learn.no_bar():
+        learn.fit(1)
+    rows = learn.seen.rows
+    assert [n for _, n in rows] == [24, 24, 16]
+    expected = sum(loss * n for loss, n in rows) / 64
+    assert learn.recorder.values[0]["train_loss"] == pytest.approx(expected, rel=1e-6)
+    assert learn.recorder.losses == pytest.approx([loss for loss, _ in rows])
+
+
 def test_fit_one_cycle_schedule_and_recorder(dls):
     learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss())
     with learn.no_bar():
