@@ -2,15 +2,17 @@
 
 Run (bench/README.md says how to make the peers' venv):
 
-    .venv/bin/python bench/overhead.py            # cadence against the raw loop: ~2 min (--quick: ~1.5 min)
+    .venv/bin/python bench/overhead.py            # cadence against the raw loop: ~3 min (--quick: ~1.5 min)
     /tmp/peers/bin/python bench/overhead.py       # + fastai, accelerate, lightning, ignite: ~10 min (--quick: ~5)
 
 What is measured, for each framework, on one CPU thread (`torch.set_num_threads(1)`):
 - µs/step: one epoch of training over the same pre-built list of in-memory `(x, y)` batches,
   with the same model and `torch.optim.SGD(lr=1e-2)`, timed from the moment the list yields
   its first batch to the moment `fit` returns (construction and fit setup are excluded,
-  epoch-end work is included). Frameworks run interleaved, in a rotating order; the table
-  shows the median over repeats and its ratio to the raw loop's median.
+  epoch-end work is included). Each repeat runs every framework once, in a rotating order; the
+  table shows the median µs/step over repeats, and as ratio the median over repeats of the
+  framework's time over the raw loop's time in the same repeat (pairing cancels slow drifts
+  of a shared machine).
   Sizes: tiny = Linear(32, 32), ReLU, Linear(32, 2), batch 32;
   MLP = 3 x (Linear(256, 256), ReLU), Linear(256, 10), batch 64.
 - start: process start to the end of the first optimizer step (fresh process per run, tiny
@@ -195,8 +197,8 @@ def available() -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- measurements
-def time_steps(names: list[str], size: str, n_batches: int, repeats: int, clock) -> dict[str, float]:
-    """Median µs per training step for each framework, runs interleaved in a rotating order."""
+def time_steps(names: list[str], size: str, n_batches: int, repeats: int, clock) -> dict[str, list[float]]:
+    """µs per training step of each framework, per round; every round runs each framework once, in a rotating order."""
     base = make_model(size)
     data = {n: Timed(make_batches(size, n_batches), clock) for n in names}
     with quiet():
@@ -211,7 +213,12 @@ def time_steps(names: list[str], size: str, n_batches: int, repeats: int, clock)
                 t1 = clock()
             assert torch.get_num_threads() == 1, f"{n} changed torch's thread count"
             times[n].append((t1 - data[n].t0) / n_batches * 1e6)
-    return {n: statistics.median(t) for n, t in times.items()}
+    return times
+
+
+def paired_ratio(times: list[float], raw: list[float]) -> float:
+    """Median over rounds of (framework time / raw loop time in the same round): slow drifts of the machine cancel."""
+    return statistics.median(t / r for t, r in zip(times, raw))
 
 
 def first_step_child(name: str) -> None:
@@ -269,8 +276,8 @@ def report(status, steps, start, imports) -> str:
             continue
         cells = []
         for size in ("tiny", "mlp"):
-            us, raw = steps[size][n], steps[size]["raw loop"]
-            cells.append(f"{us:13.1f}{us / raw:7.2f}")
+            times = steps[size][n]
+            cells.append(f"{statistics.median(times):13.1f}{paired_ratio(times, steps[size]['raw loop']):7.2f}")
         s = f"{start[n] - start['raw loop']:+9.2f}s" if n in start else f"{'':10}"
         i = f"{imports[n]:+8.2f}s" if n in imports and n != "raw loop" else ""
         lines.append(f"{n:18}{''.join(cells)}{s}{i}")
@@ -288,7 +295,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.first_step:
         return first_step_child(args.first_step)
-    repeats, n_tiny, n_mlp, n_proc = (5, 100, 50, 3) if args.quick else (15, 500, 200, 5)
+    repeats, n_tiny, n_mlp, n_proc = (5, 100, 50, 3) if args.quick else (25, 300, 120, 9)
     status = available()
     names = [n for n, why in status.items() if not why]
     procs = [n for n in names if n in IMPORTS]
@@ -296,7 +303,8 @@ def main() -> None:
     steps = {size: time_steps(names, size, n, repeats, clock) for size, n in (("tiny", n_tiny), ("mlp", n_mlp))}
     start, imports = time_start(procs, n_proc, args.clock), time_imports(procs, n_proc, args.clock)
     print(f"torch {torch.__version__}, 1 thread, SGD(lr={LR}), {args.clock} clock; {repeats} interleaved repeats of "
-          f"{n_tiny} (tiny) / {n_mlp} (MLP) steps, {n_proc} fresh processes for start and import; medians")
+          f"{n_tiny} (tiny) / {n_mlp} (MLP) steps, {n_proc} fresh processes for start and import; medians "
+          "(ratio: median over repeats of the time over the raw loop's in the same repeat)")
     print(report(status, steps, start, imports))
     print(f"start: process start to first step done, minus the raw loop's ({start['raw loop']:.2f} s); "
           f"import: over `import torch` ({imports['torch']:.2f} s)")
