@@ -9,8 +9,8 @@ cancels the work done once per epoch. Python's garbage collector is collected, t
 for the counted epoch on both sides (in steady state it runs a few young-generation passes per
 thousand steps, whose timing would otherwise add noise).
 
-    .venv/bin/python bench/instructions.py               # tiny and MLP: ~12 min on 2 cores
-    .venv/bin/python bench/instructions.py --size tiny   # ~6 min
+    .venv/bin/python bench/instructions.py                            # tiny, 100 and 500 steps: ~6 min on 2 cores
+    .venv/bin/python bench/instructions.py --size mlp --steps 20 60   # MLP: ~8 min
 
 Needs valgrind, its headers (valgrind/callgrind.h) and a C compiler.
 """
@@ -36,44 +36,26 @@ void cg_dump(void) { CALLGRIND_DUMP_STATS_AT("epoch"); }
 
 
 def child(mode: str, size: str, n: int, helper: str) -> None:
-    """One counted epoch of `n` batches (runs under valgrind)."""
+    """One counted epoch of `n` batches (runs under valgrind), with overhead.py's raw loop or cadence runner."""
     import contextlib
     import io
 
     import torch
-    import torch.nn.functional as F
 
-    from overhead import LR, make_batches, make_model
+    from overhead import cadence_fit, make_batches, make_model, raw_loop
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cg = ctypes.CDLL(helper)
-    model, batches, warm = make_model(size), make_batches(size, n), make_batches(size, 5)
-    if mode == "raw":
-        opt = torch.optim.SGD(model.parameters(), lr=LR)
-
-        def epoch(data):
-            model.train()
-            for xb, yb in data:
-                loss = F.cross_entropy(model(xb), yb)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-    else:
-        from cadence import DataLoaders, Learner
-
-        learn = Learner(DataLoaders(warm, None, device="cpu"), model, loss_func=F.cross_entropy,
-                        opt_func=torch.optim.SGD, lr=LR)
-
-        def epoch(data):
-            learn.dls.train = data
-            learn.fit(1)
+    data = make_batches(size, 5)
+    run = (raw_loop if mode == "raw" else cadence_fit)(make_model(size), data)
     with contextlib.redirect_stdout(io.StringIO()):
-        epoch(warm)  # first-step work (lazy imports, optimizer state) stays out of the count
+        run()  # first-step work (lazy imports, optimizer state) stays out of the count
+        data[:] = make_batches(size, n)  # both runners read this list when they run
         gc.collect()
         gc.disable()
         cg.cg_zero()
-        epoch(batches)
+        run()
         cg.cg_dump()
 
 
@@ -103,7 +85,7 @@ def build_helper(workdir: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=["tiny", "mlp", "both"], default="both")
+    p.add_argument("--size", choices=["tiny", "mlp", "both"], default="tiny")
     p.add_argument("--steps", type=int, nargs=2, default=[100, 500], metavar=("N1", "N2"),
                    help="batches of the two counted epochs (default 100 500)")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
