@@ -335,9 +335,9 @@ class Learner:
         self.pred = self.model(*self.xb)
         if self._handlers["after_pred"]:
             self._fire("after_pred")
-        if not (self.yb or self.training):  # inference on inputs only: no loss
-            return
         if not self.yb:
+            if not self.training:  # inference on inputs only: no loss
+                return
             raise ValueError("the training batch has no targets for loss_func: yield (inputs, targets) batches, "
                              "or set DataLoaders(n_inp=...) to say how many elements are inputs")
         try:

@@ -70,8 +70,9 @@ class Recorder(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.values, self.losses, self.lrs = state["values"], state["losses"], state["lrs"]
+        losses = state["epoch_losses"]
         device = self.learn.strategy.device
-        self._batch_losses = [x if self._on_cpu() else torch.tensor(x, device=device) for x in state["epoch_losses"]]
+        self._batch_losses = list(losses) if self._on_cpu() else [torch.tensor(x, device=device) for x in losses]
         self._batch_sizes = list(state["epoch_sizes"])
         self._resumed = True
 
