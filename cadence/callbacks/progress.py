@@ -8,13 +8,15 @@ Attached to every Learner by default; output comes from the main process only.
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+import os
+import sys
+from typing import TYPE_CHECKING
 
 from ..distributed.env import is_main_process
 from ..trainer.callback import Callback, Order
 
-_REFRESH_S = 0.1
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def format_value(name: str, value) -> str:
@@ -28,19 +30,14 @@ def format_value(name: str, value) -> str:
     return f"{value:.6f}"
 
 
-class _PolledProgress(Progress):
-    """A rich Progress that asks `poll` for the latest numbers each time it redraws (10 times a second).
+def _plain_output() -> bool:
+    """True when rich would find no terminal either: stdout is no tty and no variable forces one.
 
-    The training loop never calls the bar, so a live bar costs nothing per batch.
+    Logs, CI and launched workers then print plain lines without importing rich (~60 ms).
     """
-
-    def __init__(self, poll, *columns, **kwargs):
-        self.poll = poll  # set first: rich renders once while constructing
-        super().__init__(*columns, **kwargs)
-
-    def get_renderables(self):
-        self.poll()
-        yield from super().get_renderables()
+    forced = any(os.environ.get(v) is not None for v in ("FORCE_COLOR", "TTY_COMPATIBLE"))
+    isatty = getattr(sys.stdout, "isatty", None)
+    return not forced and not (isatty is not None and isatty())
 
 
 class ProgressCallback(Callback):
@@ -60,16 +57,21 @@ class ProgressCallback(Callback):
         self.active = is_main_process()
         if not self.active:
             return
-        self.console = self.console or Console()
-        self.live = self.console.is_terminal and not self.console.is_jupyter  # notebooks get plain lines
+        if self.console is None and _plain_output():
+            self.live = False
+        else:
+            from rich.console import Console
+
+            self.console = self.console or Console()
+            self.live = self.console.is_terminal and not self.console.is_jupyter  # notebooks get plain lines
         self.names = self.learn.recorder.metric_names
         self.widths = [max(len(n), 10) for n in self.names]
         if self.live:
             if header:
                 self.console.print("  ".join(n.rjust(w) for n, w in zip(self.names, self.widths)), style="bold")
-            self.bar = _PolledProgress(self._poll, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                       TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),
-                                       console=self.console, transient=True, refresh_per_second=1 / _REFRESH_S)
+            from .live_bar import live_bar
+
+            self.bar = live_bar(self.console, self._poll)
             self.bar.start()
 
     def _start_bar(self, what: str):

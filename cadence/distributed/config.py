@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cadence.distributed.env import DEFAULT_TIMEOUT_S
 
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED", "XLA")
@@ -205,6 +203,8 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
         if path is not None:
             raise FileNotFoundError(f"config file {file} does not exist: write one with `cadence config --config_file {file}`")
         return Config()
+    import yaml  # here, not at import: `import cadence` stays light
+
     try:
         raw = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as e:
@@ -219,6 +219,8 @@ def save(config: Config, path: str | os.PathLike | None = None) -> Path:
     PosixPath('/tmp/cfg.yaml')
     """
     file = Path(path).expanduser() if path is not None else default_config_path()
+    import yaml
+
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     return file

@@ -14,6 +14,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 
+_CPU = torch.device("cpu")
+
+
 def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool = False) -> Any:
     """Move the tensors in `batch` (a tensor, or tuples, lists and dicts of them) to `device`.
 
@@ -25,8 +28,9 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
     if type(device) is str:
         device = torch.device(device)
     if type(batch) is tuple or type(batch) is list:  # the usual (x, y) batch, often already there: returned as is
+        on_cpu = device == _CPU  # then `t.is_cpu` tells, at half the cost of making `t.device`
         for b in batch:
-            if not (isinstance(b, torch.Tensor) and b.device == device):
+            if not (type(b) is torch.Tensor and (b.is_cpu if on_cpu else b.device == device)):
                 break
         else:
             return batch

@@ -16,6 +16,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from .data import DataLoaders, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
+from .features import FeatureMethods
 from .recorder import Recorder
 from .schedule import LRFinder, ParamScheduler, SuggestedLRs, combined_cos, set_hyper
 from .serialization import check_state_dict, load_torch, load_weights, save_torch, save_weights
@@ -47,7 +49,7 @@ def _listify(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-class Learner:
+class Learner(FeatureMethods):
     """Trains `model` on `dls` with `loss_func`, an optimizer from `opt_func`, and callbacks.
 
     Args:
@@ -92,11 +94,11 @@ class Learner:
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
         self._forward_cbs: list[Callback] = []
-        self._quiet_levels: frozenset[str] = frozenset()
         self.training, self.n_epoch, self.steps_per_epoch = False, 0, 0
         self.sync_gradients = True  # False while GradAccum accumulates: backward stays local (DDP no_sync)
         self.epoch = self.iter = self.train_iter = self.step = 0
-        self.dl = self.xb = self.yb = self.pred = self.loss = self.loss_grad = None
+        self.dl = self.xb = self.yb = self.pred = self.loss_grad = self._loss = None
+        self._loss_attached = False  # `_loss` is the loss_func's output, still on the graph: `loss` detaches it when read
         self.add_cbs([Recorder(_listify(metrics)), *_default_cbs(), *_listify(cbs)])
         self("after_create")
 
@@ -187,8 +189,13 @@ class Learner:
             valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
-        self._quiet_levels = frozenset(level for level in ("backward", "step")
-                                       if not any(train[e] for e in _LEVEL_EVENTS[level]))
+
+        def level(f: Callable[[], None], name: str, cancel: type[Exception]) -> Callable[[], None]:
+            # with no callback at this level, run it bare: nothing can fire or cancel there
+            return partial(self._with_events, f, name, cancel) if any(train[e] for e in _LEVEL_EVENTS[name]) else f
+
+        self._backward_level = level(self._backward, "backward", CancelBackwardException)
+        self._step_level = level(self._step, "step", CancelStepException)
         self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
 
     def show_training_loop(self) -> None:
@@ -228,9 +235,6 @@ class Learner:
 
     # ------------------------------------------------------------------ the loop
     def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None):
-        if level in self._quiet_levels:  # backward / step with no callback taking part: nothing can cancel them
-            f()
-            return
         before, after_cancel, after = _LEVEL_EVENTS[level]
         try:
             if self._handlers[before]:  # most events have no handler by default: skip the call
@@ -304,7 +308,9 @@ class Learner:
 
     def one_batch(self, i: int, batch: Any) -> None:
         """Run the batch events for batch number `i` of the current loader."""
-        self.iter, self.pred, self.loss = i, None, None
+        # loss_grad keeps the last batch's graph until this batch's loss replaces it, as a plain loop's `loss`
+        # variable does: freeing it first would make autograd rebuild every parameter's grad accumulator
+        self.iter, self.pred, self._loss, self._loss_attached = i, None, None, False
         b = to_device(batch, self.strategy.device)
         if isinstance(b, (list, tuple)):  # (inputs..., targets...): all but the last are inputs unless n_inp says
             if type(b) is not tuple:
@@ -327,8 +333,8 @@ class Learner:
             self._fire("after_loss")
         if not self.training:
             return
-        self._with_events(self._backward, "backward", CancelBackwardException)
-        self._with_events(self._step, "step", CancelStepException)
+        self._backward_level()
+        self._step_level()
         self.opt.zero_grad(set_to_none=True)
 
     def _pred_and_loss(self) -> None:
@@ -348,7 +354,21 @@ class Learner:
                              f"Check the model's output size and the targets.") from e
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
             raise ValueError(f"loss_func must return a scalar tensor, got {_describe(loss)}; use a reduction such as 'mean'")
-        self.loss_grad, self.loss = loss, loss.detach()
+        self.loss_grad = self._loss = loss
+        self._loss_attached = True
+
+    @property
+    def loss(self) -> torch.Tensor | None:
+        """The current batch's loss, detached from the graph (made when read: most steps never need it).
+
+        A callback may set it (e.g. to report a different value); the Recorder records what it holds.
+        """
+        loss = self._loss
+        return loss.detach() if self._loss_attached and loss is not None else loss
+
+    @loss.setter
+    def loss(self, value: torch.Tensor | None) -> None:
+        self._loss, self._loss_attached = value, False
 
     def _backward(self) -> None:
         self.strategy.backward(self.loss_grad, self.model, self.sync_gradients)
@@ -488,101 +508,6 @@ class Learner:
         elif with_opt:
             warnings.warn(f"no optimizer state at {opt_file}; the optimizer starts fresh", stacklevel=2)
         return self
-
-    # ------------------------------------------------------------------ precision
-    def to_bf16(self) -> "Learner":
-        """Train with bf16 autocast (adds a `MixedPrecision("bf16")` callback)."""
-        return self._set_precision("bf16")
-
-    def to_fp16(self, **scaler_kwargs) -> "Learner":
-        """Train with fp16 autocast and a GradScaler (`scaler_kwargs` go to `torch.amp.GradScaler`)."""
-        return self._set_precision("fp16", **scaler_kwargs)
-
-    def to_fp32(self) -> "Learner":
-        """Back to full precision."""
-        return self._set_precision("no")
-
-    def _set_precision(self, precision: str, **scaler_kwargs) -> "Learner":
-        from ..callbacks.precision import set_precision
-
-        return set_precision(self, precision, **scaler_kwargs)
-
-    # ------------------------------------------------------------------ distribution
-    def distrib_ctx(self, sync_bn: bool = True, in_notebook: bool = False, strategy: Any = None, **strategy_kwargs):
-        """Train on every launched process inside a `with` block (fastai's name); a no-op-like single process otherwise.
-
-        The strategy comes from `strategy` (a name: "ddp", or a Strategy), else from the launcher
-        (`$CADENCE_STRATEGY`), else DDP. `in_notebook` is accepted for fastai compatibility: under
-        `notebook_launcher` the workers already carry the launcher's settings.
-
-        >>> with learn.distrib_ctx():
-        ...     learn.fit_one_cycle(3, 1e-2)
-        """
-        from ..callbacks.distributed import distrib_ctx
-
-        return distrib_ctx(self, sync_bn=sync_bn, in_notebook=in_notebook, strategy=strategy, **strategy_kwargs)
-
-    def to_distributed(self, strategy: Any = None, sync_bn: bool = True, **strategy_kwargs) -> "Learner":
-        """Shard the loaders, wrap the model, create the process group if needed; undo with `detach_distributed`."""
-        from ..callbacks.distributed import to_distributed
-
-        return to_distributed(self, strategy=strategy, sync_bn=sync_bn, **strategy_kwargs)
-
-    def detach_distributed(self) -> "Learner":
-        """Restore the original loaders and module; destroy the process group if `to_distributed` created it."""
-        from ..callbacks.distributed import detach_distributed
-
-        return detach_distributed(self)
-
-    def parallel_ctx(self, device_ids: list[int] | None = None):
-        """fastai's single-process `nn.DataParallel` inside a `with` block; a no-op with fewer than two GPUs."""
-        from ..callbacks.distributed import parallel_ctx
-
-        return parallel_ctx(self, device_ids)
-
-    def to_parallel(self, device_ids: list[int] | None = None) -> "Learner":
-        """Wrap the model in `nn.DataParallel` when two or more GPUs exist."""
-        from ..callbacks.distributed import to_parallel
-
-        return to_parallel(self, device_ids)
-
-    def detach_parallel(self) -> "Learner":
-        """Undo `to_parallel`."""
-        from ..callbacks.distributed import detach_parallel
-
-        return detach_parallel(self)
-
-    # ------------------------------------------------------------------ checkpoints
-    def save_state(self, directory: str | Path) -> Path:
-        """Write a complete checkpoint (weights, optimizer, counters, callback states, RNG, data position).
-
-        >>> learn.save_state("checkpoints/manual")
-        """
-        from ..callbacks.checkpoint import save_state
-
-        return save_state(self, directory)
-
-    def load_state(self, directory: str | Path) -> "Learner":
-        """Restore what `save_state` wrote; the next `fit` continues from it only through `fit(resume=...)`."""
-        from ..callbacks.checkpoint import load_state
-
-        load_state(self, directory)
-        return self
-
-    def save_model(self, directory: str | Path, max_shard_size: int | str = "2GB") -> Path:
-        """Write the weights only, as `model.safetensors` or shards with an index (the Hugging Face layout)."""
-        from ..callbacks.checkpoint import save_model
-
-        return save_model(self, directory, max_shard_size)
-
-    # ------------------------------------------------------------------ output
-    @contextlib.contextmanager
-    def no_bar(self):
-        """Train without the progress display for the duration of a `with` block."""
-        from ..callbacks.progress import ProgressCallback
-
-        with self.removed_cbs([cb for cb in self.cbs if isinstance(cb, ProgressCallback)]):
-            yield self
 
     def __repr__(self) -> str:
         return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"

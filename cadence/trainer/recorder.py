@@ -83,12 +83,12 @@ class Recorder(Callback):
 
     def after_batch(self):
         learn = self.learn
-        loss = learn.loss
+        loss = learn._loss  # what `learn.loss` holds, maybe not yet detached: item() needs no detach
         if loss is None:  # batch cancelled before its loss
             return
         if learn.training:
             first = (learn.yb or learn.xb)[0]
-            self._batch_losses.append(loss.item() if self._float_losses else loss)
+            self._batch_losses.append(loss.item() if self._float_losses else loss.detach())
             self._batch_sizes.append(first.shape[0] if type(first) is torch.Tensor else batch_size(first))
             self.lrs.append(learn.opt.param_groups[-1]["lr"])
         elif learn.yb:

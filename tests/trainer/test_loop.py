@@ -219,3 +219,36 @@ def test_show_training_loop_lists_events(dls, model, capsys):
     out = capsys.readouterr().out
     assert [line.split()[0] for line in out.splitlines()] == [e.value for e in Event]
     assert "Recorder" in out
+
+
+def test_loss_is_detached_and_a_replaced_loss_grad_leaves_the_recorded_loss(dls, model):
+    seen = []
+
+    class Regularize(Callback):  # fastai's pattern: add a penalty to loss_grad only
+        def after_loss(self):
+            seen.append((self.learn.loss.requires_grad, self.learn.loss.item()))
+            self.learn.loss_grad = self.learn.loss_grad + 100.0
+
+        def after_batch(self):
+            seen.append((self.learn.loss_grad is not None, self.learn.loss.item()))
+
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.SGD, lr=0.0, cbs=Regularize())
+    with learn.no_bar():
+        learn.fit(1)
+    at_loss, at_batch = seen[0::2][:4], seen[1::2][:4]
+    assert [grad for grad, _ in at_loss] == [False] * 4  # learn.loss never carries the graph
+    assert [v for _, v in at_batch] == [v for _, v in at_loss]  # still the loss before the penalty
+    assert learn.recorder.losses == pytest.approx([v for _, v in at_loss])  # and that is what the Recorder records
+    assert learn.loss is None and learn.loss_grad is None  # nothing of the last batch is kept after fit
+
+
+def test_a_loss_set_by_a_callback_is_what_the_recorder_records(dls, model):
+    class Report(Callback):
+        def after_loss(self):
+            self.learn.loss = torch.tensor(7.0)
+
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), cbs=Report())
+    with learn.no_bar():
+        learn.fit(1)
+    assert learn.recorder.losses == [7.0] * 4
+    assert learn.recorder.values[-1]["train_loss"] == pytest.approx(7.0)

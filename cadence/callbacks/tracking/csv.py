@@ -10,8 +10,6 @@ import csv
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .base import FileTracker
 
 
@@ -41,6 +39,8 @@ class CSVTracker(FileTracker):
             self._rewrite([r for r in rows if int(r["step"]) <= step])
 
     def store_init_configuration(self, config: dict[str, Any]) -> None:
+        import yaml  # here, not at import: `import cadence` stays light
+
         (self.log_dir / "hparams.yaml").write_text(yaml.safe_dump(config, sort_keys=True))
 
     def log(self, values: dict[str, float], step: int) -> None:
