@@ -16,7 +16,10 @@ What is measured, for each framework, on one CPU thread (`torch.set_num_threads(
   Sizes: tiny = Linear(32, 32), ReLU, Linear(32, 2), batch 32;
   MLP = 3 x (Linear(256, 256), ReLU), Linear(256, 10), batch 64.
 - start: process start to the end of the first optimizer step (fresh process per run, tiny
-  model), minus the raw loop's; median over runs.
+  model), minus the raw loop's; median over runs. What every framework shares (Python,
+  `import torch`, and the ~1.8 s torch spends importing its compiler on the first optimizer
+  it builds) is done before a mark and left out of both sides: on this VM that shared ~4 s
+  scatters by ±0.4 s between processes, far more than the difference being measured.
 - import: `import <framework>` in a fresh process that has already imported torch; median.
 
 Times are CPU time (`time.process_time`, all threads of the process): other jobs sharing the
@@ -226,6 +229,8 @@ def first_step_child(name: str) -> None:
     def done(opt, args, kwargs):  # fd 1, as sys.stdout is captured here; CPU time counts from process start
         os.write(1, f"FIRST_STEP {time.time()!r} {time.process_time()!r}\n".encode())
         os._exit(0)
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)])  # torch's own first-optimizer imports, shared by all
+    os.write(1, f"SHARED_DONE {time.time()!r} {time.process_time()!r}\n".encode())
     register_optimizer_step_post_hook(done)
     logging.disable(logging.CRITICAL)
     with quiet():
@@ -233,20 +238,24 @@ def first_step_child(name: str) -> None:
     sys.exit(f"{name}: no optimizer step was taken")
 
 
-def time_start(names: list[str], runs: int, clock: str) -> dict[str, float]:
-    """Median seconds from process start to the first optimizer step done, per framework."""
-    times = {n: [] for n in names}
+def time_start(names: list[str], runs: int, clock: str) -> tuple[dict[str, float], float]:
+    """Per framework, the median seconds from the shared mark to the first optimizer step done,
+    and the raw loop's median from process start to its first step."""
+    times, raw_total = {n: [] for n in names}, []
     for r in range(runs + 1):  # run 0 warms the disk cache and writes bytecode caches
         for n in names:
             t0 = time.time()
             out = subprocess.run([sys.executable, __file__, "--first-step", n], capture_output=True, text=True, env=ENV)
-            line = [ln for ln in out.stdout.splitlines() if ln.startswith("FIRST_STEP ")]
-            if not line:
+            marks = {ln.split()[0]: list(map(float, ln.split()[1:])) for ln in out.stdout.splitlines()
+                     if ln.startswith(("SHARED_DONE ", "FIRST_STEP "))}
+            if "FIRST_STEP" not in marks:
                 raise RuntimeError(f"{n}: first-step child failed:\n{out.stderr[-2000:]}")
-            wall, cpu = map(float, line[-1].split()[1:])
+            (shared_wall, shared_cpu), (wall, cpu) = marks["SHARED_DONE"], marks["FIRST_STEP"]
             if r:
-                times[n].append(wall - t0 if clock == "wall" else cpu)
-    return {n: statistics.median(t) for n, t in times.items()}
+                times[n].append(wall - shared_wall if clock == "wall" else cpu - shared_cpu)
+                if n == "raw loop":
+                    raw_total.append(wall - t0 if clock == "wall" else cpu)
+    return {n: statistics.median(t) for n, t in times.items()}, statistics.median(raw_total)
 
 
 def time_imports(names: list[str], runs: int, clock: str) -> dict[str, float]:
@@ -287,6 +296,7 @@ def report(status, steps, start, imports) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer repeats, batches and processes")
+    p.add_argument("--smoke", action="store_true", help="one short repeat: checks the script runs (numbers mean nothing)")
     p.add_argument("--clock", choices=CLOCKS, default="cpu",
                    help="cpu: this process's CPU time, steady when other jobs share the cores (default); "
                         "wall: elapsed time, for a quiet machine")
@@ -295,18 +305,19 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.first_step:
         return first_step_child(args.first_step)
-    repeats, n_tiny, n_mlp, n_proc = (5, 100, 50, 3) if args.quick else (25, 300, 120, 9)
+    repeats, n_tiny, n_mlp, n_proc = (1, 5, 5, 1) if args.smoke else (5, 100, 50, 3) if args.quick else (25, 300, 120, 9)
     status = available()
     names = [n for n, why in status.items() if not why]
     procs = [n for n in names if n in IMPORTS]
     clock = CLOCKS[args.clock]
     steps = {size: time_steps(names, size, n, repeats, clock) for size, n in (("tiny", n_tiny), ("mlp", n_mlp))}
-    start, imports = time_start(procs, n_proc, args.clock), time_imports(procs, n_proc, args.clock)
+    (start, raw_start), imports = time_start(procs, n_proc, args.clock), time_imports(procs, n_proc, args.clock)
     print(f"torch {torch.__version__}, 1 thread, SGD(lr={LR}), {args.clock} clock; {repeats} interleaved repeats of "
           f"{n_tiny} (tiny) / {n_mlp} (MLP) steps, {n_proc} fresh processes for start and import; medians "
           "(ratio: median over repeats of the time over the raw loop's in the same repeat)")
     print(report(status, steps, start, imports))
-    print(f"start: process start to first step done, minus the raw loop's ({start['raw loop']:.2f} s); "
+    print(f"start: process start to first step done, minus the raw loop's ({raw_start:.2f} s; "
+          f"{start['raw loop']:.2f} s after the shared imports); "
           f"import: over `import torch` ({imports['torch']:.2f} s)")
 
 
