@@ -17,7 +17,8 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
     monkeypatch.delenv("CADENCE_CONFIG_FILE", raising=False)
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):  # the last three would make output a terminal
         monkeypatch.delenv(var, raising=False)
     yield
 

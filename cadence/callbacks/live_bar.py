@@ -10,7 +10,8 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-class PolledProgress(Progress):
+
+class _PolledProgress(Progress):
     """A rich Progress that asks `poll` for the latest numbers each time it redraws (10 times a second).
 
     The training loop never calls the bar, so a live bar costs nothing per batch.
@@ -25,8 +26,8 @@ class PolledProgress(Progress):
         yield from super().get_renderables()
 
 
-def live_bar(console: Console, poll: Callable[[], None]) -> PolledProgress:
+def live_bar(console: Console, poll: Callable[[], None]) -> _PolledProgress:
     """Description, bar, n/total, elapsed, remaining and the loss (a task field `loss`), redrawn every 0.1 s."""
-    return PolledProgress(poll, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    return _PolledProgress(poll, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),
                           console=console, transient=True, refresh_per_second=10)

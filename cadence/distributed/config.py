@@ -219,7 +219,7 @@ def save(config: Config, path: str | os.PathLike | None = None) -> Path:
     PosixPath('/tmp/cfg.yaml')
     """
     file = Path(path).expanduser() if path is not None else default_config_path()
-    import yaml
+    import yaml  # here, not at import: `import cadence` stays light
 
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -30,7 +30,7 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
     if type(batch) is tuple or type(batch) is list:  # the usual (x, y) batch, often already there: returned as is
         on_cpu = device == _CPU  # then `t.is_cpu` tells, at half the cost of making `t.device`
         for b in batch:
-            if not (type(b) is torch.Tensor and (b.is_cpu if on_cpu else b.device == device)):
+            if not (isinstance(b, torch.Tensor) and (b.is_cpu if on_cpu else b.device == device)):
                 break
         else:
             return batch

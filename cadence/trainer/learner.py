@@ -98,7 +98,6 @@ class Learner(FeatureMethods):
         self.sync_gradients = True  # False while GradAccum accumulates: backward stays local (DDP no_sync)
         self.epoch = self.iter = self.train_iter = self.step = 0
         self.dl = self.xb = self.yb = self.pred = self.loss_grad = self._loss = None
-        self._loss_attached = False  # `_loss` is the loss_func's output, still on the graph: `loss` detaches it when read
         self.add_cbs([Recorder(_listify(metrics)), *_default_cbs(), *_listify(cbs)])
         self("after_create")
 
@@ -189,14 +188,15 @@ class Learner(FeatureMethods):
             valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
-
-        def level(f: Callable[[], None], name: str, cancel: type[Exception]) -> Callable[[], None]:
-            # with no callback at this level, run it bare: nothing can fire or cancel there
-            return partial(self._with_events, f, name, cancel) if any(train[e] for e in _LEVEL_EVENTS[name]) else f
-
-        self._backward_level = level(self._backward, "backward", CancelBackwardException)
-        self._step_level = level(self._step, "step", CancelStepException)
+        self._backward_level = self._level(self._backward, "backward", CancelBackwardException)
+        self._step_level = self._level(self._step, "step", CancelStepException)
         self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
+
+    def _level(self, f: Callable[[], None], name: str, cancel: type[Exception]) -> Callable[[], None]:
+        """`f` with its level's events; `f` alone when no training callback handles them (nothing can fire or cancel)."""
+        if any(self._train_handlers[e] for e in _LEVEL_EVENTS[name]):
+            return partial(self._with_events, f, name, cancel)
+        return f
 
     def show_training_loop(self) -> None:
         """Print every event in loop order with the callbacks that handle it."""
@@ -310,7 +310,7 @@ class Learner(FeatureMethods):
         """Run the batch events for batch number `i` of the current loader."""
         # loss_grad keeps the last batch's graph until this batch's loss replaces it, as a plain loop's `loss`
         # variable does: freeing it first would make autograd rebuild every parameter's grad accumulator
-        self.iter, self.pred, self._loss, self._loss_attached = i, None, None, False
+        self.iter, self.pred, self._loss = i, None, None
         b = to_device(batch, self.strategy.device)
         if isinstance(b, (list, tuple)):  # (inputs..., targets...): all but the last are inputs unless n_inp says
             if type(b) is not tuple:
@@ -355,20 +355,20 @@ class Learner(FeatureMethods):
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
             raise ValueError(f"loss_func must return a scalar tensor, got {_describe(loss)}; use a reduction such as 'mean'")
         self.loss_grad = self._loss = loss
-        self._loss_attached = True
 
     @property
     def loss(self) -> torch.Tensor | None:
-        """The current batch's loss, detached from the graph (made when read: most steps never need it).
+        """The current batch's loss, detached from the graph (detached when read: most steps never read it).
 
-        A callback may set it (e.g. to report a different value); the Recorder records what it holds.
+        A callback may set it (e.g. to report a different value). The Recorder records what it holds,
+        reading `_loss` itself: `.item()` needs no detached copy.
         """
-        loss = self._loss
-        return loss.detach() if self._loss_attached and loss is not None else loss
+        loss = self._loss  # read once: the progress bar's thread reads this too
+        return loss.detach() if loss is not None and loss.requires_grad else loss
 
     @loss.setter
     def loss(self, value: torch.Tensor | None) -> None:
-        self._loss, self._loss_attached = value, False
+        self._loss = value
 
     def _backward(self) -> None:
         self.strategy.backward(self.loss_grad, self.model, self.sync_gradients)

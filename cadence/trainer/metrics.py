@@ -111,8 +111,8 @@ class AvgLoss(SumMetric):
         super().__init__(name, None, lambda s: s[0] / s[1])
 
     def accumulate(self, learn: Any) -> None:
-        bs = batch_size(learn.yb or learn.xb)
-        sums = torch.stack([learn.loss.detach().double() * bs, learn.loss.new_tensor(bs, dtype=torch.float64)])
+        bs, loss = batch_size(learn.yb or learn.xb), learn.loss
+        sums = torch.stack([loss.double() * bs, loss.new_tensor(bs, dtype=torch.float64)])
         self.sums = sums if self.sums is None else self.sums + sums
 
 

@@ -1,11 +1,14 @@
 """ProgressCallback: plain lines when output is not a terminal, a live bar and a table on a terminal."""
 
 import io
+import sys
 
+import pytest
 from rich.console import Console
 from torch import nn
 
 from cadence import Learner, ProgressCallback, accuracy
+from cadence.callbacks.progress import _plain_output
 
 
 def test_plain_line_per_epoch_when_not_a_terminal(dls, capsys):
@@ -63,3 +66,36 @@ def test_no_bar_silences_output(dls, capsys):
         learn.fit(1)
     assert capsys.readouterr().out == ""
     assert any(isinstance(cb, ProgressCallback) for cb in learn.cbs)
+
+
+class _Stdout(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+@pytest.mark.parametrize("env, tty", [({}, False), ({}, True), ({"TTY_COMPATIBLE": "0"}, True),
+                                      ({"TTY_COMPATIBLE": "1"}, False), ({"FORCE_COLOR": "1"}, False),
+                                      ({"FORCE_COLOR": ""}, True), ({"TTY_COMPATIBLE": "2"}, False)])
+def test_plain_output_exactly_when_rich_finds_no_terminal(monkeypatch, env, tty):
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(sys, "stdout", _Stdout(tty))
+    assert _plain_output() is not Console().is_terminal  # rich decides when we cannot tell without it
+
+
+def test_closed_stdout_counts_as_no_terminal(monkeypatch):
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stdout", closed)
+    assert _plain_output() and not Console().is_terminal
+
+
+def test_force_color_gets_the_live_bar_on_captured_output(dls, monkeypatch, capsys):
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    Learner(dls, nn.Linear(8, 3), loss_func=nn.CrossEntropyLoss()).fit(1)
+    out = capsys.readouterr().out
+    assert "\x1b[" in out and "epoch 1/1 train" in out  # rich drew the bar, as it does on a terminal

@@ -22,6 +22,8 @@ def test_to_device_walks_tuples_lists_dicts_and_namedtuples():
     assert isinstance(out["pair"], Pair) and out["pair"].a.device.type == "meta" and out["pair"].b == 3
     xy = (torch.ones(1), torch.zeros(1))
     assert to_device(xy, "cpu") is xy  # already on the device: no copy of the batch
+    sub = [torch.nn.Parameter(torch.ones(1)), torch.zeros(1)]  # a tensor subclass is a tensor too
+    assert to_device(sub, "cpu") is sub and to_device(sub, "meta")[0].device.type == "meta"
     for batch in ([torch.ones(1), torch.zeros(1)], (torch.ones(1, device="meta"), torch.ones(1))):
         out = to_device(batch, "meta")
         assert type(out) is type(batch) and [t.device.type for t in out] == ["meta", "meta"]

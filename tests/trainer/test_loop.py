@@ -252,3 +252,26 @@ def test_a_loss_set_by_a_callback_is_what_the_recorder_records(dls, model):
         learn.fit(1)
     assert learn.recorder.losses == [7.0] * 4
     assert learn.recorder.values[-1]["train_loss"] == pytest.approx(7.0)
+
+
+def test_step_events_follow_callbacks_added_and_removed_between_fits(dls, model):
+    class CancelSteps(Callback):  # only step-level events: the loop must wrap the step for it
+        def __init__(self):
+            self.cancelled = 0
+
+        def before_step(self):
+            raise CancelStepException()
+
+        def after_cancel_step(self):
+            self.cancelled += 1
+
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.SGD, lr=0.1)
+    cb = CancelSteps()
+    with learn.no_bar():
+        learn.fit(1, cbs=cb)
+        assert cb.cancelled == 4 and learn.step == 0  # every step cancelled, none taken
+        learn.fit(1)
+        assert cb.cancelled == 4 and learn.step == 4  # removed with the fit: steps run bare again
+        learn.add_cb(cb)
+        learn.fit(1)
+        assert cb.cancelled == 8 and learn.step == 0

@@ -203,10 +203,10 @@ class Tracker(Callback):
         """Sum the micro-batch losses; log once the optimizer step was really taken."""
         if not self.active:
             return
-        learn = self.learn
-        if learn.loss is not None:
+        learn, loss = self.learn, self.learn.loss
+        if loss is not None:
             n = batch_size(learn.yb or learn.xb)
-            loss = learn.loss.detach().double() * n
+            loss = loss.double() * n
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
             self._loss_n += n
         if learn.step == self._last_step:
