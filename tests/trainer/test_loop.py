@@ -275,3 +275,20 @@ def test_step_events_follow_callbacks_added_and_removed_between_fits(dls, model)
         learn.add_cb(cb)
         learn.fit(1)
         assert cb.cancelled == 8 and learn.step == 0
+
+
+def test_a_loss_set_from_the_graph_is_still_read_detached(dls, model):
+    seen = []
+
+    class Double(Callback):
+        def after_loss(self):
+            seen.append(self.learn.loss.item())
+            self.learn.loss = self.learn.loss_grad * 2  # still on the graph
+
+        def after_batch(self):
+            assert not self.learn.loss.requires_grad
+
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.SGD, lr=0.0, cbs=Double())
+    with learn.no_bar():
+        learn.fit(1)
+    assert learn.recorder.losses == pytest.approx([2 * v for v in seen[:4]])
