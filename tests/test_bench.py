@@ -21,3 +21,12 @@ def test_overhead_bench_prints_a_row_per_framework():
     assert len(rows["cadence"]) == 6 and all(v.endswith("s") for v in rows["cadence"][4:])  # + start, import
     assert float(rows["cadence"][0]) > 0 and len(rows["cadence, live bar"]) == 4
     assert "after the shared imports" in out.stdout
+
+
+@pytest.mark.slow
+def test_live_bar_bench_compares_the_bar_with_plain_lines():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "live_bar.py"), "--smoke"], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    live = next(line for line in out.stdout.splitlines() if line.startswith("live bar"))
+    assert "ratio" in live and float(live.split()[-2]) > 0  # redraws per second: the bar was drawn

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class _PolledProgress(Progress):
-    """A rich Progress that asks `poll` for the latest numbers each time it redraws (10 times a second).
+    """A rich Progress that asks `poll` for the latest numbers each time it redraws (5 times a second).
 
     The training loop never calls the bar, so a live bar costs nothing per batch.
     """
@@ -30,4 +30,4 @@ def live_bar(console: Console, poll: Callable[[], None]) -> _PolledProgress:
     """Description, bar, n/total, elapsed, remaining and the loss (a task field `loss`), redrawn every 0.1 s."""
     return _PolledProgress(poll, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),
-                          console=console, transient=True, refresh_per_second=10)
+                          console=console, transient=True, refresh_per_second=5)

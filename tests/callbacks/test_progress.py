@@ -47,7 +47,7 @@ def test_live_bar_updates_while_training(dls):
             self.lin = nn.Linear(8, 3)
 
         def forward(self, x):
-            time.sleep(0.05)
+            time.sleep(0.15)  # 4 batches: 0.6 s, three redraws at 5 Hz
             return self.lin(x)
 
     out = io.StringIO()
