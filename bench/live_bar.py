@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import io
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from overhead import LR, make_batches, make_model
+from overhead import LR, make_batches, make_model, quiet
 
 
 def main(n_batches: int = 4000, repeats: int = 6) -> None:
@@ -45,16 +44,13 @@ def main(n_batches: int = 4000, repeats: int = 6) -> None:
         learners[live] = learn.remove_cb(ProgressCallback).add_cb(
             ProgressCallback(Console(file=io.StringIO(), force_terminal=live)))
     cpu, wall = {True: [], False: []}, {True: [], False: []}
-    sink, sys.stdout = sys.stdout, io.StringIO()  # the plain learner's epoch lines
-    try:
+    with quiet():  # the plain learner's epoch lines
         for r in range(repeats):
             for live in (True, False) if r % 2 else (False, True):
                 c0, w0 = time.process_time(), time.perf_counter()
                 learners[live].fit(1)
                 cpu[live].append(time.process_time() - c0)
                 wall[live].append(time.perf_counter() - w0)
-    finally:
-        sys.stdout = sink
     med = {live: statistics.median(cpu[live]) for live in cpu}
     print(f"{repeats} fits of {n_batches} tiny steps each way, CPU time medians")
     print(f"plain lines  {med[False]:.3f} s")

@@ -27,7 +27,7 @@ class _PolledProgress(Progress):
 
 
 def live_bar(console: Console, poll: Callable[[], None]) -> _PolledProgress:
-    """Description, bar, n/total, elapsed, remaining and the loss (a task field `loss`), redrawn every 0.1 s."""
+    """Description, bar, n/total, elapsed, remaining and the loss (a task field `loss`), redrawn every 0.2 s."""
     return _PolledProgress(poll, TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),
                           console=console, transient=True, refresh_per_second=5)
