@@ -3,7 +3,8 @@
 Each micro-batch's loss is scaled by its share of the window's samples, so a window gives the
 gradient of one step on the concatenated batch; a partial window at the end of an epoch is
 scaled by its true size and stepped. Under DDP the micro-batches before the last run without
-gradient synchronisation. `learn.step` counts optimizer steps, so schedules and trackers do
+gradient synchronisation, forward included (one all-reduce per window). An engine that
+accumulates itself (the OwnsAccumulation ability) is configured instead. `learn.step` counts optimizer steps, so schedules and trackers do
 not change with the accumulation.
 
 >>> learn.fit(3, cbs=GradAccum(steps=4))        # batch 8 x 4 = one step of batch 32
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..distributed.strategy import OwnsAccumulation
 from ..trainer.callback import Callback, Order
 from ..trainer.events import CancelBatchException
 
@@ -64,8 +66,15 @@ class GradAccum(Callback):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"GradAccum {name} must be a positive int, got {v!r}")
         self.steps, self.samples = steps, samples
+        self.engine_owned = False  # the strategy accumulates itself (DeepSpeed): configure it, do nothing per batch
 
     def before_fit(self):
+        strategy = self.learn.strategy
+        self.engine_owned = isinstance(strategy, OwnsAccumulation)
+        if self.engine_owned:
+            if self.steps is None:
+                raise ValueError(f"{strategy.name} accumulates a fixed number of micro-batches: use GradAccum(steps=...)")
+            strategy.configure_accumulation(self.steps)
         self._plan(self.learn.dls.train)
         self.learn.steps_per_epoch = sum(self.ends)
 
@@ -84,15 +93,16 @@ class GradAccum(Callback):
         self.ends, self.scales = plan_windows(sizes, self.steps, self.samples)
 
     def before_batch(self):
-        self.learn.sync_gradients = self.ends[self.learn.iter]
+        if not self.engine_owned:
+            self.learn.sync_gradients = self.ends[self.learn.iter]  # set before the forward: DDP decides there
 
     def after_loss(self):
         scale = self.scales[self.learn.iter]
-        if scale != 1.0:
+        if scale != 1.0 and not self.engine_owned:
             self.learn.loss_grad = self.learn.loss_grad * scale
 
     def before_step(self):
-        if not self.ends[self.learn.iter]:
+        if not self.ends[self.learn.iter] and not self.engine_owned:
             raise CancelBatchException()  # keep the gradients: no step, no zero_grad
 
     def after_train(self):

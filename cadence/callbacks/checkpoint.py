@@ -34,7 +34,7 @@ from ..distributed.data import DistributedDL
 from ..distributed.env import is_main_process, rank, world_size
 from ..distributed.ops import broadcast, wait_for_everyone
 from ..trainer.callback import Callback, Order
-from ..trainer.serialization import (atomic_path, check_state_dict, load_torch, load_weights, save_torch,
+from ..serialization import (atomic_path, check_state_dict, load_torch, load_weights, save_torch,
                                      save_weights)
 
 FORMAT = 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from ..distributed.strategy import OwnsClipping
 from ..trainer.callback import Callback, Order
 
 
@@ -26,9 +27,20 @@ class GradClip(Callback):
             if v is not None and not v > 0:
                 raise ValueError(f"GradClip {name} must be > 0, got {v}")
         self.max_norm, self.norm_type, self.value = max_norm, norm_type, value
+        self.engine_owned = False  # the strategy clips itself (DeepSpeed): configured in before_fit
+
+    def before_fit(self):
+        strategy = self.learn.strategy
+        self.engine_owned = isinstance(strategy, OwnsClipping)
+        if self.engine_owned:
+            if self.max_norm is None:
+                raise ValueError(f"{strategy.name} clips by norm only: use GradClip(max_norm)")
+            strategy.configure_clipping(self.max_norm, self.norm_type)
 
     def before_step(self):
         learn = self.learn
+        if self.engine_owned:
+            return
         if self.max_norm is not None:
             norm = learn.strategy.clip_grad_norm(learn.model, learn.opt, self.max_norm, self.norm_type)
         else:

@@ -13,6 +13,7 @@ the single-device strategy, and destroys the process group only if it was create
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from typing import Any, Iterator
 
@@ -20,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..distributed.data import DistributedDL
-from ..distributed.registry import get_strategy
+from ..distributed.registry import get_strategy, strategy_class
 from ..trainer.callback import Callback, Order
 from .accumulate import GradAccum
 from .precision import MixedPrecision
@@ -64,19 +65,41 @@ def _shard(strategy: Any, dl: Any) -> Any:
     return strategy.shard(dl) if isinstance(dl, DataLoader) else dl
 
 
+def _precision(cbs: list, device: torch.device) -> Any:
+    """The precision plugin a MixedPrecision callback asks for (engines that fix it at wrap time need it now)."""
+    mixed = [cb for cb in cbs if isinstance(cb, MixedPrecision)]
+    return mixed[0].plugin_for(device) if mixed else None
+
+
+def _transfer_optimizer_state(learn: Any, old_opt: torch.optim.Optimizer, strategy: Any) -> None:
+    """Carry what the optimizer learned before distribution (a loaded checkpoint) into the new one."""
+    if old_opt is not learn.opt and old_opt.state:
+        strategy.load_optimizer_state_dict(learn.model, learn.opt, old_opt.state_dict())
+
+
 def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **strategy_kwargs) -> Any:
     """Set `learn` up for distributed training (see `Learner.to_distributed`)."""
     if any(isinstance(cb, DistributedTrainer) for cb in learn.cbs):
         raise ValueError("this Learner is already distributed; call learn.detach_distributed() first")
-    strategy = get_strategy(strategy, sync_bn=sync_bn, **strategy_kwargs)
-    strategy.setup()
+    strategy = get_strategy(strategy, **_with_sync_bn(strategy, sync_bn, strategy_kwargs))
+    strategy.setup_environment()
     bridge = DistributedTrainer(strategy, learn.strategy, (learn.dls.train, learn.dls.valid), _launcher_cbs(learn))
-    model = learn.strategy.unwrap(learn.model)
-    learn.model, learn.opt = strategy.wrap(model, learn.opt)
+    model, old_opt = learn.strategy.unwrap(learn.model), learn.opt
+    precision = _precision([*learn.cbs, *bridge.launcher_cbs], strategy.device)
+    learn.model, learn.opt = strategy.setup(model, learn._make_opt, precision)
+    _transfer_optimizer_state(learn, old_opt, strategy)
     learn.dls.train, learn.dls.valid = _shard(strategy, learn.dls.train), _shard(strategy, learn.dls.valid)
     learn.strategy = strategy
     learn.add_cbs([bridge, *bridge.launcher_cbs])
     return learn
+
+
+def _with_sync_bn(strategy: Any, sync_bn: bool, kwargs: dict) -> dict:
+    """fastai's `distrib_ctx(sync_bn=True)` is DDP's option: pass it only to an engine that takes it."""
+    cls = strategy_class(strategy)
+    if cls is not None and "sync_bn" in inspect.signature(cls).parameters:
+        return {"sync_bn": sync_bn, **kwargs}
+    return kwargs
 
 
 def _launcher_cbs(learn: Any) -> list[Callback]:
@@ -92,13 +115,14 @@ def _launcher_cbs(learn: Any) -> list[Callback]:
 
 
 def detach_distributed(learn: Any) -> Any:
-    """Undo `to_distributed`: original loaders, the user's module, single-device strategy, group destroyed if ours."""
+    """Undo `to_distributed`: original loaders, the user's module and an optimizer over it, single-device strategy."""
     bridges = [cb for cb in learn.cbs if isinstance(cb, DistributedTrainer)]
     if not bridges:
         return learn
     bridge = bridges[0]
     learn.remove_cbs([bridge, *bridge.launcher_cbs])
-    learn.model = bridge.strategy.unwrap(learn.model)
+    learn.sync_gradients = True
+    learn.model, learn.opt = bridge.strategy.release(learn.model, learn.opt, learn._make_opt)
     learn.dls.train, learn.dls.valid = bridge.old_loaders
     learn.strategy = bridge.old_strategy
     bridge.strategy.teardown()
@@ -116,29 +140,4 @@ def distrib_ctx(learn: Any, sync_bn: bool = True, in_notebook: bool = False, str
         detach_distributed(learn)
 
 
-@contextlib.contextmanager
-def parallel_ctx(learn: Any, device_ids: list[int] | None = None) -> Iterator[Any]:
-    """fastai's single-process `nn.DataParallel` over the visible GPUs; a no-op with fewer than two."""
-    to_parallel(learn, device_ids)
-    try:
-        yield learn
-    finally:
-        detach_parallel(learn)
-
-
-def to_parallel(learn: Any, device_ids: list[int] | None = None) -> Any:
-    """Wrap `learn.model` in `nn.DataParallel` when two or more GPUs exist; otherwise leave it."""
-    if torch.cuda.device_count() >= 2 and not isinstance(learn.model, torch.nn.DataParallel):
-        learn.model = torch.nn.DataParallel(learn.model, device_ids=device_ids)
-    return learn
-
-
-def detach_parallel(learn: Any) -> Any:
-    """Undo `to_parallel`."""
-    if isinstance(learn.model, torch.nn.DataParallel):
-        learn.model = learn.model.module
-    return learn
-
-
-__all__ = ["DistributedTrainer", "distrib_ctx", "to_distributed", "detach_distributed", "parallel_ctx", "to_parallel",
-           "detach_parallel", "rank"]
+__all__ = ["DistributedTrainer", "distrib_ctx", "to_distributed", "detach_distributed"]

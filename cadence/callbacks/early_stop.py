@@ -16,8 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..distributed.env import is_main_process
-from ..distributed.ops import main_print, wait_for_everyone
+from ..distributed.ops import main_print
 from ..trainer.callback import Callback, Order
 from ..trainer.events import CancelFitException
 from ..trainer.schedule import LRFinder
@@ -192,9 +191,7 @@ class SaveModel(MonitorCallback):
 
     def _save(self, name: str) -> None:
         """Write on the main process, then wait so every process can read the file."""
-        if is_main_process():
-            self.learn.save(name, with_opt=self.with_opt)
-        wait_for_everyone()
+        self.learn.save(name, with_opt=self.with_opt)  # every rank: sharded engines gather; the main process writes
 
     def after_epoch(self):
         if self.every_epoch:

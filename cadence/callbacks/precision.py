@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, ContextManager
 
+import torch
+
 from ..distributed.precision import FullPrecision, make_precision
 from ..trainer.callback import Callback, Order
 
@@ -31,12 +33,14 @@ class MixedPrecision(Callback):
         self.precision, self.scaler_kwargs = precision, scaler_kwargs
         self.plugin: FullPrecision | None = None
 
-    def _plugin(self) -> FullPrecision:
-        """The plugin for the current strategy's device (made once; a new device gets a new one)."""
-        device = self.learn.strategy.device
-        if self.plugin is None or self.plugin.device_type != device.type:
+    def plugin_for(self, device) -> FullPrecision:
+        """The plugin for `device` (made once; a new device type gets a new one)."""
+        if self.plugin is None or self.plugin.device_type != torch.device(device).type:
             self.plugin = make_precision(self.precision, device, **self.scaler_kwargs)
         return self.plugin
+
+    def _plugin(self) -> FullPrecision:
+        return self.plugin_for(self.learn.strategy.device)
 
     def before_fit(self):
         self.learn.strategy.set_precision(self._plugin())

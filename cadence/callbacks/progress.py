@@ -12,7 +12,6 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from ..distributed.env import is_main_process
 from ..trainer.callback import Callback, Order
 
 if TYPE_CHECKING:
@@ -61,7 +60,7 @@ class ProgressCallback(Callback):
         self._start(header=True)
 
     def _start(self, header: bool):
-        self.active = is_main_process()
+        self.active = self.learn.strategy.is_main
         if not self.active:
             return
         if self.console is None and _plain_output():

@@ -1,4 +1,4 @@
-"""The one place that maps strategy names to classes: "ddp", "fsdp", "deepspeed", "xla".
+"""The one place that maps strategy names to classes: "ddp", "fsdp", "dp" (and "deepspeed", "xla" when they land).
 
 >>> strategy = get_strategy("ddp", sync_bn=False)
 >>> get_strategy(None)      # $CADENCE_STRATEGY, set by `cadence launch`; "ddp" when unset
@@ -14,18 +14,42 @@ from .strategy import Strategy
 # name -> "module:Class", imported on first use so optional engines cost nothing until asked for
 STRATEGIES = {
     "ddp": "cadence.distributed.ddp:DDP",
+    "fsdp": "cadence.distributed.fsdp:FSDP",
+    "dp": "cadence.distributed.dp:DataParallel",
 }
+
+
+def _name(name: str | None) -> str:
+    name = (name or os.environ.get("CADENCE_STRATEGY") or "ddp").lower()
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
+    return name
+
+
+def strategy_class(name: str | Strategy | None = None) -> type[Strategy] | None:
+    """The class `get_strategy(name)` would build; None for a Strategy instance.
+
+    >>> strategy_class("ddp").__name__
+    'DDP'
+    """
+    if isinstance(name, Strategy):
+        return None
+    module, cls = STRATEGIES[_name(name)].split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def get_strategy(name: str | Strategy | None = None, **kwargs) -> Strategy:
     """A Strategy instance from its name (or `$CADENCE_STRATEGY`, default "ddp"), built with `kwargs`.
 
-    A Strategy instance passes through unchanged.
+    A Strategy instance passes through unchanged (kwargs are then refused). Engine options from the
+    launcher's config (`$CADENCE_FSDP_CONFIG`) are read by the engine itself.
     """
     if isinstance(name, Strategy):
+        if kwargs:
+            raise ValueError(f"got a Strategy instance and options {sorted(kwargs)}: give the options to its constructor")
         return name
-    name = (name or os.environ.get("CADENCE_STRATEGY") or "ddp").lower()
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
-    module, cls = STRATEGIES[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    cls = strategy_class(name)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise TypeError(f"strategy {_name(name)!r} ({cls.__name__}) does not take these options: {e}") from None

@@ -1,25 +1,32 @@
-"""The Strategy interface every engine adapter implements, and `SingleDevice`.
+"""The Strategy interface every engine adapter implements, its ability interfaces, and `SingleDevice`.
 
-The Learner's loop only calls these methods, so DDP, FSDP, DeepSpeed and XLA slot in
-without an `if` in the loop. A strategy owns the device, the wrapping of model and
-optimizer, and how backward and step run (precision included).
+The Learner's loop, the callbacks and the checkpoint code only call these methods, so DDP, FSDP,
+DeepSpeed and XLA slot in without an `if` on the kind of engine. A strategy owns the device, the
+process group, the wrapping of model and optimizer, how backward and step run (precision
+included), the collectives of its data-parallel group, and its checkpoint format.
 
 >>> strategy = SingleDevice("cpu")
->>> model, opt = strategy.wrap(model, opt)
->>> strategy.backward(loss); stepped = strategy.step(opt)
+>>> model, opt = strategy.setup(model, lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+>>> with strategy.forward_context(): loss = loss_func(model(x), y)
+>>> strategy.backward(loss); stepped = strategy.step(opt); strategy.zero_grad(opt)
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ContextManager, TypeVar
 
 import torch
 from torch import nn
 
-from .env import default_device
-from .ops import gather, reduce
+from . import env, ops
 from .precision import FullPrecision
+from .state_files import load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
+
+T = TypeVar("T")
+MakeOpt = Callable[[nn.Module], torch.optim.Optimizer]
 
 
 class Strategy:
@@ -28,30 +35,50 @@ class Strategy:
     name = "single"
 
     def __init__(self, device: torch.device | str | None = None):
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = torch.device(device) if device is not None else env.default_device()
         self.precision: FullPrecision = FullPrecision()
 
-    # lifecycle
-    def setup(self) -> None:
-        """Create process groups / select the device. Nothing to do on one device."""
+    # ------------------------------------------------------------------ lifecycle
+    def setup_environment(self) -> None:
+        """Create the process group / select the device. Nothing to do on one device."""
 
     def teardown(self) -> None:
-        """Undo `setup`."""
+        """Undo `setup_environment`."""
 
-    # model and data
-    def wrap(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple[nn.Module, Any]:
-        """Return (model, opt) ready to train on this strategy's device."""
-        return model.to(self.device), opt
+    # ------------------------------------------------------------------ model and optimizer
+    def init_context(self) -> ContextManager:
+        """Where a big model is built (meta device, sharded init); a null context by default.
+
+        >>> with strategy.init_context(): model = BigModel()
+        """
+        return contextlib.nullcontext()
+
+    def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
+              ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Wrap `model` for this engine, then build the optimizer over the wrapped parameters.
+
+        `precision` (a plugin from `precision.make_precision`) is known here because some engines
+        (FSDP's MixedPrecisionPolicy, DeepSpeed's config) need it when they wrap.
+        """
+        if precision is not None:
+            self.set_precision(precision)
+        model = model.to(self.device)
+        return model, make_opt(model)
+
+    def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
+                ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Undo `setup`: the user's plain module and an optimizer over it, with the trained state."""
+        return self.unwrap(model), opt
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside whatever `wrap` returned."""
+        """The user's module inside whatever `setup` returned."""
         return model
 
     def shard(self, dl):
         """The part of `dl` this process iterates; all of it on one device."""
         return dl
 
-    # one optimisation step
+    # ------------------------------------------------------------------ one optimisation step
     def set_precision(self, precision: FullPrecision) -> None:
         """Use a precision plugin (see `precision.make_precision`); the MixedPrecision callback calls this."""
         self.precision = precision
@@ -60,21 +87,20 @@ class Strategy:
         """Context the forward pass and loss run in (autocast for mixed precision)."""
         return self.precision.forward_context()
 
-    def backward(self, loss: torch.Tensor, model: nn.Module | None = None, sync: bool = True) -> None:
-        """Backward of `loss`; with `sync=False` gradients stay local (accumulation micro-batches)."""
-        if sync:
-            self.precision.backward(loss)
-        else:
-            with self.no_sync(model):
-                self.precision.backward(loss)
+    def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
+        """With `enabled=False` the next forward and backward keep gradients local (accumulation micro-steps)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of `loss` (scaled for fp16)."""
+        self.precision.backward(loss)
 
     def step(self, opt: torch.optim.Optimizer) -> bool:
         """Step the optimizer; False when the step was skipped (e.g. fp16 overflow)."""
         return self.precision.step(opt)
 
-    def no_sync(self, model: nn.Module) -> ContextManager:
-        """Context in which backward does not synchronise gradients across processes."""
-        return contextlib.nullcontext()
+    def zero_grad(self, opt: torch.optim.Optimizer) -> None:
+        """Drop the gradients (set to None) after a step."""
+        opt.zero_grad(set_to_none=True)
 
     def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
@@ -87,29 +113,103 @@ class Strategy:
         self.precision.unscale(opt)
         torch.nn.utils.clip_grad_value_(model.parameters(), value)
 
-    # collectives over the processes of this strategy (identity on one process)
+    # ------------------------------------------------------------------ the data-parallel group
+    @property
+    def is_main(self) -> bool:
+        """True on the process that writes files and prints (rank 0 of the data-parallel group)."""
+        return self.dp_rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's rank in the data-parallel group."""
+        return env.rank()
+
+    @property
+    def dp_size(self) -> int:
+        """Processes in the data-parallel group (each sees different data)."""
+        return env.world_size()
+
+    def barrier(self) -> None:
+        """Wait until every process of the group gets here."""
+        ops.wait_for_everyone()
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Process `src`'s `obj` on every process."""
+        return ops.broadcast(obj, src)
+
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum of `t` over processes."""
-        return reduce(t, "sum")
+        """Sum of `t` over the data-parallel group."""
+        return ops.reduce(t, "sum")
 
     def gather(self, t: torch.Tensor) -> torch.Tensor:
         """Every process's `t` concatenated on dim 0, in rank order."""
-        return gather(t)
+        return ops.gather(t)
 
-    # state
+    # ------------------------------------------------------------------ state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full (unsharded) state dict of the user's module, on every rank."""
+        """Full (unsharded) state dict of the user's module; every rank must call it (a collective for sharded engines)."""
         return self.unwrap(model).state_dict()
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Load a full state dict into the (possibly wrapped or sharded) model; every rank calls it."""
         self.unwrap(model).load_state_dict(state)
 
     def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+        """Full optimizer state, as `torch.optim.Optimizer.state_dict` of the unwrapped model would give."""
         return opt.state_dict()
 
     def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
         opt.load_state_dict(state)
 
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Unsharded weights on the CPU, for export (`save_model`); meaningful on the main process."""
+        return {k: v.detach().cpu() for k, v in self.model_state_dict(model).items()}
+
+    def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Write model and optimizer into `directory` in this engine's format (every rank calls it).
+
+        The base format: `model.safetensors` and `optimizer.pt`, full state, written by the main process.
+        """
+        model_state, opt_state = self.model_state_dict(model), self.optimizer_state_dict(model, opt)
+        if self.is_main:
+            save_model_file(model_state, directory)
+            save_optimizer_file(opt_state, directory)
+
+    def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Read what `save_checkpoint` wrote (any world size); checked against the model before loading."""
+        self.load_model_state_dict(model, load_model_file(directory, self.unwrap(model)))
+        self.load_optimizer_state_dict(model, opt, load_optimizer_file(directory))
+
 
 class SingleDevice(Strategy):
     """Train on one device: CPU, one GPU or MPS (the default strategy)."""
+
+
+# ---------------------------------------------------------------------- abilities
+class OwnsPrecision:
+    """An engine that fixes its number format when it wraps the model (FSDP's policy, DeepSpeed's config).
+
+    The MixedPrecision callback passes the precision to `setup`; changing it afterwards is refused.
+    """
+
+    def set_precision(self, precision: FullPrecision) -> None:
+        if getattr(self, "_precision_fixed", False) and precision.name != self.precision.name:
+            raise ValueError(f"{self.name} fixed its precision to {self.precision.name!r} when it wrapped the model; "
+                             f"set the precision before distrib_ctx (e.g. learn.to_bf16() first, or "
+                             f"`cadence launch --mixed_precision {precision.name}`)")
+        if not getattr(self, "_precision_fixed", False):
+            self.precision = precision
+
+
+class OwnsAccumulation:
+    """An engine that accumulates gradients itself (DeepSpeed): GradAccum configures it instead of scaling."""
+
+    def configure_accumulation(self, steps: int) -> None:
+        raise NotImplementedError
+
+
+class OwnsClipping:
+    """An engine that clips gradients itself (DeepSpeed): GradClip configures it instead of clipping."""
+
+    def configure_clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
+        raise NotImplementedError

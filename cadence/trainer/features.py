@@ -70,21 +70,15 @@ class FeatureMethods:
 
     def parallel_ctx(self, device_ids: list[int] | None = None):
         """fastai's single-process `nn.DataParallel` inside a `with` block; a no-op with fewer than two GPUs."""
-        from ..callbacks.distributed import parallel_ctx
-
-        return parallel_ctx(self, device_ids)
+        return self.distrib_ctx(strategy="dp", device_ids=device_ids)
 
     def to_parallel(self, device_ids: list[int] | None = None) -> "Learner":
-        """Wrap the model in `nn.DataParallel` when two or more GPUs exist."""
-        from ..callbacks.distributed import to_parallel
-
-        return to_parallel(self, device_ids)
+        """Wrap the model in `nn.DataParallel` when two or more GPUs exist; undo with `detach_parallel`."""
+        return self.to_distributed(strategy="dp", device_ids=device_ids)
 
     def detach_parallel(self) -> "Learner":
         """Undo `to_parallel`."""
-        from ..callbacks.distributed import detach_parallel
-
-        return detach_parallel(self)
+        return self.detach_distributed()
 
     # ------------------------------------------------------------------ checkpoints
     def save_state(self, directory: str | Path) -> Path:

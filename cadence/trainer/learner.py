@@ -16,7 +16,6 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Iterable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException,
 from .features import FeatureMethods
 from .recorder import Recorder
 from .schedule import LRFinder, ParamScheduler, SuggestedLRs, combined_cos, set_hyper
-from .serialization import check_state_dict, load_torch, load_weights, save_torch, save_weights
+from ..serialization import check_state_dict, load_torch, load_weights, save_torch, save_weights
 
 _INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
                            "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
@@ -88,14 +87,13 @@ class Learner(FeatureMethods):
             strategy = SingleDevice(dls.device)
         self.dls, self.loss_func, self.opt_func, self.lr, self.splitter = dls, loss_func, opt_func, lr, splitter
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
-        self.model = model.to(strategy.device)
-        self.opt = self.create_opt()
+        self.model, self.opt = strategy.setup(model, self._make_opt)
         self.cbs: list[Callback] = []
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
         self._forward_cbs: list[Callback] = []
         self.training, self.n_epoch, self.steps_per_epoch = False, 0, 0
-        self.sync_gradients = True  # False while GradAccum accumulates: backward stays local (DDP no_sync)
+        self._sync_gradients = True
         self.epoch = self.iter = self.train_iter = self.step = 0
         self.dl = self.xb = self.yb = self.pred = self.loss_grad = self._loss = None
         self.add_cbs([Recorder(_listify(metrics)), *_default_cbs(), *_listify(cbs)])
@@ -188,15 +186,7 @@ class Learner(FeatureMethods):
             valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
-        self._backward_level = self._level(self._backward, "backward", CancelBackwardException)
-        self._step_level = self._level(self._step, "step", CancelStepException)
         self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
-
-    def _level(self, f: Callable[[], None], name: str, cancel: type[Exception]) -> Callable[[], None]:
-        """`f` with its level's events; `f` alone when no training callback handles them (nothing can fire or cancel)."""
-        if any(self._train_handlers[e] for e in _LEVEL_EVENTS[name]):
-            return partial(self._with_events, f, name, cancel)
-        return f
 
     def show_training_loop(self) -> None:
         """Print every event in loop order with the callbacks that handle it."""
@@ -208,9 +198,17 @@ class Learner(FeatureMethods):
 
     # ------------------------------------------------------------------ optimizer
     def create_opt(self) -> torch.optim.Optimizer:
-        """Build the optimizer from `opt_func` (parameter groups from `splitter`) and set lr and wd."""
-        params = ([{"params": list(g)} for g in self.splitter(self.model)] if self.splitter
-                  else list(self.model.parameters()))
+        """(Re)build `learn.opt` from `opt_func` over the current model (parameter groups from `splitter`).
+
+        >>> learn.opt_func = partial(torch.optim.SGD, momentum=0.9); learn.create_opt()
+        """
+        self.opt = self._make_opt(self.strategy.unwrap(self.model))
+        return self.opt
+
+    def _make_opt(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer over `model`'s parameters: what a strategy calls once it has wrapped the model."""
+        params = ([{"params": list(g)} for g in self.splitter(model)] if self.splitter
+                  else list(model.parameters()))
         opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(params) if self.splitter else 1)[-1]))
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"opt_func must return a torch.optim.Optimizer, got {type(opt).__name__}; "
@@ -218,8 +216,18 @@ class Learner(FeatureMethods):
         set_hyper(opt, "lr", self._group_lrs(self.lr, len(opt.param_groups)))
         if self.wd is not None:
             set_hyper(opt, "wd", self.wd)
-        self.opt = opt
         return opt
+
+    @property
+    def sync_gradients(self) -> bool:
+        """False while GradAccum accumulates: the micro-step's forward and backward keep gradients local."""
+        return self._sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        if value != self._sync_gradients:
+            self.strategy.set_gradient_sync(self.model, value)
+        self._sync_gradients = value
 
     @staticmethod
     def _group_lrs(lr: float | slice | list, n_groups: int) -> np.ndarray:
@@ -333,9 +341,9 @@ class Learner(FeatureMethods):
             self._fire("after_loss")
         if not self.training:
             return
-        self._backward_level()
-        self._step_level()
-        self.opt.zero_grad(set_to_none=True)
+        self._with_events(self._backward, "backward", CancelBackwardException)
+        self._with_events(self._step, "step", CancelStepException)
+        self.strategy.zero_grad(self.opt)
 
     def _pred_and_loss(self) -> None:
         self.pred = self.model(*self.xb)
@@ -371,7 +379,7 @@ class Learner(FeatureMethods):
         self._loss = value
 
     def _backward(self) -> None:
-        self.strategy.backward(self.loss_grad, self.model, self.sync_gradients)
+        self.strategy.backward(self.loss_grad)
 
     def _step(self) -> None:
         if self.strategy.step(self.opt):

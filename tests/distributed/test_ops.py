@@ -80,15 +80,16 @@ def test_sync_bn_conversion_keeps_parameter_objects():
 
 def test_ddp_in_one_process():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = DDP(device="cpu", sync_bn=True)
-    strategy.setup()
+    strategy.setup_environment()
     with pytest.warns(UserWarning, match="SyncBatchNorm needs a GPU"):
-        wrapped, opt2 = strategy.wrap(model, opt)
-    assert not strategy.created_group and opt2 is opt
+        wrapped, opt = strategy.setup(model, lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    assert not strategy.created_group
+    assert [id(p) for g in opt.param_groups for p in g["params"]] == [id(p) for p in model.parameters()]
     assert type(wrapped[1]) is nn.BatchNorm1d and strategy.unwrap(wrapped) is wrapped
     assert strategy.model_state_dict(wrapped).keys() == model.state_dict().keys()
-    with strategy.no_sync(wrapped):
-        wrapped(torch.randn(5, 3)).sum().backward()
+    strategy.set_gradient_sync(wrapped, False)  # no DDP wrapper in one process: nothing to switch, no error
+    wrapped(torch.randn(5, 3)).sum().backward()
     assert isinstance(strategy.shard(torch.utils.data.DataLoader(range(4))), DistributedDL)
+    assert (strategy.is_main, strategy.dp_rank, strategy.dp_size) == (True, 0, 1)
     strategy.teardown()

@@ -24,7 +24,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ...distributed.env import is_main_process, world_size
 from ...trainer.callback import Callback, Order
 from ...trainer.metrics import batch_size
 from ...trainer.schedule import LRFinder
@@ -187,14 +186,14 @@ class Tracker(Callback):
         self._loss_sum, self._loss_n = None, 0
 
     def before_fit(self):
-        self.active = is_main_process() and not any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
+        self.active = self.learn.strategy.is_main and not any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
         if not self.active:
             return
         learn = self.learn
         self._last_step, self._loss_sum, self._loss_n = learn.step, None, 0
         hparams = {"n_epoch": learn.n_epoch, "lr": learn.opt.param_groups[-1]["lr"],
                    "batch_size": getattr(learn.dls.train, "batch_size", None), "optimizer": type(learn.opt).__name__,
-                   "world_size": world_size(), **self.config}
+                   "world_size": learn.strategy.dp_size, **self.config}
         for t in self.trackers:
             t.start(learn.step)
             t.store_init_configuration(plain({**hparams, **t.config}))

@@ -1,4 +1,4 @@
-"""Saving and loading weights and optimizer state: safetensors, `weights_only` loads, atomic writes.
+"""Saving and loading weights and optimizer state: safetensors, `weights_only` loads, atomic writes (used by every layer).
 
 >>> save_weights(model.state_dict(), "models/stage1.safetensors")
 >>> state = load_weights("models/stage1.safetensors")
