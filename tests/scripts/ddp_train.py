@@ -1,7 +1,7 @@
 """Launched on 2 processes by tests/distributed/test_ops_multiprocess.py: the DDP strategy.
 
 Checks that 2 processes with batch size B and plain SGD end with the weights of 1 process
-with batch size 2B over the same data order, and that no_sync accumulates without syncing.
+with batch size 2B over the same data order, and that set_gradient_sync(False) accumulates without syncing.
 Prints "DDP OK" on rank 0 when every check passed.
 """
 
@@ -35,7 +35,7 @@ def sgd_step(model: nn.Module, opt: torch.optim.Optimizer, xb: torch.Tensor, yb:
 
 def train_ddp(strategy: DDP, ds: TensorDataset) -> tuple[nn.Module, list]:
     model = make_model()
-    model, opt = strategy.wrap(model, torch.optim.SGD(model.parameters(), lr=LR))
+    model, opt = strategy.setup(model, lambda m: torch.optim.SGD(m.parameters(), lr=LR))
     dl = strategy.shard(DataLoader(ds, batch_size=B, shuffle=True))
     orders = []
     for epoch in range(EPOCHS):
@@ -60,11 +60,12 @@ def train_reference(ds: TensorDataset, orders: list) -> nn.Module:
 def check_no_sync(strategy: DDP, ds: TensorDataset, rank: int) -> None:
     model = make_model()
     plain = copy.deepcopy(model)
-    ddp_model, _ = strategy.wrap(model, None)
+    ddp_model, _ = strategy.setup(model, lambda m: torch.optim.SGD(m.parameters(), lr=LR))
     x, y = ds.tensors
     halves = [(x[rank * 10 + i * 5:rank * 10 + i * 5 + 5], y[rank * 10 + i * 5:rank * 10 + i * 5 + 5]) for i in range(2)]
-    with strategy.no_sync(ddp_model):
-        nn.functional.cross_entropy(ddp_model(halves[0][0]), halves[0][1]).backward()
+    strategy.set_gradient_sync(ddp_model, False)  # before the forward: DDP decides there
+    nn.functional.cross_entropy(ddp_model(halves[0][0]), halves[0][1]).backward()
+    strategy.set_gradient_sync(ddp_model, True)
     local = [p.grad.clone() for p in ddp_model.parameters()]
     others = ops.gather(torch.cat([g.flatten() for g in local]).unsqueeze(0))
     assert not torch.allclose(others[0], others[1]), "no_sync must leave gradients unsynced"
@@ -78,7 +79,7 @@ def check_no_sync(strategy: DDP, ds: TensorDataset, rank: int) -> None:
 
 def main() -> None:
     strategy = DDP(device="cpu")
-    strategy.setup()
+    strategy.setup_environment()
     rank = env.rank()
     assert strategy.created_group and env.world_size() == 2
     ds = make_data()

@@ -1,0 +1,105 @@
+"""Launched on 2 (or 4) processes by tests/distributed/test_engines.py: one Learner, several engines.
+
+argv: OUT_DIR STRATEGY [json options]. Options: "accum" (GradAccum steps), "clip" (GradClip max_norm),
+"precision" ("bf16"), "epochs", "strategy_kwargs" (dict for distrib_ctx), "count_comms" (count the
+gradient collectives of each micro-step), "stop_at" / "resume" (checkpoint tests).
+Rank 0 writes OUT_DIR/weights.safetensors (the full weights after training, via save_model) and
+OUT_DIR/result.json.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import Checkpoint, DataLoaders, GradAccum, GradClip, Learner, MixedPrecision
+from cadence.distributed.env import rank
+
+N, BS = 96, 4
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.lin, self.norm = nn.Linear(width, width), nn.LayerNorm(width)
+
+    def forward(self, x):
+        return x + torch.relu(self.norm(self.lin(x)))
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), Block(16), Block(16), nn.Linear(16, 3))
+
+
+def learner(opts):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), DataLoader(TensorDataset(x, y), batch_size=8),
+                      device="cpu")
+    cbs = []
+    if opts.get("accum"):
+        cbs.append(GradAccum(steps=opts["accum"]))
+    if opts.get("clip"):
+        cbs.append(GradClip(opts["clip"]))
+    if opts.get("precision"):
+        cbs.append(MixedPrecision(opts["precision"]))
+    learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, lr=1e-2, cbs=cbs)
+    learn.remove_cb(learn.progress)
+    return learn
+
+
+class CountComms:
+    """Counts gradient collectives (all_reduce / reduce_scatter) issued during each training micro-step."""
+
+    def __init__(self):
+        from torch.distributed.tensor.debug import CommDebugMode
+
+        self.mode, self.per_batch = CommDebugMode, []
+
+    def wrap(self, learn):
+        original = learn.one_batch
+
+        def one_batch(i, batch):
+            with self.mode() as mode:
+                original(i, batch)
+            if learn.training:
+                counts = mode.get_comm_counts()
+                self.per_batch.append(sum(v for k, v in counts.items() if "reduce" in str(k)))
+        learn.one_batch = one_batch
+
+
+def main():
+    out, strategy = Path(sys.argv[1]), sys.argv[2]
+    opts = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    learn = learner(opts)
+    counter = CountComms() if opts.get("count_comms") else None
+    with learn.distrib_ctx(strategy=strategy, **opts.get("strategy_kwargs", {})):
+        if counter:
+            counter.wrap(learn)
+        if opts.get("load_ckpt"):
+            learn.strategy.load_checkpoint(Path(opts["load_ckpt"]), learn.model, learn.opt)
+        if opts.get("epochs", 2):
+            learn.fit(opts.get("epochs", 2))
+        if opts.get("save_ckpt"):
+            learn.strategy.save_checkpoint(Path(opts["save_ckpt"]), learn.model, learn.opt)
+        learn.save_model(out)
+        valid = learn.validate()
+        opt_state = learn.strategy.optimizer_state_dict(learn.model, learn.opt)
+    if rank() == 0:  # the first parameter's Adam moment, by parameter name or id: the same either way
+        first = next(iter(opt_state["state"].values()))
+        torch.save(first["exp_avg"], out / "exp_avg.pt")
+    result = {"valid_loss": valid["valid_loss"], "world": int(os.environ.get("WORLD_SIZE", 1)),
+              "comms": counter.per_batch if counter else None, "model_type": type(learn.model).__name__,
+              "grad_norm": getattr(learn, "grad_norm", None)}
+    if rank() == 0:
+        (out / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
