@@ -13,6 +13,7 @@ process (no process group) the model is left unwrapped, so the same script runs 
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,10 @@ class DDP(Strategy):
     def __init__(self, device: torch.device | str | None = None, sync_bn: bool = False,
                  comm_hook: Callable | None = None, comm_state: Any = None, **ddp_kwargs: Any):
         super().__init__(device)
+        unknown = sorted(set(ddp_kwargs) - set(inspect.signature(DistributedDataParallel).parameters))
+        if unknown:
+            raise TypeError(f"unknown DDP option(s) {unknown}: DDP takes sync_bn, comm_hook, comm_state and "
+                            f"DistributedDataParallel's keyword arguments (bucket_cap_mb, find_unused_parameters, ...)")
         self.sync_bn, self.comm_hook, self.comm_state = sync_bn, comm_hook, comm_state
         self.ddp_kwargs = {**DDP_DEFAULTS, **ddp_kwargs}
         self.created_group = False

@@ -117,8 +117,8 @@ class FSDP(OwnsPrecision, Strategy):
     # ------------------------------------------------------------------ lifecycle
     def setup_environment(self) -> None:
         """Create the process group if the launcher asked for several processes; check the mesh shape."""
+        self._mesh_shape()  # refuse a bad hybrid shape before any process connects
         self.created_group = env.setup_distrib() or self.created_group
-        self._mesh_shape()  # refuse a bad hybrid shape before anything is sharded
 
     def teardown(self) -> None:
         if self.created_group:

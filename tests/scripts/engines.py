@@ -54,8 +54,12 @@ def learner(opts):
     return learn
 
 
+def _kind(op) -> str:
+    return "reduce_scatter" if "reduce_scatter" in str(op) else "all_reduce"
+
+
 class CountComms:
-    """Counts gradient collectives (all_reduce / reduce_scatter) issued during each training micro-step."""
+    """Per training micro-step, the reduce collectives issued, by kind ("all_reduce", "reduce_scatter")."""
 
     def __init__(self):
         from torch.distributed.tensor.debug import CommDebugMode
@@ -69,8 +73,8 @@ class CountComms:
             with self.mode() as mode:
                 original(i, batch)
             if learn.training:
-                counts = mode.get_comm_counts()
-                self.per_batch.append(sum(v for k, v in counts.items() if "reduce" in str(k)))
+                counts = {_kind(k): v for k, v in mode.get_comm_counts().items() if "reduce" in str(k)}
+                self.per_batch.append(counts)
         learn.one_batch = one_batch
 
 
@@ -91,7 +95,7 @@ def main():
         learn.save_model(out)
         valid = learn.validate()
         opt_state = learn.strategy.optimizer_state_dict(learn.model, learn.opt)
-    if rank() == 0:  # the first parameter's Adam moment, by parameter name or id: the same either way
+    if rank() == 0 and opt_state["state"]:  # the first parameter's Adam moment, by name or id: the same either way
         first = next(iter(opt_state["state"].values()))
         torch.save(first["exp_avg"], out / "exp_avg.pt")
     result = {"valid_loss": valid["valid_loss"], "world": int(os.environ.get("WORLD_SIZE", 1)),

@@ -1,0 +1,77 @@
+"""DDP and FSDP2 behind one Strategy interface: 2 (and 4) CPU processes over gloo, launched with `cadence launch`.
+
+Each run trains tests/scripts/engines.py's Learner (a Linear, two `Block` layers, a Linear) and writes
+its full weights (save_model) and results; the tests compare engines against each other.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import run_launch
+
+BLOCKS = {"transformer_layer_cls_to_wrap": "Block"}
+
+
+def train(tmp_path, name, strategy, nproc=2, **opts) -> tuple[dict, dict]:
+    out = tmp_path / name
+    out.mkdir()
+    run_launch("engines.py", str(out), strategy, json.dumps(opts), nproc=nproc, timeout=240)
+    return load_file(out / "model.safetensors"), json.loads((out / "result.json").read_text())
+
+
+def assert_weights_close(a: dict, b: dict, **tol) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], msg=lambda m: f"{k}: {m}", **tol)
+
+
+@pytest.mark.slow
+def test_fsdp_trains_like_ddp_with_one_gradient_reduction_per_accumulation_window(tmp_path):
+    opts = dict(epochs=2, accum=4, clip=0.5, count_comms=True)
+    ddp_w, ddp = train(tmp_path, "ddp", "ddp", **opts)
+    fsdp_w, fsdp = train(tmp_path, "fsdp", "fsdp", strategy_kwargs=BLOCKS, **opts)
+    assert_weights_close(ddp_w, fsdp_w, rtol=1e-4, atol=1e-5)
+    assert fsdp["valid_loss"] == pytest.approx(ddp["valid_loss"], rel=1e-4)
+    assert fsdp["grad_norm"] == pytest.approx(ddp["grad_norm"], rel=1e-4)  # the global norm, over every shard
+    # 12 batches per rank and epoch, windows of 4: gradients leave the process only on each window's last batch
+    # DDP: one gradient all-reduce (one bucket); FSDP: one reduce-scatter per group (two Blocks and the root)
+    # and the clipping norm's all-reduce; nothing on the other micro-steps
+    assert ddp["comms"] == [{}, {}, {}, {"all_reduce": 1}] * 6
+    assert fsdp["comms"] == [{}, {}, {}, {"reduce_scatter": 3, "all_reduce": 1}] * 6
+    assert fsdp["model_type"] == "Sequential"  # leaving distrib_ctx gives back the plain module, trained
+
+
+@pytest.mark.slow
+def test_fsdp_bf16_trains_close_to_ddp_bf16(tmp_path):
+    ddp_w, ddp = train(tmp_path, "ddp", "ddp", epochs=2, precision="bf16")
+    fsdp_w, fsdp = train(tmp_path, "fsdp", "fsdp", epochs=2, precision="bf16", strategy_kwargs=BLOCKS)
+    untrained = train(tmp_path, "untrained", "ddp", epochs=0)[1]["valid_loss"]
+    assert fsdp["valid_loss"] < 0.8 * untrained
+    assert fsdp["valid_loss"] == pytest.approx(ddp["valid_loss"], rel=0.05)
+    assert all(t.dtype == torch.float32 for t in fsdp_w.values())  # bf16 compute, fp32 master weights exported
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_from_2_processes_resumes_on_1_and_4(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    saved_w, saved = train(tmp_path, "two", "fsdp", epochs=1, save_ckpt=str(ckpt), strategy_kwargs=BLOCKS)
+    assert sorted(p.name for p in (ckpt / "sharded").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    for nproc in (1, 4):
+        w, result = train(tmp_path, f"on{nproc}", "fsdp", nproc=nproc, epochs=0, load_ckpt=str(ckpt),
+                          strategy_kwargs=BLOCKS)
+        assert result["world"] == nproc
+        assert_weights_close(saved_w, w, rtol=0, atol=0)
+        assert result["valid_loss"] == saved["valid_loss"]
+        moments = [torch.load(tmp_path / d / "exp_avg.pt") for d in ("two", f"on{nproc}")]
+        assert torch.equal(*moments)  # the optimizer state came back too
+
+
+@pytest.mark.slow
+def test_hybrid_shard_2x2_on_4_processes_matches_ddp(tmp_path):
+    ddp_w, _ = train(tmp_path, "ddp", "ddp", nproc=4, epochs=1)
+    hsdp_w, _ = train(tmp_path, "hsdp", "fsdp", nproc=4, epochs=1,
+                      strategy_kwargs={**BLOCKS, "sharding_strategy": "HYBRID_SHARD", "hybrid_shard_size": 2})
+    assert_weights_close(ddp_w, hsdp_w, rtol=1e-4, atol=1e-5)
