@@ -179,7 +179,8 @@ class FSDP(OwnsPrecision, Strategy):
             model = model.to(self.device)
         for group in groups:
             fully_shard(group, **kwargs)
-        fully_shard(model, **kwargs)
+        # the root's parameters are needed again as soon as backward starts: keep them (torch's advice)
+        fully_shard(model, **{**kwargs, "reshard_after_forward": False})
         if self.cpu_ram_efficient_loading:
             self._load_broadcast(model, full_state)
         return model, make_opt(model)
@@ -223,7 +224,11 @@ class FSDP(OwnsPrecision, Strategy):
         plain = self._skeleton.to_empty(device=self.device)
         plain.load_state_dict(weights)
         new_opt = make_opt(plain)
-        set_optimizer_state_dict(plain, new_opt, opt_state, options=full)
+        if opt_state["state"]:
+            set_optimizer_state_dict(plain, new_opt, opt_state, options=full)
+        else:  # nothing learned yet (plain SGD): torch refuses an empty state, the hyper-parameters still carry over
+            for new, old in zip(new_opt.param_groups, opt.param_groups):
+                new.update({k: v for k, v in old.items() if k != "params"})
         return plain, new_opt
 
     def shard(self, dl: DataLoader) -> DistributedDL:

@@ -1,0 +1,153 @@
+"""Step time of cadence's DDP and FSDP2 against hand-written loops on the same engines (2 CPU processes).
+
+Model: 3 x (Linear(1024, 1024), ReLU) and Linear(1024, 10); batch 64 per rank; SGD; one torch
+thread per process; the batches are built in memory beforehand (no loader cost on either side).
+
+- **raw DDP**: `DistributedDataParallel(model)` with torch's defaults, forward, loss, backward, step, zero_grad.
+- **cadence DDP**: `Learner.fit` inside `learn.distrib_ctx()` (cadence's DDP defaults).
+- **raw FSDP2**: `fully_shard` on each Linear, then on the root; the same step.
+- **cadence FSDP2**: `learn.distrib_ctx(strategy="fsdp", transformer_layer_cls_to_wrap="Linear")`.
+
+Each round runs every loop once for `--steps` steps after `--warmup` steps, in a rotating order;
+time is wall time between barriers (communication included), on rank 0. The ratio is the median
+over rounds of (loop time / its raw loop's time in the same round).
+
+    .venv/bin/python bench/ddp.py                 # ~4 min on 2 cores
+    .venv/bin/python bench/ddp.py --smoke         # one short round: the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from launched import is_worker, relaunch
+
+WIDTH, DEPTH, BATCH, CLASSES = 1024, 3, 64, 10
+
+
+def make_model():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers = [m for _ in range(DEPTH) for m in (nn.Linear(WIDTH, WIDTH), nn.ReLU())]
+    return nn.Sequential(*layers, nn.Linear(WIDTH, CLASSES))
+
+
+def make_batches(n: int, rank: int):
+    import torch
+
+    g = torch.Generator().manual_seed(rank)
+    return [(torch.randn(BATCH, WIDTH, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g)) for _ in range(n)]
+
+
+def raw_loop(wrap):
+    def run(batches):
+        import torch
+        import torch.nn.functional as F
+
+        model = wrap(make_model())
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        for x, y in batches:
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    return run
+
+
+def ddp_wrap(model):
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+def fsdp_wrap(model):
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    for m in model:
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    return fully_shard(model)
+
+
+def cadence_loop(strategy, **kwargs):
+    def run(batches):
+        import torch
+        import torch.nn.functional as F
+
+        from cadence import DataLoaders, Learner
+
+        learn = Learner(DataLoaders(batches, None, device="cpu"), make_model(), loss_func=F.cross_entropy,
+                        opt_func=torch.optim.SGD, lr=1e-2)
+        learn.remove_cb(learn.progress)
+        with learn.distrib_ctx(strategy=strategy, **kwargs):
+            learn.fit(1)
+    return run
+
+
+LOOPS = {"raw DDP": raw_loop(ddp_wrap), "cadence DDP": cadence_loop("ddp"),
+         "raw FSDP2": raw_loop(fsdp_wrap), "cadence FSDP2": cadence_loop("fsdp", transformer_layer_cls_to_wrap="Linear")}
+BASELINE = {"cadence DDP": "raw DDP", "cadence FSDP2": "raw FSDP2"}
+
+
+def timed(run, warmup, batches) -> float:
+    """Seconds for `batches` after the warmup batches, setup excluded (the warmup run includes it)."""
+    from cadence.distributed.ops import wait_for_everyone
+
+    run(warmup)
+    wait_for_everyone()
+    start = time.perf_counter()
+    run(batches)
+    wait_for_everyone()
+    return time.perf_counter() - start
+
+
+def worker(args) -> None:
+    import torch
+
+    from cadence.distributed.env import rank, setup_distrib
+
+    torch.set_num_threads(1)
+    setup_distrib()
+    batches, warmup = make_batches(args.steps, rank()), make_batches(args.warmup, rank())
+    names = list(LOOPS)
+    times = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timed(LOOPS[name], warmup, batches))
+    if rank() == 0:
+        print(report(times, args))
+
+
+def report(times: dict[str, list[float]], args) -> str:
+    lines = [f"2 processes, {args.rounds} rounds of {args.steps} steps; ms/step median (ratio: median of per-round ratios)",
+             "| loop | ms/step | ratio to its raw loop |", "| --- | --- | --- |"]
+    for name, ts in times.items():
+        ms = statistics.median(ts) / args.steps * 1e3
+        base = BASELINE.get(name)
+        ratio = statistics.median(t / b for t, b in zip(ts, times[base])) if base else 1.0
+        lines.append(f"| {name} | {ms:.2f} | {ratio:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--smoke", action="store_true", help="one short round: checks the script runs")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.smoke:
+        args.rounds, args.steps, args.warmup = 1, 3, 1
+    if is_worker():
+        return worker(args)
+    flags = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    print(relaunch(2, __file__, flags))
+
+
+if __name__ == "__main__":
+    main()
