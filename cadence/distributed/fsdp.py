@@ -179,8 +179,9 @@ class FSDP(OwnsPrecision, Strategy):
             model = model.to(self.device)
         for group in groups:
             fully_shard(group, **kwargs)
-        # the root's parameters are needed again as soon as backward starts: keep them (torch's advice)
-        fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+        # the root reshards after forward too (torch's default keeps it unsharded until backward, and an
+        # evaluation forward has no backward: the model would then hold unsharded parameters)
+        fully_shard(model, **kwargs)
         if self.cpu_ram_efficient_loading:
             self._load_broadcast(model, full_state)
         return model, make_opt(model)

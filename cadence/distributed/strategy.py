@@ -62,7 +62,8 @@ class Strategy:
         """
         if precision is not None:
             self.set_precision(precision)
-        model = model.to(self.device)
+        if not _on_meta(model):  # a model built under another engine's init_context waits for that engine
+            model = model.to(self.device)
         return model, make_opt(model)
 
     def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
@@ -179,6 +180,10 @@ class Strategy:
         """Read what `save_checkpoint` wrote (any world size); checked against the model before loading."""
         self.load_model_state_dict(model, load_model_file(directory, self.unwrap(model)))
         self.load_optimizer_state_dict(model, opt, load_optimizer_file(directory))
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
 
 
 class SingleDevice(Strategy):

@@ -18,8 +18,10 @@ BLOCKS = {"transformer_layer_cls_to_wrap": "Block"}
 def train(tmp_path, name, strategy, nproc=2, **opts) -> tuple[dict, dict]:
     out = tmp_path / name
     out.mkdir()
-    run_launch("engines.py", str(out), strategy, json.dumps(opts), nproc=nproc, timeout=240)
-    return load_file(out / "model.safetensors"), json.loads((out / "result.json").read_text())
+    proc = run_launch("engines.py", str(out), strategy, json.dumps(opts), nproc=nproc, timeout=240)
+    result = json.loads((out / "result.json").read_text())
+    result["stdout"] = proc.stdout
+    return load_file(out / "model.safetensors"), result
 
 
 def assert_weights_close(a: dict, b: dict, **tol) -> None:
@@ -75,3 +77,12 @@ def test_hybrid_shard_2x2_on_4_processes_matches_ddp(tmp_path):
     hsdp_w, _ = train(tmp_path, "hsdp", "fsdp", nproc=4, epochs=1,
                       strategy_kwargs={**BLOCKS, "sharding_strategy": "HYBRID_SHARD", "hybrid_shard_size": 2})
     assert_weights_close(ddp_w, hsdp_w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_cpu_ram_efficient_loading_builds_on_meta_and_trains_the_same(tmp_path):
+    normal_w, _ = train(tmp_path, "normal", "fsdp", epochs=1, strategy_kwargs=BLOCKS)
+    lean_w, lean = train(tmp_path, "lean", "fsdp", epochs=1, engine_instance=True,
+                         strategy_kwargs={**BLOCKS, "cpu_ram_efficient_loading": True})
+    assert "RANK1_META True" in lean["stdout"]  # rank 1 never held the real weights before sharding
+    assert_weights_close(normal_w, lean_w, rtol=0, atol=0)

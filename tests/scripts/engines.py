@@ -7,6 +7,7 @@ Rank 0 writes OUT_DIR/weights.safetensors (the full weights after training, via 
 OUT_DIR/result.json.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import Checkpoint, DataLoaders, GradAccum, GradClip, Learner, MixedPrecision
+from cadence.distributed import Strategy, get_strategy
 from cadence.distributed.env import rank
 
 N, BS = 96, 4
@@ -36,7 +38,7 @@ def make_model():
     return nn.Sequential(nn.Linear(6, 16), Block(16), Block(16), nn.Linear(16, 3))
 
 
-def learner(opts):
+def learner(opts, strategy=None):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, 6, generator=g)
     y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
@@ -49,7 +51,9 @@ def learner(opts):
         cbs.append(GradClip(opts["clip"]))
     if opts.get("precision"):
         cbs.append(MixedPrecision(opts["precision"]))
-    learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, lr=1e-2, cbs=cbs)
+    with strategy.init_context() if strategy is not None else contextlib.nullcontext():
+        model = make_model()  # with cpu_ram_efficient_loading, only rank 0 holds real weights here
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, lr=1e-2, cbs=cbs)
     learn.remove_cb(learn.progress)
     return learn
 
@@ -81,7 +85,11 @@ class CountComms:
 def main():
     out, strategy = Path(sys.argv[1]), sys.argv[2]
     opts = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
-    learn = learner(opts)
+    if opts.get("engine_instance"):  # built first, so the model can be built in its init_context()
+        strategy = get_strategy(strategy, **opts.pop("strategy_kwargs", {}))
+    learn = learner(opts, strategy if isinstance(strategy, Strategy) else None)
+    if rank() == 1 and opts.get("engine_instance"):
+        print("RANK1_META", next(learn.model.parameters()).is_meta)
     counter = CountComms() if opts.get("count_comms") else None
     with learn.distrib_ctx(strategy=strategy, **opts.get("strategy_kwargs", {})):
         if counter:
