@@ -249,6 +249,8 @@ def report_failure(failures: dict, statuses: dict[int, dict] | None = None, time
             print(f"cadence launch: rank {rank} stopped responding {status.describe(statuses.get(rank, {}))}; "
                   f"rank{'s' * (len(waiting) > 1)} {', '.join(map(str, waiting))} timed out waiting for it"
                   f"{f' after {timeout_s:g} s' if timeout_s else ''}", file=sys.stderr)
+        for rank in waiting:
+            print(f"cadence launch: rank {rank} also stopped: {_failure_text(failures[rank])[0]}", file=sys.stderr)
         code = next(f.exitcode for f in failures.values() if _is_timeout(f))
         return code if code > 0 else 1
     # the cause first: a rank that failed only because a peer vanished mid-collective comes after
@@ -268,15 +270,20 @@ def hung_ranks(failures: dict, statuses: dict[int, dict]) -> list[int]:
     if not any(_is_timeout(f) for f in failures.values()):
         return []
     silent = set(statuses) | set(failures)
-    return sorted(r for r in silent if r not in failures or not failures[r].error_file_data)
+    return sorted(r for r in silent if r not in failures or not _has_error(failures[r]))
 
 
 _TIMEOUT_TEXT = ("Timed out", "timed out", "Timeout", "timeout")
 
 
+def _has_error(failure) -> bool:
+    """True when the worker recorded an exception (run_worker's error file), not just an exit code."""
+    return isinstance(failure.error_file_data.get("message"), dict)
+
+
 def _is_timeout(failure) -> bool:
     headline, trace = _failure_text(failure)
-    return bool(failure.error_file_data) and any(t in headline or t in trace[-2000:] for t in _TIMEOUT_TEXT)
+    return _has_error(failure) and any(t in headline or t in trace[-2000:] for t in _TIMEOUT_TEXT)
 
 
 def _extra(failure) -> dict:
