@@ -267,3 +267,31 @@ def test_a_strategy_no_engine_implements_is_refused_by_config_and_launch(tmp_pat
     # once the registry has an engine for it, the same config is accepted (the registry decides, not a list here)
     monkeypatch.setattr(registry, "STRATEGIES", {**registry.STRATEGIES, "fsdp": "cadence.distributed.ddp:DDP"})
     assert main(["config", "default", "--config_file", str(path), "--distributed_type", "FSDP", "--num_processes", "2"]) == 0
+
+
+KERNEL = """
+    import sys
+    from cadence.distributed.notebook import debug_launcher
+
+    def wait_forever(folder):
+        import os, pathlib, time
+        pathlib.Path(folder, os.environ["RANK"]).write_text(str(os.getpid()))
+        time.sleep(600)
+
+    debug_launcher(wait_forever, (sys.argv[1],))
+"""
+
+
+@pytest.mark.slow
+def test_notebook_workers_die_with_their_kernel(tmp_path):
+    kernel = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KERNEL), str(tmp_path)], env=cadence_env(), cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 120
+    pids = []
+    while len(pids) < 2 and time.monotonic() < end:
+        time.sleep(0.2)
+        pids = [int(p.read_text()) for p in tmp_path.iterdir() if p.read_text()]
+    assert len(pids) == 2, "workers did not start"
+    kernel.kill()
+    kernel.wait(10)
+    assert wait_gone(pids, 5) == [], "notebook workers outlived the kernel"

@@ -1,15 +1,11 @@
 """Launched on 2 processes: rank 1 stops responding in after_batch at step 3; rank 0 goes on to time out.
 
-Each rank prints `STARTED <pid>` (for tests that look for leftover workers). With the argument
-`sigterm-marker <dir>`, a rank that gets SIGTERM writes `<dir>/rank<N>.sigterm` and exits 143
-(a stand-in for fit's own preemption handling).
+Each rank prints `STARTED <pid>` (for tests that look for leftover workers); rank 1 prints
+`HANGING AT <unix time>` when it stops responding.
 """
 
 import os
-import signal
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -28,17 +24,11 @@ class HangOnRank1(Callback):
 
 
 def stop_responding():
+    print(f"HANGING AT {time.time()}", flush=True)
     while True:
         time.sleep(1)
 
 
-def on_sigterm(signum, frame):
-    Path(sys.argv[2], f"rank{rank()}.sigterm").write_text(str(os.getpid()))
-    os._exit(128 + signum)
-
-
-if sys.argv[1:2] == ["sigterm-marker"]:
-    signal.signal(signal.SIGTERM, on_sigterm)
 print(f"STARTED {os.getpid()}", flush=True)
 x = torch.randn(64, 4)
 dls = DataLoaders(DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4), device="cpu")
