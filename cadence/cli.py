@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
@@ -24,19 +25,22 @@ def build_parser() -> argparse.ArgumentParser:
     >>> build_parser().parse_args(["config", "default", "--num_processes", "2"]).num_processes
     2
     """
-    parser = argparse.ArgumentParser(prog="cadence", description="Launch and configure cadence training runs.")
+    parser = argparse.ArgumentParser(prog="cadence", description="Launch and configure cadence training runs.",
+                                     allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"cadence {cadence.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    env = sub.add_parser("env", help="print versions, hardware and the config")
+    env = sub.add_parser("env", help="print versions, hardware and the config", allow_abbrev=False)
     env.add_argument("--config_file", default=None)
-    config = sub.add_parser("config", help="write the launch config (asks in a terminal; flags answer questions)")
+    config = sub.add_parser("config", help="write the launch config (asks in a terminal; flags answer questions)",
+                            allow_abbrev=False)
     config.add_argument("action", nargs="?", choices=("ask", "default", "update"), default="ask",
                         help="ask (default): ask what flags leave open; default: write without asking; "
                              "update: rewrite an old or Accelerate-format file in cadence's format")
     config.add_argument("--config_file", default=None, help="where to write (default: the default config path)")
     cfg_mod.add_config_flags(config)
-    launch_mod.add_launch_args(sub.add_parser("launch", help="run a script on N processes"))
-    launch_mod.add_launch_options(sub.add_parser("test", help="run a short distributed check with the config"))
+    launch_mod.add_launch_args(sub.add_parser("launch", help="run a script on N processes", allow_abbrev=False))
+    launch_mod.add_launch_options(sub.add_parser("test", help="run a short distributed check with the config",
+                                                 allow_abbrev=False))
     return parser
 
 
@@ -56,7 +60,9 @@ def configure(args: argparse.Namespace) -> int:
         else:
             start = cfg_mod.load_config(_existing(args.config_file))
     ask = input if args.action == "ask" and sys.stdin.isatty() else None
-    path = cfg_mod.save(cfg_mod.questionnaire(start, given, ask), args.config_file)
+    config = cfg_mod.questionnaire(start, given, ask)
+    config.check_strategy_exists()
+    path = cfg_mod.save(config, args.config_file)
     print(f"cadence config written to {path}")
     return 0
 
@@ -81,13 +87,40 @@ def self_test(args: argparse.Namespace) -> int:
     return code
 
 
+# torchrun's names for cadence launch's flags
+_TORCHRUN_NAMES = {"--nproc_per_node": "--num_processes", "--nnodes": "--num_machines", "--node_rank": "--machine_rank",
+                   "--master_addr": "--main_process_ip", "--master_port": "--main_process_port"}
+
+
+def unknown_flags_message(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> str:
+    """What to say about arguments `cadence <command>` does not know, with the flag probably meant.
+
+    >>> unknown_flags_message(build_parser(), "launch", ["--nproc_per_node", "2"])
+    'unknown flag --nproc_per_node: did you mean --num_processes?'
+    """
+    sub = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+    flags = [u.split("=")[0] for u in unknown if u.startswith("-")]
+    if not flags:
+        return f"unexpected arguments {' '.join(unknown)}: see `cadence {command} --help`"
+    parts = []
+    for flag in flags:
+        guess = _TORCHRUN_NAMES.get(flag.replace("-", "_").replace("__", "--", 1)) or \
+            next(iter(difflib.get_close_matches(flag.replace("-", "_").replace("__", "--", 1), known, n=1, cutoff=0.6)), None)
+        parts.append(f"unknown flag {flag}" + (f": did you mean {guess}?" if guess else f" (see `cadence {command} --help`)"))
+    return "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cadence` command; returns the exit code.
 
     >>> main(["config", "default", "--num_processes", "2", "--use_cpu"])    # doctest: +SKIP
     0
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.exit(2, f"cadence {args.command}: error: {unknown_flags_message(parser, args.command, unknown)}\n")
     commands = {"env": lambda a: print(cfg_mod.environment_report(a.config_file)) or 0,
                 "config": configure, "launch": launch_mod.launch, "test": self_test}
     try:

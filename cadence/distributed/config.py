@@ -68,6 +68,8 @@ class Config:
     monitor_interval: float = _key("seconds between checks of the workers", 0.1, minimum=0)
     rdzv_backend: str = _key("rendezvous backend", "static", choices=RDZV_BACKENDS)
     timeout: float = _key("seconds a collective may wait before the run fails", DEFAULT_TIMEOUT_S, minimum=1)
+    preemption_grace_s: float = _key("seconds workers get to checkpoint after SIGTERM/SIGUSR1 before they are killed",
+                                     60.0, minimum=0)
     debug: bool = _key("detailed distributed checks and launcher logs", False)
     fsdp_config: dict = _key("FSDP options (passed to the FSDP strategy)", kind=dict, default_factory=dict)
     deepspeed_config: dict = _key("DeepSpeed options (passed to the DeepSpeed strategy)", kind=dict, default_factory=dict)
@@ -90,6 +92,21 @@ class Config:
         """
         named = {"FSDP": "fsdp", "DEEPSPEED": "deepspeed", "XLA": "xla"}.get(self.distributed_type)
         return named or ("ddp" if self.num_processes > 1 else None)
+
+    def check_strategy_exists(self) -> None:
+        """ValueError when no engine implements this config's strategy (asks the strategy registry).
+
+        >>> Config(distributed_type="XLA", num_processes=8).check_strategy_exists()   # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: distributed_type XLA needs the 'xla' strategy, which this cadence does not have ...
+        """
+        from cadence.distributed.registry import STRATEGIES
+
+        if self.strategy is not None and self.strategy not in STRATEGIES:
+            have = {"MULTI_GPU", "MULTI_CPU"} | {t for t in DISTRIBUTED_TYPES if t.lower() in STRATEGIES}
+            raise ValueError(f"distributed_type {self.distributed_type} needs the {self.strategy!r} strategy, which "
+                             f"this cadence does not have (strategies: {', '.join(sorted(STRATEGIES))}): set "
+                             f"distributed_type to one of {', '.join(sorted(have))}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict in field order, ready for YAML.

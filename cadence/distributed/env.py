@@ -14,6 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from cadence.distributed.lifecycle import install_exit_guard
+
 DEFAULT_TIMEOUT_S = 600.0
 
 # variable names, most specific first: torchrun / cadence launch, SLURM, Open MPI
@@ -111,6 +113,7 @@ def setup_distrib(backend: str | None = None, timeout_s: float | None = None) ->
     store, rank_, size = next(dist.rendezvous("env://", timeout=wait))
     dist.init_process_group(backend=backend, store=dist.PrefixStore(f"cadence/group{_next_generation()}", store),
                             rank=rank_, world_size=size, timeout=wait)
+    install_exit_guard()        # plain torchrun: never reach interpreter finalization with this group alive
     return True
 
 

@@ -15,21 +15,26 @@ import json
 import logging
 import os
 import runpy
+import shutil
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from cadence.distributed import config as cfg_mod
+from cadence.distributed import lifecycle, status
 from cadence.distributed.config import Config
 
 # Config keys that are also `cadence launch` flags (besides --cpu for use_cpu).
 LAUNCH_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
                "mixed_precision", "gradient_accumulation_steps", "num_cpu_threads_per_process",
-               "max_restarts", "monitor_interval", "rdzv_backend", "timeout", "debug")
+               "max_restarts", "monitor_interval", "rdzv_backend", "timeout", "preemption_grace_s", "debug")
 _WORKER_CODE = "from cadence.distributed.launch import run_worker; run_worker()"
 _DEFAULT_MULTI_NODE_PORT = 29500
+LAUNCHER_PID_VAR = "CADENCE_LAUNCHER_PID"
 
 
 def add_launch_args(parser: argparse.ArgumentParser) -> None:
@@ -72,9 +77,11 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if getattr(args, "multi_gpu", False) and base.distributed_type == "NO":
         changes["distributed_type"] = "MULTI_GPU"
     try:
-        return Config(**{**base.to_dict(), **changes})
+        config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
         raise ValueError(f"cadence launch flags: {e}") from None
+    config.check_strategy_exists()
+    return config
 
 
 def launch_env(config: Config) -> dict[str, str | None]:
@@ -126,7 +133,9 @@ def torchrun_argv(config: Config, args: argparse.Namespace) -> list[str]:
     argv = ["--nnodes", str(config.num_machines), "--nproc_per_node", str(config.num_processes // config.num_machines),
             "--node_rank", str(config.machine_rank), "--master_addr", addr, "--master_port", str(port),
             "--max_restarts", str(config.max_restarts), "--monitor_interval", str(config.monitor_interval),
-            "--rdzv_backend", config.rdzv_backend, "--rdzv_conf", args.rdzv_conf]
+            "--rdzv_backend", config.rdzv_backend, "--rdzv_conf", args.rdzv_conf,
+            "--shutdown_timeout", str(int(config.preemption_grace_s)),
+            "--signals_to_handle", ",".join(("SIGINT", "SIGHUP", "SIGQUIT", *PREEMPTION_SIGNALS))]
     if config.rdzv_backend != "static":
         argv += ["--rdzv_endpoint", f"{addr}:{port}"]
     if args.no_python:
@@ -139,9 +148,11 @@ def torchrun_argv(config: Config, args: argparse.Namespace) -> list[str]:
 def launch(args: argparse.Namespace) -> int:
     """Run `args.training_script` on every process and return the exit code for `cadence launch`.
 
-    Bad flags or config fail (ValueError) before any process starts. The CADENCE_* variables
-    are set in this process's environment, which the agent passes on to the workers. When a
-    rank fails, the agent stops the others, and the first failure's traceback is printed once.
+    Bad flags, config, script or a busy port fail (ValueError) before any process starts. The
+    CADENCE_* variables are set in this process's environment, which the agent passes on to the
+    workers. When a rank fails, the agent stops the others and the cause is printed once: the
+    first failure's traceback, or the rank that stopped responding when the others timed out.
+    SIGTERM / SIGUSR1 reach every worker, which get `preemption_grace_s` to checkpoint and exit.
 
     >>> p = argparse.ArgumentParser(); add_launch_args(p)
     >>> launch(p.parse_args(["--cpu", "--num_processes", "2", "train.py"]))   # doctest: +SKIP
@@ -152,8 +163,12 @@ def launch(args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     config = resolve_config(args)
+    check_script(args)
     torchrun_args = torchrun.parse_args(torchrun_argv(config, args))
-    for name, value in launch_env(config).items():
+    check_port_free(config, torchrun_args.master_port)
+    status_dir = tempfile.mkdtemp(prefix="cadence-status-")
+    variables = {**launch_env(config), LAUNCHER_PID_VAR: str(os.getpid()), status.STATUS_DIR_VAR: status_dir}
+    for name, value in variables.items():
         if value is None:
             os.environ.pop(name, None)
         else:
@@ -163,11 +178,48 @@ def launch(args: argparse.Namespace) -> int:
     try:
         torchrun.run(torchrun_args)
     except ChildFailedError as e:
-        return report_failure(e.failures)
+        return report_failure(e.failures, status.read_statuses(status_dir), config.timeout)
     except SignalException as e:
-        print(f"cadence launch: stopped by {e.sigval.name}; every worker was terminated", file=sys.stderr)
-        return 128 + int(e.sigval)
+        return _report_signal(e.sigval)
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)
     return 0
+
+
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+def _report_signal(sig) -> int:
+    if sig.name in PREEMPTION_SIGNALS:
+        print(f"cadence launch: preempted by {sig.name}: the workers were asked to checkpoint and stop; "
+              f'run the same command again to resume (with fit(resume="auto"))', file=sys.stderr)
+    else:
+        print(f"cadence launch: stopped by {sig.name}; every worker was terminated", file=sys.stderr)
+    return 128 + int(sig)
+
+
+def check_script(args: argparse.Namespace) -> None:
+    """ValueError when the training script (or program) to launch does not exist."""
+    if args.module:
+        return
+    script = args.training_script
+    if args.no_python and shutil.which(script):
+        return
+    if not Path(script).is_file():
+        raise ValueError(f"training script {script!r} not found (from {os.getcwd()}): check the path, "
+                         f"or pass -m for a module")
+
+
+def check_port_free(config: Config, port: int) -> None:
+    """ValueError naming --main_process_port when machine 0 cannot listen on it (before any worker starts)."""
+    if config.machine_rank != 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            raise ValueError(f"--main_process_port {port} cannot be used on this machine ({e.strerror}): "
+                             f"pick another port, or leave --main_process_port out to get a free one") from None
 
 
 def _quiet_torch_loggers() -> None:
@@ -177,14 +229,30 @@ def _quiet_torch_loggers() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def report_failure(failures: dict) -> int:
-    """Print the earliest failure's traceback and one line per other failed rank; return an exit code.
+def report_failure(failures: dict, statuses: dict[int, dict] | None = None, timeout_s: float | None = None) -> int:
+    """Print why the run failed, once; return the exit code for `cadence launch`.
 
-    `failures` maps global rank to torch's `ProcessFailure`, as in `ChildFailedError.failures`.
+    `failures` maps global rank to torch's `ProcessFailure` (`ChildFailedError.failures`);
+    `statuses` maps rank to its last `status` report. When ranks timed out waiting and another
+    rank reported no error, that rank stopped responding: it is named first, with its last
+    event, step and line. Otherwise the earliest failure's traceback is printed, then one line
+    per other failed rank.
 
-    >>> report_failure(child_failed_error.failures)        # doctest: +SKIP
+    >>> report_failure(child_failed_error.failures, read_statuses(status_dir), 20.0)   # doctest: +SKIP
     1
     """
+    statuses = statuses or {}
+    hung = hung_ranks(failures, statuses)
+    if hung:
+        waiting = sorted(r for r, f in failures.items() if _is_timeout(f))
+        for rank in hung:
+            print(f"cadence launch: rank {rank} stopped responding {status.describe(statuses.get(rank, {}))}; "
+                  f"rank{'s' * (len(waiting) > 1)} {', '.join(map(str, waiting))} timed out waiting for it"
+                  f"{f' after {timeout_s:g} s' if timeout_s else ''}", file=sys.stderr)
+        for rank in waiting:
+            print(f"cadence launch: rank {rank} also stopped: {_failure_text(failures[rank])[0]}", file=sys.stderr)
+        code = next(f.exitcode for f in failures.values() if _is_timeout(f))
+        return code if code > 0 else 1
     # the cause first: a rank that failed only because a peer vanished mid-collective comes after
     ordered = sorted(failures.items(), key=lambda item: (_extra(item[1]).get("peer_failure", False),
                                                           _failure_time(item[1])))
@@ -195,6 +263,27 @@ def report_failure(failures: dict) -> int:
     for rank, failure in others:
         print(f"cadence launch: rank {rank} also stopped: {_failure_text(failure)[0]}", file=sys.stderr)
     return first.exitcode if first.exitcode > 0 else 1
+
+
+def hung_ranks(failures: dict, statuses: dict[int, dict]) -> list[int]:
+    """Ranks that reported no error while others timed out waiting on a collective ([] if none timed out)."""
+    if not any(_is_timeout(f) for f in failures.values()):
+        return []
+    silent = set(statuses) | set(failures)
+    return sorted(r for r in silent if r not in failures or not _has_error(failures[r]))
+
+
+_TIMEOUT_TEXT = ("Timed out", "timed out", "Timeout", "timeout")
+
+
+def _has_error(failure) -> bool:
+    """True when the worker recorded an exception (run_worker's error file), not just an exit code."""
+    return isinstance(failure.error_file_data.get("message"), dict)
+
+
+def _is_timeout(failure) -> bool:
+    headline, trace = _failure_text(failure)
+    return _has_error(failure) and any(t in headline or t in trace[-2000:] for t in _TIMEOUT_TEXT)
 
 
 def _extra(failure) -> dict:
@@ -231,15 +320,26 @@ def _failure_text(failure) -> tuple[str, str]:
     return f"exited with code {failure.exitcode}", ""
 
 
-def run_worker(argv: list[str] | None = None) -> None:
-    """Run a script (or `-m module`) as `__main__` in this worker; on an exception, record it for the launcher.
+def run_worker(argv: list[str] | None = None) -> NoReturn:
+    """Run a script (or `-m module`) as `__main__` in this worker, then end the process with its exit code.
 
-    With torchrun's `TORCHELASTIC_ERROR_FILE` set, the traceback goes to that file (the launcher
-    prints it); without it, to stderr. Either way the process exits with code 1.
+    On an exception, the traceback goes to torchrun's `TORCHELASTIC_ERROR_FILE` (the launcher
+    prints it) or, without one, to stderr, and the exit code is 1. The worker dies with its
+    launcher (`die_with_parent`), reports where it is for the failure report (`status`), and
+    leaves through `exit_now`, never through interpreter finalization (see `lifecycle`).
 
     >>> run_worker(["train.py", "--epochs", "1"])          # doctest: +SKIP
     """
-    argv = sys.argv[1:] if argv is None else argv
+    os.environ[lifecycle.SELF_EXITING_VAR] = str(os.getpid())
+    if os.environ.get(LAUNCHER_PID_VAR):
+        lifecycle.die_with_parent(int(os.environ[LAUNCHER_PID_VAR]))
+    if os.environ.get(status.STATUS_DIR_VAR):
+        status.start_reporter(os.environ[status.STATUS_DIR_VAR], int(os.environ.get("RANK", "0")))
+    lifecycle.exit_now(_run_script(sys.argv[1:] if argv is None else argv))
+
+
+def _run_script(argv: list[str]) -> int:
+    """Run the script or module `argv` names as `__main__`; return the exit code it ended with."""
     module = argv[:1] == ["-m"]
     target, *rest = argv[1:] if module else argv
     sys.argv = [target, *rest]
@@ -249,15 +349,16 @@ def run_worker(argv: list[str] | None = None) -> None:
         else:
             sys.path[0] = str(Path(target).resolve().parent)
             runpy.run_path(target, run_name="__main__")
-    except SystemExit:
-        raise
-    except KeyboardInterrupt:
+    except SystemExit as e:
+        return lifecycle.exit_code(e)
+    except KeyboardInterrupt as e:
         if os.environ.get("CADENCE_DEBUG"):
-            raise
-        sys.exit(130)                        # the launcher says it was interrupted; no trace per rank
+            _record_exception(e)
+        return 130                           # the launcher says it was interrupted; no trace per rank
     except BaseException as e:
         _record_exception(e)
-        sys.exit(1)
+        return 1
+    return 0
 
 
 def user_traceback(e: BaseException) -> str:

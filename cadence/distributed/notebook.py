@@ -10,8 +10,10 @@ re-raised here with its traceback.
 from __future__ import annotations
 
 import os
+from typing import NoReturn
 
 from cadence.distributed.config import Config
+from cadence.distributed.lifecycle import SELF_EXITING_VAR, die_with_parent, exit_now
 from cadence.distributed.launch import free_port, is_peer_failure, launch_env, user_traceback
 
 
@@ -77,7 +79,7 @@ def _spawn(function, args: tuple, config: Config, use_port: int | None):
     try:
         for rank in range(config.num_processes):
             receiver, sender = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_main, args=(rank, payload, env, sender), daemon=True)
+            proc = ctx.Process(target=_worker_main, args=(rank, payload, env, sender, os.getpid()), daemon=True)
             proc.start()
             sender.close()
             procs.append(proc)
@@ -87,18 +89,26 @@ def _spawn(function, args: tuple, config: Config, use_port: int | None):
         _stop(procs)
 
 
-def _worker_main(rank: int, payload: bytes, env: dict[str, str], conn) -> None:
-    """Body of one spawned worker: set its variables, run the function, send back the outcome."""
+def _worker_main(rank: int, payload: bytes, env: dict[str, str], conn, parent_pid: int) -> NoReturn:
+    """Body of one spawned worker: set its variables, run the function, send back the outcome, exit.
+
+    The worker dies with the notebook kernel, and leaves through `exit_now` (never through
+    interpreter finalization, where a live gloo group can abort or hang the process).
+    """
+    die_with_parent(parent_pid)
     import cloudpickle
     import torch
 
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0")
+    os.environ[SELF_EXITING_VAR] = str(os.getpid())
     torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    code = 0
     try:
         function, args = cloudpickle.loads(payload)
         result = function(*args)
         conn.send(("ok", cloudpickle.dumps(result) if rank == 0 else None))
     except BaseException as e:
+        code = 1
         try:
             pickled = cloudpickle.dumps(e)
         except Exception:
@@ -106,6 +116,7 @@ def _worker_main(rank: int, payload: bytes, env: dict[str, str], conn) -> None:
         conn.send(("error", pickled, user_traceback(e), is_peer_failure(e)))
     finally:
         conn.close()
+        exit_now(code)
 
 
 def _collect(procs: list, conns: list):

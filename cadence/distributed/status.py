@@ -1,0 +1,105 @@
+"""Where each rank is, for the launcher's failure report: "rank 1 stopped responding during after_batch at step 12".
+
+A daemon thread in each worker samples the main thread's stack twice a second and writes a
+small JSON file per rank into `$CADENCE_STATUS_DIR` (made by `cadence launch`): the Learner
+event being fired (found as the `_fire` frame, by name, so nothing here imports the trainer),
+its step / epoch / iter, and the innermost frame of the user's own code. The training loop
+itself pays nothing. When a run fails, the launcher reads the files back (`read_statuses`).
+
+>>> start_reporter("/tmp/status", rank=0)        # in a worker        # doctest: +SKIP
+>>> read_statuses("/tmp/status")[0]["event"]                           # doctest: +SKIP
+'after_batch'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+STATUS_DIR_VAR = "CADENCE_STATUS_DIR"
+_LIBRARY_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in {
+    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+    str(Path(__file__).resolve().parent.parent),       # cadence itself
+})
+
+
+def start_reporter(directory: str | os.PathLike, rank: int, interval_s: float = 0.5) -> threading.Thread:
+    """Start the daemon thread that writes `directory/rank<rank>.json` every `interval_s` seconds."""
+    main = threading.main_thread()
+    path = Path(directory) / f"rank{rank}.json"
+
+    def report() -> None:
+        while main.is_alive():
+            frame = sys._current_frames().get(main.ident)
+            if frame is not None:
+                _write_atomic(path, {"rank": rank, "pid": os.getpid(), "time": time.time(), **describe_stack(frame)})
+            del frame
+            time.sleep(interval_s)
+
+    thread = threading.Thread(target=report, name="cadence-status", daemon=True)
+    thread.start()
+    return thread
+
+
+def describe_stack(frame: FrameType | None) -> dict:
+    """The Learner event `frame`'s stack is in (with step, epoch, iter) and its innermost user frame.
+
+    >>> describe_stack(sys._getframe())["where"].endswith("in <module>")        # doctest: +SKIP
+    True
+    """
+    info: dict = {"event": None, "where": None}
+    while frame is not None:
+        code = frame.f_code
+        if info["where"] is None and not code.co_filename.startswith(_LIBRARY_DIRS) and not code.co_filename.startswith("<"):
+            info["where"] = f"{_shown_path(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+        if code.co_name == "_fire" and "event" in frame.f_locals:
+            learner = frame.f_locals.get("self")
+            info.update(event=str(frame.f_locals["event"]),
+                        **{k: getattr(learner, k, None) for k in ("step", "epoch", "iter", "training")})
+            break
+        frame = frame.f_back
+    return info
+
+
+def read_statuses(directory: str | os.PathLike | None) -> dict[int, dict]:
+    """Rank -> last status written into `directory` ({} when there is none)."""
+    statuses = {}
+    for path in Path(directory).glob("rank*.json") if directory else ():
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        statuses[int(status["rank"])] = status
+    return statuses
+
+
+def describe(status: dict) -> str:
+    """One phrase for a rank's status: 'during after_batch at step 12 (train.py:20 in after_batch)'.
+
+    >>> describe({"event": "after_batch", "step": 12, "where": "train.py:20 in after_batch"})
+    'during after_batch at step 12 (train.py:20 in after_batch)'
+    """
+    text = f"during {status['event']} at step {status.get('step')}" if status.get("event") else "outside the training loop"
+    return f"{text} ({status['where']})" if status.get("where") else text
+
+
+def _shown_path(filename: str) -> str:
+    try:
+        return os.path.relpath(filename)
+    except ValueError:
+        return filename
+
+
+def _write_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps(data, default=str))
+        os.replace(tmp, path)
+    except OSError:
+        pass                                    # the launcher removed the directory: the run is over
