@@ -108,6 +108,18 @@ class Config:
                              f"this cadence does not have (strategies: {', '.join(sorted(STRATEGIES))}): set "
                              f"distributed_type to one of {', '.join(sorted(have))}")
 
+    def check_engine_options(self) -> None:
+        """ValueError, before any worker starts, when the engine refuses its options (`fsdp_config`, ...).
+
+        >>> Config(distributed_type="FSDP", num_processes=2, fsdp_config={"fsdp_sharding_strategy": 9}).check_engine_options()
+        Traceback (most recent call last):
+        ValueError: fsdp_config: FSDP sharding_strategy 9 does not exist; ...
+        """
+        from cadence.distributed.registry import strategy_class
+
+        if self.strategy is not None:
+            strategy_class(self.strategy).check_launcher_config(self)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict in field order, ready for YAML.
 

@@ -114,6 +114,15 @@ class FSDP(OwnsPrecision, Strategy):
         self.created_group = False
         self._skeleton: nn.Module | None = None
 
+    @classmethod
+    def check_launcher_config(cls, config: Any) -> None:
+        """The launcher's `fsdp_config` block must build an FSDP strategy (names, numbers, no typos)."""
+        options = {k.removeprefix("fsdp_"): v for k, v in config.fsdp_config.items()}
+        try:
+            cls(device="cpu", **options)._mesh_shape_for(config.num_processes)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"fsdp_config: {e}") from None
+
     # ------------------------------------------------------------------ lifecycle
     def setup_environment(self) -> None:
         """Create the process group if the launcher asked for several processes; check the mesh shape."""
@@ -126,7 +135,9 @@ class FSDP(OwnsPrecision, Strategy):
             self.created_group = False
 
     def _mesh_shape(self) -> tuple[int, ...]:
-        world = env.world_size()
+        return self._mesh_shape_for(env.world_size())
+
+    def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
         if self.sharding == "NO_SHARD":
             return (world, 1)
         if self.sharding.startswith("HYBRID"):

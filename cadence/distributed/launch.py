@@ -64,6 +64,43 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--multi_gpu", action="store_true", help="DDP over GPUs (accepted for Accelerate users)")
     cfg_mod.add_config_flags(parser, LAUNCH_KEYS)
     parser.add_argument("--rdzv_conf", default="", help="extra rendezvous settings, `key1=v1,key2=v2`")
+    add_fsdp_options(parser)
+
+
+# `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block
+FSDP_FLAGS = {"sharding_strategy": str, "auto_wrap_policy": str, "transformer_layer_cls_to_wrap": str,
+              "min_num_params": int, "offload_params": bool, "state_dict_type": str,
+              "activation_checkpointing": bool, "cpu_ram_efficient_loading": bool}
+
+
+def add_fsdp_options(parser: argparse.ArgumentParser) -> None:
+    """`--use_fsdp` and the `--fsdp_*` flags (see cadence.distributed.fsdp.FSDP for what each does).
+
+    >>> p = argparse.ArgumentParser(); add_fsdp_options(p)
+    >>> p.parse_args(["--use_fsdp", "--fsdp_sharding_strategy", "SHARD_GRAD_OP"]).fsdp_sharding_strategy
+    'SHARD_GRAD_OP'
+    """
+    group = parser.add_argument_group("FSDP", "shard the model with FSDP2 (Accelerate's flag names)")
+    group.add_argument("--use_fsdp", action="store_true", help="train with the FSDP strategy")
+    for key, kind in FSDP_FLAGS.items():
+        if kind is bool:
+            group.add_argument(f"--fsdp_{key}", type=_yes_no, default=None, metavar="true|false")
+        else:
+            group.add_argument(f"--fsdp_{key}", type=kind, default=None)
+
+
+def _yes_no(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "1", "yes")
+
+
+def _fsdp_changes(args: argparse.Namespace, base: Config) -> dict:
+    """Config changes from `--use_fsdp` / `--fsdp_*`: distributed_type FSDP and the fsdp_config block."""
+    given = {f"fsdp_{k}": getattr(args, f"fsdp_{k}") for k in FSDP_FLAGS if getattr(args, f"fsdp_{k}", None) is not None}
+    if not getattr(args, "use_fsdp", False) and not given:
+        return {}
+    return {"distributed_type": "FSDP", "fsdp_config": {**base.fsdp_config, **given}}
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -76,11 +113,13 @@ def resolve_config(args: argparse.Namespace) -> Config:
     changes = cfg_mod.flag_values(args)
     if getattr(args, "multi_gpu", False) and base.distributed_type == "NO":
         changes["distributed_type"] = "MULTI_GPU"
+    changes.update(_fsdp_changes(args, base))
     try:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
         raise ValueError(f"cadence launch flags: {e}") from None
     config.check_strategy_exists()
+    config.check_engine_options()
     return config
 
 

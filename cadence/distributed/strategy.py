@@ -38,6 +38,10 @@ class Strategy:
         self.device = torch.device(device) if device is not None else env.default_device()
         self.precision: FullPrecision = FullPrecision()
 
+    @classmethod
+    def check_launcher_config(cls, config: Any) -> None:
+        """Refuse (ValueError) engine options in the launcher's config before any worker starts."""
+
     # ------------------------------------------------------------------ lifecycle
     def setup_environment(self) -> None:
         """Create the process group / select the device. Nothing to do on one device."""

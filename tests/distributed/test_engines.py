@@ -15,10 +15,10 @@ from tests.helpers import run_launch
 BLOCKS = {"transformer_layer_cls_to_wrap": "Block"}
 
 
-def train(tmp_path, name, strategy, nproc=2, **opts) -> tuple[dict, dict]:
+def train(tmp_path, name, strategy, nproc=2, flags=(), **opts) -> tuple[dict, dict]:
     out = tmp_path / name
     out.mkdir()
-    proc = run_launch("engines.py", str(out), strategy, json.dumps(opts), nproc=nproc, timeout=240)
+    proc = run_launch("engines.py", str(out), strategy, json.dumps(opts), nproc=nproc, flags=flags, timeout=240)
     result = json.loads((out / "result.json").read_text())
     result["stdout"] = proc.stdout
     return load_file(out / "model.safetensors"), result
@@ -86,3 +86,48 @@ def test_cpu_ram_efficient_loading_builds_on_meta_and_trains_the_same(tmp_path):
                          strategy_kwargs={**BLOCKS, "cpu_ram_efficient_loading": True})
     assert "RANK1_META True" in lean["stdout"]  # rank 1 never held the real weights before sharding
     assert_weights_close(normal_w, lean_w, rtol=0, atol=0)
+
+
+ACCELERATE_FSDP_YAML = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: FSDP
+downcast_bf16: 'no'
+fsdp_config:
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_backward_prefetch: BACKWARD_PRE
+  fsdp_cpu_ram_efficient_loading: true
+  fsdp_forward_prefetch: false
+  fsdp_offload_params: false
+  fsdp_sharding_strategy: 1
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+  fsdp_sync_module_states: true
+  fsdp_transformer_layer_cls_to_wrap: Block
+  fsdp_use_orig_params: true
+machine_rank: 0
+main_training_function: main
+mixed_precision: bf16
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+use_cpu: true
+"""
+
+
+@pytest.mark.slow
+def test_accelerate_fsdp_config_launches_an_fsdp_run(tmp_path):
+    config = tmp_path / "accelerate_fsdp.yaml"
+    config.write_text(ACCELERATE_FSDP_YAML)
+    _, result = train(tmp_path, "acc", "launcher", epochs=1, flags=("--config_file", str(config)))
+    # FULL_SHARD from Accelerate's number 1; the two Blocks and the root are FSDP groups; bf16 from the config
+    assert result["engine"] == {"name": "fsdp", "sharding": "FULL_SHARD", "groups": 3, "precision": "bf16"}
+    assert result["valid_loss"] < 1.0
+
+
+def test_bad_fsdp_flags_are_refused_before_any_worker_starts(tmp_path):
+    proc = run_launch("engines.py", str(tmp_path), "launcher", flags=("--use_fsdp", "--fsdp_sharding_strategy", "FULL"),
+                      check=False, timeout=60)
+    assert proc.returncode != 0
+    assert "fsdp_config: FSDP sharding_strategy 'FULL' does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "result.json").exists()

@@ -84,6 +84,7 @@ class CountComms:
 
 def main():
     out, strategy = Path(sys.argv[1]), sys.argv[2]
+    strategy = None if strategy == "launcher" else strategy  # "launcher": the one `cadence launch` chose
     opts = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     if opts.get("engine_instance"):  # built first, so the model can be built in its init_context()
         strategy = get_strategy(strategy, **opts.pop("strategy_kwargs", {}))
@@ -102,13 +103,16 @@ def main():
             learn.strategy.save_checkpoint(Path(opts["save_ckpt"]), learn.model, learn.opt)
         learn.save_model(out)
         valid = learn.validate()
+        engine = {"name": learn.strategy.name, "sharding": getattr(learn.strategy, "sharding", None),
+                  "groups": sum(type(m).__name__.startswith("FSDP") for m in learn.model.modules()),
+                  "precision": learn.strategy.precision.name}
         opt_state = learn.strategy.optimizer_state_dict(learn.model, learn.opt)
     if rank() == 0 and opt_state["state"]:  # the first parameter's Adam moment, by name or id: the same either way
         first = next(iter(opt_state["state"].values()))
         torch.save(first["exp_avg"], out / "exp_avg.pt")
     result = {"valid_loss": valid["valid_loss"], "world": int(os.environ.get("WORLD_SIZE", 1)),
               "comms": counter.per_batch if counter else None, "model_type": type(learn.model).__name__,
-              "grad_norm": getattr(learn, "grad_norm", None)}
+              "grad_norm": getattr(learn, "grad_norm", None), "engine": engine}
     if rank() == 0:
         (out / "result.json").write_text(json.dumps(result))
 
