@@ -4,6 +4,7 @@ The same script runs on any number of processes; each one trains on its shard of
 DDP averages the gradients. Run it from the repository root, in one of three ways:
 
     cadence launch --cpu --num_processes 2 examples/distrib.py      # cadence's launcher
+    cadence launch --cpu --num_processes 2 --use_fsdp examples/distrib.py   # the same, sharded (FSDP2)
     torchrun --nproc_per_node 2 examples/distrib.py                 # PyTorch's launcher
     python examples/distrib.py                                      # one process, no launcher
 

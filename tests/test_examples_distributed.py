@@ -18,9 +18,10 @@ pytest.importorskip("sklearn", reason="the digits data ships with scikit-learn: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_distrib_script_trains_on_2_processes(tmp_path):
+@pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
+def test_distrib_script_trains_on_2_processes(tmp_path, flags):
     data_dir = tmp_path / "data"
-    proc = run_launch(SCRIPT, "--data_dir", str(data_dir), nproc=2, timeout=240)
+    proc = run_launch(SCRIPT, "--data_dir", str(data_dir), nproc=2, flags=flags, timeout=240)
 
     found = ACCURACY_LINE.findall(proc.stdout)
     assert len(found) == 1, f"expected one 'validation accuracy:' line (main process only):\n{proc.stdout}"
