@@ -14,6 +14,8 @@ dist.all_reduce(total)
 ranks = [None] * dist.get_world_size()
 dist.all_gather_object(ranks, (os.environ["RANK"], os.environ["LOCAL_RANK"]))
 if dist.get_rank() == 0:
-    seen = {k: v for k, v in os.environ.items() if k.startswith("CADENCE_") or k in ("WORLD_SIZE", "OMP_NUM_THREADS", "MASTER_ADDR")}
+    per_launch = ("CADENCE_LAUNCHER_PID", "CADENCE_STATUS_DIR", "CADENCE_WORKER_EXITS")   # differ on every launch
+    seen = {k: v for k, v in os.environ.items()
+            if (k.startswith("CADENCE_") and k not in per_launch) or k in ("WORLD_SIZE", "OMP_NUM_THREADS", "MASTER_ADDR")}
     print("RESULT " + json.dumps({"ranks": ranks, "sum": total.item(), "env": seen}), flush=True)
 teardown_distrib()
