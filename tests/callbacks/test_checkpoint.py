@@ -35,7 +35,7 @@ def test_directory_format(dls, tmp_path):
     assert (state["epoch"], state["step"], state["epoch_complete"], state["world_size"]) == (1, 8, True, 1)
     assert "recorder" in state["callbacks"] and state["sampler"]["batches_done"] == 4
     mid = json.loads((root / "step-00000003" / "state.json").read_text())
-    assert (mid["epoch"], mid["batches_done"], mid["epoch_complete"]) == (0, 3, False)
+    assert (mid["epoch"], mid["sampler"]["batches_done"], mid["epoch_complete"]) == (0, 3, False)
     torch.load(ckpt / "optimizer.pt", weights_only=True)
     torch.load(ckpt / "rng-rank0.pt", weights_only=True)
     assert not list(root.glob(".*"))  # no temporary directories left

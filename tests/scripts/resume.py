@@ -1,9 +1,13 @@
-"""Train with shuffling, dropout, GradAccum, AdamW and one-cycle; checkpoint; optionally die or resume.
+"""Train with shuffling, dropout, GradAccum, AdamW and one-cycle; checkpoint; optionally die; resume="auto".
 
-Launched on 1 or 2 processes by tests/callbacks/test_checkpoint_resume.py:
-  resume.py --ckpt DIR --out FILE [--kill-at STEP | --kill-in-save STEP] [--resume]
+The same command line starts the run and continues it. Launched on 1 or 2 processes by
+tests/callbacks/test_checkpoint_resume.py, tests/distributed/test_restarts.py and bench/faults.py:
+  resume.py --ckpt DIR --out FILE [--kill-at STEP | --kill-in-save STEP | --kill-once-at STEP --rank R]
+            [--signal-at STEP]
 --kill-at: SIGKILL every rank right after optimizer step STEP (after any checkpoint of that step).
 --kill-in-save: SIGKILL while the checkpoint of step STEP is being written.
+--kill-once-at: SIGKILL rank R after step STEP, only the first time (a marker file in DIR remembers).
+--signal-at: rank 0 sends itself SIGUSR1 after step STEP, only the first time (preemption of one rank).
 The final weights go to FILE (safetensors) from rank 0; `STEPS <step>` is printed at the end.
 A CSV and a TensorBoard tracker log under CKPT/runs/resume/run.
 """
@@ -11,6 +15,7 @@ A CSV and a TensorBoard tracker log under CKPT/runs/resume/run.
 import argparse
 import os
 import signal
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
@@ -21,7 +26,7 @@ from cadence import Callback, DataLoaders, Learner, Order, accuracy
 from cadence.callbacks.accumulate import GradAccum
 from cadence.callbacks.checkpoint import Checkpoint
 from cadence.callbacks.tracking import Tracker
-from cadence.distributed.env import is_main_process
+from cadence.distributed.env import is_main_process, rank
 
 
 class KillAt(Callback):
@@ -33,6 +38,20 @@ class KillAt(Callback):
     def after_batch(self):
         if self.training and self.learn.step == self.at and self.learn.iter % 2 == 1:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalOnce(Callback):
+    """After optimizer step `at`, on rank `who`: send `sig` to this process, once per directory `marker`."""
+    order = Order.CHECKPOINT + 10
+
+    def __init__(self, step, who, sig, marker):
+        self.at, self.who, self.sig, self.marker = step, who, sig, Path(marker)
+
+    def after_batch(self):
+        if self.training and self.learn.step == self.at and rank() == self.who and not self.marker.exists():
+            self.marker.parent.mkdir(parents=True, exist_ok=True)
+            self.marker.write_text("sent")
+            os.kill(os.getpid(), self.sig)
 
 
 class KillInSave(Callback):
@@ -56,7 +75,9 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--kill-at", type=int)
     p.add_argument("--kill-in-save", type=int)
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--kill-once-at", type=int)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--signal-at", type=int)
     args = p.parse_args()
 
     torch.manual_seed(0)
@@ -72,9 +93,13 @@ def main():
         cbs.append(KillAt(args.kill_at))
     if args.kill_in_save:
         cbs.append(KillInSave(args.kill_in_save))
+    if args.kill_once_at:
+        cbs.append(SignalOnce(args.kill_once_at, args.rank, signal.SIGKILL, os.path.join(args.ckpt, "killed-once")))
+    if args.signal_at:
+        cbs.append(SignalOnce(args.signal_at, 0, signal.SIGUSR1, os.path.join(args.ckpt, "signalled-once")))
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, cbs=cbs)
     with learn.distrib_ctx():
-        learn.fit_one_cycle(3, lr_max=1e-2, resume="latest" if args.resume else None)
+        learn.fit_one_cycle(3, lr_max=1e-2, resume="auto")
     if is_main_process():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
