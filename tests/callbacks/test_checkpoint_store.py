@@ -102,3 +102,15 @@ def test_save_state_replaces_a_directory_as_one_unit(dls, tmp_path):
     learn.save_state(tmp_path / "manual")                     # the same directory again: replaced whole
     assert json.loads((tmp_path / "manual" / "state.json").read_text())["step"] == 4
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_resume_from_the_last_batch_of_an_epoch_validates_that_epoch_then_goes_on(dls, tmp_path):
+    reference = make_learner(dls, tmp_path / "ref", [Checkpoint()])
+    reference.fit(2)
+    learn = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=4)])
+    learn.fit(1)                                              # step-00000004: every batch of epoch 0 done, not validated
+    resumed = make_learner(dls, tmp_path, [Checkpoint()])
+    resumed.fit(2, resume="step-00000004")
+    assert [v["epoch"] for v in resumed.recorder.values] == [0, 1] and resumed.step == 8
+    assert resumed.recorder.values[0]["valid_loss"] == reference.recorder.values[0]["valid_loss"]
+    assert all(torch.equal(a, b) for a, b in zip(reference.model.parameters(), resumed.model.parameters()))

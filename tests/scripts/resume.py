@@ -3,11 +3,14 @@
 The same command line starts the run and continues it. Launched on 1 or 2 processes by
 tests/callbacks/test_checkpoint_resume.py, tests/distributed/test_restarts.py and bench/faults.py:
   resume.py --ckpt DIR --out FILE [--kill-at STEP | --kill-in-save STEP | --kill-once-at STEP --rank R]
-            [--signal-at STEP]
+            [--signal-at STEP] [--step-delay S] [--keep-last N] [--kill-at-op KIND:N]
 --kill-at: SIGKILL every rank right after optimizer step STEP (after any checkpoint of that step).
 --kill-in-save: SIGKILL while the checkpoint of step STEP is being written.
 --kill-once-at: SIGKILL rank R after step STEP, only the first time (a marker file in DIR remembers).
 --signal-at: rank 0 sends itself SIGUSR1 after step STEP, only the first time (preemption of one rank).
+--step-delay: sleep S seconds after every batch (time for a test to signal the launcher mid-run).
+--kill-at-op: SIGKILL just before the N-th filesystem operation of KIND (rename, replace, unlink, rmdir,
+  save: torch.save, any) made while a checkpoint is saved or pruned.
 The final weights go to FILE (safetensors) from rank 0; `STEPS <step>` is printed at the end.
 A CSV and a TensorBoard tracker log under CKPT/runs/resume/run.
 """
@@ -15,6 +18,7 @@ A CSV and a TensorBoard tracker log under CKPT/runs/resume/run.
 import argparse
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -27,6 +31,7 @@ from cadence.callbacks.accumulate import GradAccum
 from cadence.callbacks.checkpoint import Checkpoint
 from cadence.callbacks.tracking import Tracker
 from cadence.distributed.env import is_main_process, rank
+from fs_kill import kill_at_filesystem_op
 
 
 class KillAt(Callback):
@@ -54,6 +59,14 @@ class SignalOnce(Callback):
             os.kill(os.getpid(), self.sig)
 
 
+class Sleep(Callback):
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def after_batch(self):
+        time.sleep(self.seconds)
+
+
 class KillInSave(Callback):
     """Its state is saved with every checkpoint; at step `at` it dies while the checkpoint is half written."""
 
@@ -78,7 +91,12 @@ def main():
     p.add_argument("--kill-once-at", type=int)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--signal-at", type=int)
+    p.add_argument("--step-delay", type=float)
+    p.add_argument("--keep-last", type=int)
+    p.add_argument("--kill-at-op")
     args = p.parse_args()
+    if args.kill_at_op:
+        kill_at_filesystem_op(args.kill_at_op, Checkpoint, "_save")
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -87,7 +105,7 @@ def main():
     dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
                       DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
     model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
-    cbs = [GradAccum(steps=2), Checkpoint(args.ckpt, every_n_steps=4),
+    cbs = [GradAccum(steps=2), Checkpoint(args.ckpt, every_n_steps=4, keep_last=args.keep_last),
            Tracker(["csv", "tensorboard"], project="resume", run_name="run", dir=os.path.join(args.ckpt, "runs"))]
     if args.kill_at:
         cbs.append(KillAt(args.kill_at))
@@ -95,6 +113,8 @@ def main():
         cbs.append(KillInSave(args.kill_in_save))
     if args.kill_once_at:
         cbs.append(SignalOnce(args.kill_once_at, args.rank, signal.SIGKILL, os.path.join(args.ckpt, "killed-once")))
+    if args.step_delay:
+        cbs.append(Sleep(args.step_delay))
     if args.signal_at:
         cbs.append(SignalOnce(args.signal_at, 0, signal.SIGUSR1, os.path.join(args.ckpt, "signalled-once")))
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, cbs=cbs)
