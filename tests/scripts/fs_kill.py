@@ -12,7 +12,8 @@ import signal
 import torch
 
 
-def kill_at_filesystem_op(spec: str, owner: type, method: str) -> None:
+def kill_at_filesystem_op(spec: str, owner: type, method: str) -> dict[str, int]:
+    """Install the counting wrappers; returns the live counts per kind (and "any")."""
     kind, n = spec.split(":")
     counts, inside = {}, [False]
 
@@ -37,3 +38,4 @@ def kill_at_filesystem_op(spec: str, owner: type, method: str) -> None:
         finally:
             inside[0] = False
     setattr(owner, method, watched)
+    return counts

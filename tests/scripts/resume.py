@@ -95,8 +95,7 @@ def main():
     p.add_argument("--keep-last", type=int)
     p.add_argument("--kill-at-op")
     args = p.parse_args()
-    if args.kill_at_op:
-        kill_at_filesystem_op(args.kill_at_op, Checkpoint, "_save")
+    fs_ops = kill_at_filesystem_op(args.kill_at_op, Checkpoint, "_save") if args.kill_at_op else None
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -123,6 +122,8 @@ def main():
     if is_main_process():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
+        if fs_ops is not None:
+            print(f"FSOPS {fs_ops.get('any', 0)}", flush=True)
 
 
 if __name__ == "__main__":
