@@ -7,16 +7,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from cadence import CancelFitException, Callback, Learner, accuracy
+from cadence import CancelFitException, Callback
 from cadence.callbacks.checkpoint import Checkpoint, complete_checkpoints
-
-
-def make_learner(dls, tmp_path, cbs=(), model=None):
-    torch.manual_seed(0)
-    model = model or nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, path=tmp_path, cbs=list(cbs))
-    learn.remove_cb(learn.progress)
-    return learn
+from fixtures import make_learner
 
 
 def test_directory_format(dls, tmp_path):

@@ -5,22 +5,12 @@ import traceback
 
 import pytest
 import torch
-from torch import nn
-
-from cadence import Learner, accuracy
 from cadence.callbacks.checkpoint import Checkpoint
+from fixtures import make_learner
 
 
 class NotATensor:
     pass
-
-
-def make_learner(dls, tmp_path, cbs=()):
-    torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, path=tmp_path, cbs=list(cbs))
-    learn.remove_cb(learn.progress)
-    return learn
 
 
 @pytest.fixture

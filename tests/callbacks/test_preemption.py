@@ -8,16 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from cadence import Callback, Learner, Order, accuracy
+import fixtures
+from cadence import Callback, Order
 from cadence.callbacks.checkpoint import Checkpoint, complete_checkpoints, read_state
 
 
-def make_learner(dls, tmp_path, cbs=()):
+def make_learner(dls, path, cbs=()):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
-    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, path=tmp_path, cbs=list(cbs))
-    learn.remove_cb(learn.progress)
-    return learn
+    return fixtures.make_learner(dls, path, cbs, nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3)))
 
 
 class SendSignal(Callback):
