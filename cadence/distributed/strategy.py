@@ -181,9 +181,10 @@ class Strategy:
             save_optimizer_file(opt_state, directory)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read what `save_checkpoint` wrote (any world size); checked against the model before loading."""
-        self.load_model_state_dict(model, load_model_file(directory, self.unwrap(model)))
-        self.load_optimizer_state_dict(model, opt, load_optimizer_file(directory))
+        """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded."""
+        model_state, opt_state = load_model_file(directory, self.unwrap(model)), load_optimizer_file(directory)
+        self.load_model_state_dict(model, model_state)
+        self.load_optimizer_state_dict(model, opt, opt_state)
 
 
 def _on_meta(model: nn.Module) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
+import numbers
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException,
 from .features import FeatureMethods
 from .recorder import Recorder
 from .schedule import LRFinder, ParamScheduler, SuggestedLRs, combined_cos, set_hyper
-from ..serialization import check_state_dict, load_torch, load_weights, save_torch, save_weights
 
 _INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
                            "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
@@ -81,6 +80,7 @@ class Learner(FeatureMethods):
             raise ValueError("Learner needs a loss_func, e.g. Learner(dls, model, loss_func=nn.CrossEntropyLoss())")
         if not callable(loss_func):
             raise TypeError(f"loss_func must be callable as loss_func(pred, target), got {loss_func!r}")
+        _check_opt_func(opt_func)
         if strategy is None:
             from ..distributed.strategy import SingleDevice  # the default engine; trainer/ never needs more
 
@@ -232,6 +232,7 @@ class Learner(FeatureMethods):
     @staticmethod
     def _group_lrs(lr: float | slice | list, n_groups: int) -> np.ndarray:
         """One learning rate per parameter group: a float for all, a slice spread geometrically, or a list."""
+        _check_lr(lr)
         if isinstance(lr, slice):
             if lr.start is None:
                 return np.array([lr.stop / 10] * (n_groups - 1) + [lr.stop], dtype=float)
@@ -259,15 +260,17 @@ class Learner(FeatureMethods):
             resume: str | Path | None = None) -> None:
         """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`), validating after each.
 
-        `resume` ("latest", a checkpoint name or path) continues a run saved by the `Checkpoint`
-        callback exactly where it stopped, mid-epoch included.
+        `resume` continues a run saved by the `Checkpoint` callback exactly where it stopped,
+        mid-epoch included: "auto" from the latest checkpoint if there is one (a fresh start
+        otherwise: one command line for the first run, restarts and requeues), "latest" (there
+        must be one), or a checkpoint name or path.
 
         >>> learn.fit(3, lr=1e-2)
-        >>> learn.fit(3, lr=1e-2, cbs=Checkpoint(every_n_steps=100), resume="latest")
+        >>> learn.fit(3, lr=1e-2, cbs=Checkpoint(every_n_steps=100), resume="auto")
         """
         if not isinstance(n_epoch, int) or n_epoch < 1:
             raise ValueError(f"n_epoch must be a positive int, got {n_epoch!r}")
-        with self.added_cbs(cbs):
+        with self.added_cbs(cbs), self._fit_contexts():
             set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
             if wd is not None:
                 set_hyper(self.opt, "wd", wd)
@@ -276,6 +279,14 @@ class Learner(FeatureMethods):
             if resume is not None:
                 self._resume(resume)
             self._with_events(self._do_fit, "fit", CancelFitException, self._end_cleanup)
+
+    @contextlib.contextmanager
+    def _fit_contexts(self):
+        """The `fit_context()` of every callback that has one (e.g. Checkpoint's signal handlers), around the fit."""
+        with contextlib.ExitStack() as stack:
+            for cb in [cb for cb in self.cbs if callable(getattr(cb, "fit_context", None))]:
+                stack.enter_context(cb.fit_context())
+            yield
 
     def _resume(self, which: str | Path) -> None:
         from ..callbacks.checkpoint import Checkpoint
@@ -484,41 +495,59 @@ class Learner(FeatureMethods):
         return dl
 
     # ------------------------------------------------------------------ saving
-    def save(self, name: str, with_opt: bool = True) -> Path:
-        """Write the weights to `path/model_dir/<name>.safetensors` (and the optimizer to `<name>.opt.pt`).
+    def save(self, name: str | Path, with_opt: bool = True) -> Path:
+        """Write the weights and (`with_opt`) the optimizer state to `path/model_dir/<name>/` as one unit.
 
-        >>> learn.save("stage1")   # models/stage1.safetensors, models/stage1.opt.pt
+        >>> learn.save("stage1")   # models/stage1/model.safetensors, models/stage1/optimizer.pt
         """
-        file = self.path / self.model_dir / f"{name}.safetensors"
-        save_weights(self.strategy.model_state_dict(self.model), file)
-        if with_opt:
-            save_torch(self.strategy.optimizer_state_dict(self.model, self.opt), file.with_suffix(".opt.pt"))
-        return file
+        from .saving import save
+
+        return save(self, name, with_opt)
 
     def load(self, name: str | Path, with_opt: bool = True, strict: bool = True) -> "Learner":
-        """Load weights saved by `save` (a name in `model_dir`, or a path to a .safetensors file).
+        """Load what `save` wrote (a name in `model_dir`, or a path); checked against the model before loading.
 
-        The file is checked against the model before anything is loaded.
+        >>> learn.load("stage1")
         """
-        file = Path(name) if Path(name).suffix == ".safetensors" else self.path / self.model_dir / f"{name}.safetensors"
-        if not file.exists():
-            raise FileNotFoundError(f"no saved weights at {file}; names saved so far: "
-                                    f"{sorted(p.stem for p in file.parent.glob('*.safetensors'))}")
-        state = load_weights(file)
-        if strict:
-            check_state_dict(self.strategy.unwrap(self.model), state, source=str(file))
-            self.strategy.load_model_state_dict(self.model, state)
-        else:
-            self.strategy.unwrap(self.model).load_state_dict(state, strict=False)
-        opt_file = file.with_suffix(".opt.pt")
-        if with_opt and opt_file.exists():
-            self.strategy.load_optimizer_state_dict(self.model, self.opt, load_torch(opt_file))
-        elif with_opt:
-            warnings.warn(f"no optimizer state at {opt_file}; the optimizer starts fresh", stacklevel=2)
+        from .saving import load
+
+        load(self, name, with_opt, strict)
         return self
 
     def __repr__(self) -> str:
         return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"
+
+
+def _check_opt_func(opt_func: Any) -> None:
+    if callable(opt_func):
+        return
+    match = [n for n in dir(torch.optim) if isinstance(opt_func, str) and n.lower() == opt_func.lower()]
+    hint = f"opt_func=torch.optim.{match[0]}" if match else "opt_func=torch.optim.AdamW"
+    raise TypeError(f"opt_func must be a function or class that builds the optimizer, got {opt_func!r}: pass e.g. "
+                    f"{hint}, or functools.partial(torch.optim.SGD, momentum=0.9)")
+
+
+def _check_lr(lr: Any) -> None:
+    """ValueError naming `lr` unless it is a number >= 0, a slice of them, or a list of them."""
+    def is_rate(x: Any) -> bool:
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+    if isinstance(lr, slice):
+        ok = is_rate(lr.stop) and (lr.start is None or is_rate(lr.start)) and lr.step is None
+    elif isinstance(lr, (list, tuple, np.ndarray)):
+        ok = len(lr) > 0 and all(is_rate(x) for x in np.asarray(lr, dtype=object).ravel())
+    else:
+        ok = is_rate(lr)
+    if ok:
+        return
+    hint = "learn.lr_find() suggests one"
+    if isinstance(lr, str):
+        try:
+            hint = f"the number {float(lr)!r}, not a string" if math.isfinite(float(lr)) else hint
+        except ValueError:
+            pass
+    raise ValueError(f"the learning rate must be a finite number >= 0, slice(start, stop) for discriminative rates "
+                     f"or a list of rates, got {lr!r}; pass e.g. lr=1e-3 ({hint})")
 
 
 def _describe(x: Any) -> str:
