@@ -90,8 +90,7 @@ def _callback_states(learn: Any) -> dict[str, Any]:
 def _train_state(learn: Any, epoch_complete: bool) -> dict[str, Any]:
     dl = learn.dls.train
     done = len(dl) if epoch_complete else learn.iter + 1
-    sampler = ({"seed": dl.seed, "epoch": dl.epoch, "batches_done": done, "world_size": dl.world_size,
-                "batch_size": dl.batch_size} if isinstance(dl, DistributedDL) else None)
+    sampler = dl.state_dict() if isinstance(dl, DistributedDL) else None  # its position, any world size resumes it
     return {"format": FORMAT, "cadence_version": __version__, "epoch": learn.epoch, "batches_done": done,
             "epoch_complete": epoch_complete, "step": learn.step, "train_iter": learn.train_iter,
             "n_epoch": learn.n_epoch, "world_size": world_size(), "sampler": sampler,
@@ -259,24 +258,10 @@ def _load_rng(directory: Path, state: dict[str, Any]) -> None:
 def _restore_position(learn: Any, state: dict[str, Any]) -> None:
     """Counters, and where the training loader continues (the rest of the epoch, or the next one)."""
     learn.step, learn.train_iter = state["step"], state["train_iter"]
-    done = 0 if state["epoch_complete"] else state["batches_done"]
     learn.epoch = state["epoch"] + 1 if state["epoch_complete"] else state["epoch"]
     dl, sampler = learn.dls.train, state["sampler"]
-    if isinstance(dl, DistributedDL) and sampler is not None:
-        if sampler["world_size"] != dl.world_size:
-            done = _rescale_position(done, sampler, dl)
-        dl.seed = sampler["seed"]
-        dl.set_epoch(sampler["epoch"] + 1 if state["epoch_complete"] else sampler["epoch"])
-        dl.skip_batches(done)  # the loop numbers the batches from dl.start_batch
-
-
-def _rescale_position(done: int, sampler: dict[str, Any], dl: DistributedDL) -> int:
-    """A checkpoint from another world size: continue after the same number of samples (order differs)."""
-    warnings.warn(f"resuming a checkpoint from {sampler['world_size']} processes on {dl.world_size}: training "
-                  f"continues after the same number of samples, but the data order differs from the original run",
-                  stacklevel=4)
-    samples = done * sampler["batch_size"] * sampler["world_size"]
-    return min(samples // ((dl.batch_size or 1) * dl.world_size), len(dl))
+    if isinstance(dl, DistributedDL) and sampler is not None:  # on any number of processes; the loop
+        dl.load_state_dict({**sampler, "epoch_complete": state["epoch_complete"]})  # numbers from dl.start_batch
 
 
 # ---------------------------------------------------------------------------- the callback
