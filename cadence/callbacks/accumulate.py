@@ -17,6 +17,7 @@ from typing import Any
 
 from ..distributed.strategy import OwnsAccumulation
 from ..trainer.callback import Callback, Order
+from ..trainer.data import n_batches
 from ..trainer.events import CancelBatchException
 
 
@@ -84,6 +85,9 @@ class GradAccum(Callback):
         self._plan(self.learn.dl)
 
     def _plan(self, dl: Any) -> None:
+        if n_batches(dl) is None:
+            raise ValueError("GradAccum plans its windows over an epoch's batches, and the train loader has no "
+                             "length (an IterableDataset without __len__): give the dataset a __len__")
         sizes = batch_sizes(dl)
         if sizes is None:
             if self.samples is not None:

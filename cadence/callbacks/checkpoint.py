@@ -89,8 +89,8 @@ def _callback_states(learn: Any) -> dict[str, Any]:
 
 def _train_state(learn: Any, epoch_complete: bool) -> dict[str, Any]:
     dl = learn.dls.train
-    done = len(dl) if epoch_complete else learn.iter + 1
     sampler = dl.state_dict() if isinstance(dl, DistributedDL) else None  # its position, any world size resumes it
+    done = sampler["batches_done"] if sampler else len(dl) if epoch_complete else learn.iter + 1
     return {"format": FORMAT, "cadence_version": __version__, "epoch": learn.epoch, "batches_done": done,
             "epoch_complete": epoch_complete, "step": learn.step, "train_iter": learn.train_iter,
             "n_epoch": learn.n_epoch, "world_size": world_size(), "sampler": sampler,

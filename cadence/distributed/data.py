@@ -240,6 +240,16 @@ class DistributedDL:
             return torch.arange(start, start + length) < self._real_len[rank]
         return self.plan.real_mask(rank, start, length)
 
+    def last_batch_masks(self, ranks: list[int]) -> list[torch.Tensor] | None:
+        """For each of `ranks`, the real-item mask of its batch at the step this rank yielded last (None before one)."""
+        if self.last_batch is None:
+            return None
+        if self._unsized:
+            return [torch.ones(c, dtype=torch.bool) if c else torch.zeros(1, dtype=torch.bool)
+                    for c in (self._last_counts[r] for r in ranks)]
+        plan, t = self.plan, self._steps_done - 1
+        return [plan.real_mask(r, plan.starts[r][t], plan.lens[r][t]) for r in ranks]
+
     def sample_order(self, epoch: int | None = None) -> torch.Tensor:
         """Dataset index of each row `gather_for_metrics` returns for whole shards (every rank's shard, padding removed).
 
@@ -392,6 +402,7 @@ class DistributedDL:
                                      f"every rank must iterate the same items (do not shard the dataset yourself)")
                 got = (1, pad[1])
             self._real_len = [a + b for a, b in zip(self._real_len, counts)]
+            self._last_counts = counts
             self.last_batch, self._steps_done = (pos, got[0]), t + 1
             pos += got[0]
             yield got[1]

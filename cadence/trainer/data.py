@@ -45,6 +45,18 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
     return batch
 
 
+def n_batches(dl: Iterable) -> int | None:
+    """`len(dl)`, or None for a loader without a length (a stream: an IterableDataset without __len__).
+
+    >>> n_batches([(x, y)] * 3), n_batches(iter([]))
+    (3, None)
+    """
+    try:
+        return len(dl)
+    except TypeError:
+        return None
+
+
 def _is_batch(obj: Any) -> bool:
     return isinstance(obj, (torch.Tensor, Mapping)) or (isinstance(obj, (list, tuple)) and len(obj) > 0)
 
