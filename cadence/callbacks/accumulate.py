@@ -17,11 +17,14 @@ from typing import Any
 
 from ..distributed.strategy import OwnsAccumulation
 from ..trainer.callback import Callback, Order
+from ..trainer.data import n_batches
 from ..trainer.events import CancelBatchException
 
 
 def batch_sizes(dl: Any) -> list[int] | None:
     """Size of every batch `dl` yields, from its length and batch size; None when it cannot be known."""
+    if isinstance(getattr(dl, "batch_lens", None), list):  # a DistributedDL knows each batch (0: skipped on resume)
+        return dl.batch_lens
     bs = getattr(dl, "batch_size", None)
     n = getattr(dl, "per_rank", None)  # a DistributedDL's shard
     if n is None:
@@ -46,7 +49,7 @@ def plan_windows(sizes: list[int], steps: int | None = None, samples: int | None
         window.append(size)
         full = len(window) == steps if steps else sum(window) >= samples
         if full or i == len(sizes) - 1:
-            total = sum(window)
+            total = sum(window) or 1  # a window of batches a resumed epoch skipped
             scales += [s / total for s in window]
             ends += [False] * (len(window) - 1) + [True]
             window = []
@@ -82,6 +85,9 @@ class GradAccum(Callback):
         self._plan(self.learn.dl)
 
     def _plan(self, dl: Any) -> None:
+        if n_batches(dl) is None:
+            raise ValueError("GradAccum plans its windows over an epoch's batches, and the train loader has no "
+                             "length (an IterableDataset without __len__): give the dataset a __len__")
         sizes = batch_sizes(dl)
         if sizes is None:
             if self.samples is not None:

@@ -188,11 +188,20 @@ def gather_for_metrics(data: T, source: Any, start: int | None = None) -> T:
 
     def _gather(t: torch.Tensor) -> torch.Tensor:
         parts = _gather_parts(t) if env.is_initialized() else [t.reshape(1) if t.ndim == 0 else t]
-        first = start if start is not None else _default_start(source, len(parts[0]))
-        kept = [p[_keep_mask(source, r, first, len(p)).to(p.device)] for r, p in zip(ranks, parts)]
+        kept = [p[m.to(p.device)] for p, m in zip(parts, _keep_masks(source, list(ranks), parts, start))]
         out = torch.cat(kept)
         return out[:source] if isinstance(source, int) else out
     return map_tensors(_gather, data)
+
+
+def _keep_masks(source: Any, ranks: list[int], parts: list[torch.Tensor], start: int | None) -> list[torch.Tensor]:
+    """Per rank, which gathered rows are real; for a DistributedDL's last batch each rank's own batch of that step."""
+    if start is None and callable(getattr(source, "last_batch_masks", None)):
+        masks = source.last_batch_masks(ranks)
+        if masks is not None and [len(m) for m in masks] == [len(p) for p in parts]:
+            return masks
+    first = start if start is not None else _default_start(source, len(parts[0]))
+    return [_keep_mask(source, r, first, len(p)) for r, p in zip(ranks, parts)]
 
 
 def _default_start(source: Any, length: int) -> int:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .callback import Callback, event_methods
-from .data import DataLoaders, to_device
+from .data import DataLoaders, n_batches, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
@@ -274,7 +274,7 @@ class Learner(FeatureMethods):
             set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
             if wd is not None:
                 set_hyper(self.opt, "wd", wd)
-            self.n_epoch, self.steps_per_epoch = n_epoch, len(self.dls.train)
+            self.n_epoch, self.steps_per_epoch = n_epoch, n_batches(self.dls.train)  # None: a stream
             self.epoch = self.iter = self.train_iter = self.step = 0
             if resume is not None:
                 self._resume(resume)
@@ -320,7 +320,7 @@ class Learner(FeatureMethods):
             self._with_events(self._all_batches, "validate", CancelValidateException)
 
     def _all_batches(self) -> None:
-        self.n_iter = len(self.dl)
+        self.n_iter = n_batches(self.dl)
         # a resumed loader starts mid-epoch and says where (DistributedDL.start_batch)
         for i, batch in enumerate(self.dl, getattr(self.dl, "start_batch", 0)):
             self.one_batch(i, batch)

@@ -111,6 +111,10 @@ class ParamScheduler(Callback):
         self.scheds = scheds
 
     def before_fit(self):
+        if self.learn.steps_per_epoch is None:
+            raise ValueError("a schedule over the fit (fit_one_cycle, fit_flat_cos, ...) needs the number of batches "
+                             "per epoch, and the train loader has no length (an IterableDataset without __len__): "
+                             "give the dataset a __len__, or train with fit(n, lr)")
         self.total_steps = max(self.learn.n_epoch * self.learn.steps_per_epoch, 1)
 
     def before_batch(self):
