@@ -79,6 +79,15 @@ class Strategy:
         """The user's module inside whatever `setup` returned."""
         return model
 
+    def trainable_changed(self, model: nn.Module, opt: torch.optim.Optimizer
+                          ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Called after parameters' `requires_grad` changed (`learn.freeze()`); returns the model and optimizer
+        to use from now on. Nothing to do for most engines; DDP re-wraps (it fixes its parameters at wrap time).
+
+        >>> learn.model, learn.opt = learn.strategy.trainable_changed(learn.model, learn.opt)
+        """
+        return model, opt
+
     def shard(self, dl):
         """The part of `dl` this process iterates; all of it on one device."""
         return dl
