@@ -135,7 +135,7 @@ class FileTracker(GeneralTracker):
         return {"dir": str(log_dir)} if log_dir is not None else {}
 
 
-def _make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
+def make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
     if isinstance(kind, GeneralTracker):
         return kind
     if isinstance(kind, type) and issubclass(kind, GeneralTracker):
@@ -178,7 +178,7 @@ class Tracker(Callback):
         if not kinds:
             raise ValueError('Tracker needs at least one tracker, e.g. Tracker("tensorboard")')
         self.config = dict(config or {})
-        self.trackers: list[GeneralTracker] = [_make_tracker(k, project, run_name, self.config, dir) for k in kinds]
+        self.trackers: list[GeneralTracker] = [make_tracker(k, project, run_name, self.config, dir) for k in kinds]
         names = [t.name for t in self.trackers]
         if len(set(names)) != len(names):
             raise ValueError(f"two trackers share a name in {names}; give each GeneralTracker subclass its own `name`")
