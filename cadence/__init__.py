@@ -8,6 +8,9 @@
 
 __version__ = "0.1.0"
 
+from .accelerate import (Accelerator, DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
+                         InitProcessGroupKwargs, PartialState, ProjectConfiguration, find_executable_batch_size,
+                         set_seed)
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
                         MixedPrecision, MonitorCallback, ProgressCallback, SaveModel, TensorBoardTracker,
                         TerminateOnNaN, Tracker, WandbTracker)
@@ -47,4 +50,6 @@ __all__ = [
     "rank0_first", "reduce", "wait_for_everyone",
     "Checkpoint", "CSVTracker", "EarlyStopping", "GeneralTracker", "GradAccum", "GradClip", "MixedPrecision",
     "MonitorCallback", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
+    "Accelerator", "PartialState", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
+    "ProjectConfiguration", "DummyOptim", "DummyScheduler", "find_executable_batch_size", "set_seed",
 ]

@@ -145,7 +145,7 @@ def new_run_dir(dir: str | Path | None, project: str | None, run_name: str | Non
     return path
 
 
-def _make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
+def make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
     if isinstance(kind, GeneralTracker):
         return kind
     if isinstance(kind, type) and issubclass(kind, GeneralTracker):
@@ -193,7 +193,7 @@ class Tracker(Callback):
         if not kinds:
             raise ValueError('Tracker needs at least one tracker, e.g. Tracker("tensorboard")')
         self.config = dict(config or {})
-        self.trackers: list[GeneralTracker] = [_make_tracker(k, project, run_name, self.config, dir) for k in kinds]
+        self.trackers: list[GeneralTracker] = [make_tracker(k, project, run_name, self.config, dir) for k in kinds]
         # trackers built here from a name write into one directory per run; instances keep their own settings
         self._named = [t for k, t in zip(kinds, self.trackers) if not isinstance(k, GeneralTracker)]
         self.project, self.run_name, self.dir = project, run_name, dir
