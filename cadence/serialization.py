@@ -3,6 +3,8 @@
 >>> save_weights(model.state_dict(), "models/stage1.safetensors")
 >>> state = load_weights("models/stage1.safetensors")
 >>> check_state_dict(model, state)        # ValueError listing missing/unexpected keys, shape mismatches
+
+Files saved from a `torch.compile`d model (keys starting `_orig_mod.`) load as the plain model's.
 """
 
 from __future__ import annotations
@@ -64,7 +66,21 @@ def load_weights(path: str | os.PathLike, device: str | torch.device = "cpu") ->
     state = load_file(str(path), device=str(device))
     for alias, name in aliases.items():
         state[alias] = state[name]
-    return state
+    return strip_compile_prefix(state)
+
+
+COMPILE_PREFIX = "_orig_mod."
+
+
+def strip_compile_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keys without torch.compile's `_orig_mod.` segment, which files saved from a `torch.compile`d model carry.
+
+    >>> list(strip_compile_prefix({"_orig_mod.fc.weight": w, "module._orig_mod.fc.bias": b}))
+    ['fc.weight', 'module.fc.bias']
+    """
+    if not any(COMPILE_PREFIX in k for k in state):
+        return state
+    return {".".join(p for p in k.split(".") if p != COMPILE_PREFIX[:-1]): v for k, v in state.items()}
 
 
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:

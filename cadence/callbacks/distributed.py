@@ -77,6 +77,12 @@ def _transfer_optimizer_state(learn: Any, old_opt: torch.optim.Optimizer, strate
         strategy.load_optimizer_state_dict(learn.model, learn.opt, old_opt.state_dict())
 
 
+def _recompile(learn: Any) -> None:
+    """Compile the user's module again inside the new wrapper (a graph traced outside DDP lacks DDP's bucket splits)."""
+    if learn.compile_options is not None:
+        learn.compile(**learn.compile_options)
+
+
 def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **strategy_kwargs) -> Any:
     """Set `learn` up for distributed training (see `Learner.to_distributed`)."""
     if any(isinstance(cb, DistributedTrainer) for cb in learn.cbs):
@@ -90,6 +96,7 @@ def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **str
     _transfer_optimizer_state(learn, old_opt, strategy)
     learn.dls.train, learn.dls.valid = _shard(strategy, learn.dls.train), _shard(strategy, learn.dls.valid)
     learn.strategy = strategy
+    _recompile(learn)
     learn.add_cbs([bridge, *bridge.launcher_cbs])
     return learn
 
@@ -125,6 +132,7 @@ def detach_distributed(learn: Any) -> Any:
     learn.model, learn.opt = bridge.strategy.release(learn.model, learn.opt, learn._make_opt)
     learn.dls.train, learn.dls.valid = bridge.old_loaders
     learn.strategy = bridge.old_strategy
+    _recompile(learn)
     bridge.strategy.teardown()
     return learn
 

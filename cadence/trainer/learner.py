@@ -63,6 +63,8 @@ class Learner(FeatureMethods):
         path, model_dir: `save`/`load` use `path/model_dir/<name>.safetensors`.
         wd: weight decay; None keeps the optimizer's default.
         strategy: how to run backward/step (`SingleDevice` by default; `distrib_ctx` swaps it).
+        compile: torch.compile the model: True (torch's defaults), a backend name, a dict of
+            torch.compile options, False; None follows `cadence launch --dynamo_backend` (see `learn.compile`).
 
     >>> learn = Learner(dls, model, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.1)
     >>> learn.fit(2)
@@ -71,7 +73,8 @@ class Learner(FeatureMethods):
     def __init__(self, dls: DataLoaders, model: nn.Module, loss_func: Callable | None = None,
                  opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice = 1e-3,
                  splitter: Callable[[nn.Module], Iterable] | None = None, cbs: Any = None, metrics: Any = None,
-                 path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None):
+                 path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None,
+                 compile: bool | str | dict | None = None):
         if not isinstance(dls, DataLoaders):
             raise TypeError(f"dls must be a cadence.DataLoaders, got {type(dls).__name__}: "
                             f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
@@ -88,6 +91,7 @@ class Learner(FeatureMethods):
         self.dls, self.loss_func, self.opt_func, self.lr, self.splitter = dls, loss_func, opt_func, lr, splitter
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
         self.model, self.opt = strategy.setup(model, self._make_opt)
+        self._set_compile(compile)
         self.cbs: list[Callback] = []
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
