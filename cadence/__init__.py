@@ -8,6 +8,8 @@
 
 __version__ = "0.1.0"
 
+from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
+                           load_checkpoint_and_dispatch)
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
                         MixedPrecision, MonitorCallback, ProgressCallback, SaveModel, TensorBoardTracker,
                         TerminateOnNaN, Tracker, WandbTracker)
@@ -45,4 +47,5 @@ __all__ = [
     "rank0_first", "reduce", "wait_for_everyone",
     "Checkpoint", "CSVTracker", "EarlyStopping", "GeneralTracker", "GradAccum", "GradClip", "MixedPrecision",
     "MonitorCallback", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
+    "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",
 ]

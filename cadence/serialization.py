@@ -107,3 +107,24 @@ def save_torch(obj, path: str | os.PathLike) -> None:
 def load_torch(path: str | os.PathLike, map_location="cpu"):
     """`torch.load` with `weights_only=True`: tensors and plain containers only, never arbitrary objects."""
     return torch.load(path, map_location=map_location, weights_only=True)
+
+
+_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+               "TB": 10**12, "B": 1}
+
+
+def parse_size(size: int | str, what: str = "size") -> int:
+    """Bytes from an int or a string such as "2GB", "500MiB", "1.5 GiB" (ValueError naming `what` otherwise).
+
+    >>> parse_size("10MiB"), parse_size("2GB"), parse_size(512)
+    (10485760, 2000000000, 512)
+    """
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+        return size
+    if isinstance(size, str):
+        text = size.strip().upper()
+        for unit, factor in _SIZE_UNITS.items():
+            number = text[: -len(unit)].strip()
+            if text.endswith(unit) and number.replace(".", "", 1).isdigit():
+                return int(float(number) * factor)
+    raise ValueError(f"{what} must be a number of bytes or a size such as '2GB' or '500MiB', got {size!r}")
