@@ -1,6 +1,6 @@
 """torch.compile for cadence: options checked before any work, compilation in place, launcher settings.
 
-The model is compiled in place (as `nn.Module.compile` does), not wrapped in torch.compile's
+The model is compiled in place (its forward), not wrapped in torch.compile's
 `OptimizedModule`, so its state dict keeps its own names: saved weights never carry the
 `_orig_mod.` prefix. The Learner compiles the user's module inside the strategy's wrapper
 (see `Learner.compile` for why).
@@ -57,12 +57,12 @@ def check_backend(backend: str) -> None:
 def compile_model(model: nn.Module, **options: Any) -> nn.Module:
     """Compile `model`'s forward in place and return it; `options` go to torch.compile.
 
-    Like `nn.Module.compile`, the module stays itself (its state dict keeps its names), but the
-    compiled entry point is a function of cadence's with its own code object: torch's own
-    in-place compile starts at `Module._call_impl`, a frame torch.compile skips, which leaves a
-    built-in module such as `nn.Sequential` uncompiled; and a code object per module gives each
-    module its own compilation cache. The Accelerate-style `Accelerator(dynamo_backend=...)`
-    calls this with `backend=...`.
+    The module stays itself, so its state dict keeps its names; its `forward` becomes a compiled
+    function of cadence's with its own code object. Hooks (DDP's, FSDP's, dispatch's) run around
+    it, uncompiled. Not `nn.Module.compile`: that compiles from `Module._call_impl`, a frame
+    torch.compile skips, which leaves a built-in module such as `nn.Sequential` uncompiled, and
+    traces FSDP's hooks, which break the graph. A code object per module gives each module its own
+    compilation cache. The Accelerate-style `Accelerator(dynamo_backend=...)` calls this with `backend=...`.
 
     >>> model = compile_model(nn.Linear(4, 2), backend="aot_eager", dynamic=False)
     >>> sorted(model.state_dict())            # no `_orig_mod.` prefix
@@ -74,13 +74,15 @@ def compile_model(model: nn.Module, **options: Any) -> nn.Module:
     import torch
 
     model = uncompile(model)
-    call = model._call_impl
+    forward = model.forward
 
-    def compiled_call(*args: Any, **kwargs: Any) -> Any:
-        return call(*args, **kwargs)
+    def compiled_forward(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
 
-    compiled_call.__code__ = compiled_call.__code__.replace()  # a new code object: this module's own cache
-    model._compiled_call_impl = torch.compile(compiled_call, **options)
+    compiled_forward.__code__ = compiled_forward.__code__.replace()  # a new code object: this module's own cache
+    compiled = torch.compile(compiled_forward, **options)
+    compiled._cadence_compiled = True
+    model.forward = compiled  # an instance attribute: the class's forward is untouched
     return model
 
 
@@ -96,20 +98,23 @@ def unwrap_compiled(model: nn.Module) -> nn.Module:
 
 
 def uncompile(model: nn.Module) -> nn.Module:
-    """The plain module: `OptimizedModule` wrappers removed and an in-place compilation dropped.
+    """The plain module: `OptimizedModule` wrappers removed, an in-place compilation (ours, `nn.Module.compile`) dropped.
 
     >>> uncompile(compile_model(net, backend="eager")) is net
     True
     """
     model = unwrap_compiled(model)
-    if getattr(model, "_compiled_call_impl", None) is not None:  # model.compile()
+    if getattr(model.__dict__.get("forward"), "_cadence_compiled", False):
+        del model.__dict__["forward"]
+    if getattr(model, "_compiled_call_impl", None) is not None:
         model._compiled_call_impl = None
     return model
 
 
 def is_compiled(model: nn.Module) -> bool:
-    """True when `model` runs through torch.compile (wrapped by it or compiled in place)."""
-    return hasattr(model, "_orig_mod") or getattr(model, "_compiled_call_impl", None) is not None
+    """True when `model` runs through torch.compile (wrapped by it, or compiled in place by us or `nn.Module.compile`)."""
+    return (isinstance(getattr(model, "_orig_mod", None), nn.Module) or getattr(model, "_compiled_call_impl", None) is not None
+            or getattr(model.__dict__.get("forward"), "_cadence_compiled", False))
 
 
 def resolve_compile(compile: bool | str | dict | None) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from cadence import Learner
-from cadence.compile import compile_model, options_from_env, uncompile
+from cadence.compile import is_compiled, options_from_env, uncompile
 from cadence.distributed.config import from_dict
 from helpers import cadence_env, run_launch
 
@@ -80,16 +80,16 @@ def test_a_model_the_user_compiled_saves_without_the_prefix_and_old_prefixed_fil
 @pytest.mark.slow
 def test_learn_compile_recompiles_in_place_and_checks_options_first(dls, model):
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss())
-    assert learn.compile_options is None and model._compiled_call_impl is None
+    assert learn.compile_options is None and not is_compiled(model)
     with pytest.raises(ValueError, match="'not_a_backend' does not exist.*inductor"):
         learn.compile(backend="not_a_backend")
     with pytest.raises(TypeError, match=r"unknown torch.compile option\(s\) \['modes'\]"):
         learn.compile(backend="eager", modes="max-autotune")
     with pytest.raises(ValueError, match="compile mode 'fastest'"):
         Learner(dls, model, loss_func=nn.CrossEntropyLoss(), compile={"mode": "fastest"})
-    assert model._compiled_call_impl is None                      # refused before anything compiled
+    assert not is_compiled(model)                      # refused before anything compiled
     learn.compile(backend="aot_eager")
-    assert learn.model is model and model._compiled_call_impl is not None
+    assert learn.model is model and is_compiled(model)
     learn.fit(1)
     assert set(model.state_dict()) == plain_keys()
 
@@ -100,7 +100,7 @@ def test_launcher_settings_reach_the_learner_through_the_environment(dls, model,
     monkeypatch.setenv("CADENCE_DYNAMO_USE_DYNAMIC", "0")
     assert options_from_env() == {"backend": "aot_eager", "mode": None, "fullgraph": False, "dynamic": False}
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss())
-    assert learn.compile_options["backend"] == "aot_eager" and model._compiled_call_impl is not None
+    assert learn.compile_options["backend"] == "aot_eager" and is_compiled(model)
     assert Learner(dls, nn.Linear(8, 3), loss_func=nn.CrossEntropyLoss(), compile=False).compile_options is None
     monkeypatch.setenv("CADENCE_DYNAMO_BACKEND", "no")
     assert options_from_env() is None
@@ -124,10 +124,11 @@ def test_launch_refuses_an_unknown_backend_before_any_worker_starts(tmp_path):
 
 
 @pytest.mark.slow
-def test_launch_dynamo_backend_compiles_the_module_inside_ddp_on_two_processes(tmp_path):
-    proc = run_launch("compile_ddp.py", str(tmp_path), flags=("--dynamo_backend", "aot_eager"), timeout=400)
+@pytest.mark.parametrize("engine", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
+def test_launch_dynamo_backend_compiles_the_module_inside_the_wrapper_on_two_processes(tmp_path, engine):
+    proc = run_launch("compile_ddp.py", str(tmp_path), flags=("--dynamo_backend", "aot_eager", *engine), timeout=400)
     checks = [line for line in proc.stdout.splitlines() if line.startswith("CHECK")]
-    assert checks == ["CHECK module inside ddp compiled ok", "CHECK graphs captured ok", "CHECK ranks agree ok", "CHECK plain module compiled after ok",
+    assert checks == ["CHECK module inside the wrapper compiled ok", "CHECK graphs captured ok", "CHECK ranks agree ok", "CHECK plain module compiled after ok",
                       "CHECK saved keys ok"], proc.stdout + proc.stderr
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["keys"] == sorted(["0.weight", "0.bias", "2.weight", "2.bias"])
