@@ -14,6 +14,8 @@ The model is compiled in place (its forward), not wrapped in torch.compile's
 from __future__ import annotations
 
 import os
+import types
+import weakref
 from typing import Any
 
 from torch import nn
@@ -71,19 +73,34 @@ def compile_model(model: nn.Module, **options: Any) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"compile_model needs an nn.Module, got {type(model).__name__}")
     options = check_compile_options(options)
-    import torch
-
     model = uncompile(model)
-    forward = model.forward
-
-    def compiled_forward(*args: Any, **kwargs: Any) -> Any:
-        return forward(*args, **kwargs)
-
-    compiled_forward.__code__ = compiled_forward.__code__.replace()  # a new code object: this module's own cache
-    compiled = torch.compile(compiled_forward, **options)
-    compiled._cadence_compiled = True
-    model.forward = compiled  # an instance attribute: the class's forward is untouched
+    model.forward = CompiledForward(model, options)  # an instance attribute: the class's forward is untouched
     return model
+
+
+class CompiledForward:
+    """`module.forward` through torch.compile; a deep copy of the module gets its own plain forward back.
+
+    (A function attribute would be shared by `copy.deepcopy`, and the copy would run the original's weights.)
+    """
+
+    def __init__(self, module: nn.Module, options: dict[str, Any]):
+        import torch
+
+        forward = module.forward
+
+        def compiled_forward(*args: Any, **kwargs: Any) -> Any:
+            return forward(*args, **kwargs)
+
+        compiled_forward.__code__ = compiled_forward.__code__.replace()  # a new code object: this module's own cache
+        self.fn, self.module, self.options = torch.compile(compiled_forward, **options), weakref.ref(module), options
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        copy = memo.get(id(self.module()))
+        return type(copy).forward.__get__(copy) if copy is not None else self
 
 
 def unwrap_compiled(model: nn.Module) -> nn.Module:
@@ -104,8 +121,10 @@ def uncompile(model: nn.Module) -> nn.Module:
     True
     """
     model = unwrap_compiled(model)
-    if getattr(model.__dict__.get("forward"), "_cadence_compiled", False):
-        del model.__dict__["forward"]
+    forward = model.__dict__.get("forward")
+    if isinstance(forward, CompiledForward) or (isinstance(forward, types.MethodType) and forward.__self__ is model
+                                                and forward.__func__ is type(model).forward):
+        del model.__dict__["forward"]  # ours, or the plain forward a deep copy of ours left
     if getattr(model, "_compiled_call_impl", None) is not None:
         model._compiled_call_impl = None
     return model
@@ -114,7 +133,7 @@ def uncompile(model: nn.Module) -> nn.Module:
 def is_compiled(model: nn.Module) -> bool:
     """True when `model` runs through torch.compile (wrapped by it, or compiled in place by us or `nn.Module.compile`)."""
     return (isinstance(getattr(model, "_orig_mod", None), nn.Module) or getattr(model, "_compiled_call_impl", None) is not None
-            or getattr(model.__dict__.get("forward"), "_cadence_compiled", False))
+            or isinstance(model.__dict__.get("forward"), CompiledForward))
 
 
 def resolve_compile(compile: bool | str | dict | None) -> dict[str, Any] | None:

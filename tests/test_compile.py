@@ -4,6 +4,7 @@ Fast backends ("eager", "aot_eager", or a counting backend) keep these quick; on
 when a C compiler exists. Importing torch._dynamo costs seconds on a loaded machine, so most are slow.
 """
 
+import copy
 import json
 import shutil
 import subprocess
@@ -92,6 +93,12 @@ def test_learn_compile_recompiles_in_place_and_checks_options_first(dls, model):
     assert learn.model is model and is_compiled(model)
     learn.fit(1)
     assert set(model.state_dict()) == plain_keys()
+    twin = copy.deepcopy(model)                                   # e.g. an EMA copy: runs its own weights
+    with torch.no_grad():
+        twin[2].bias.add_(1.0)
+        x = torch.randn(4, 8)
+        assert torch.allclose(twin(x), model(x) + 1.0)
+    assert uncompile(twin) is twin and "forward" not in vars(twin)
 
 
 @pytest.mark.slow

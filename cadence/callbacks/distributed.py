@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from ..compile import uncompile
 from ..distributed.data import DistributedDL
 from ..distributed.registry import get_strategy, strategy_class
 from ..trainer.callback import Callback, Order
@@ -90,7 +91,7 @@ def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **str
     strategy = get_strategy(strategy, **_with_sync_bn(strategy, sync_bn, strategy_kwargs))
     strategy.setup_environment()
     bridge = DistributedTrainer(strategy, learn.strategy, (learn.dls.train, learn.dls.valid), _launcher_cbs(learn))
-    model, old_opt = learn.strategy.unwrap(learn.model), learn.opt
+    model, old_opt = uncompile(learn.strategy.unwrap(learn.model)), learn.opt  # engines copy it (FSDP's skeleton)
     precision = _precision([*learn.cbs, *bridge.launcher_cbs], strategy.device)
     learn.model, learn.opt = strategy.setup(model, learn._make_opt, precision)
     _transfer_optimizer_state(learn, old_opt, strategy)
