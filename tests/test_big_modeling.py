@@ -188,3 +188,48 @@ def test_weights_over_the_memory_budget_stream_from_disk_and_peak_rss_stays_belo
     growth = (report["peak_kib"] - report["baseline_kib"]) * 1024
     print(f"no budget: peak RSS growth {growth / 2**20:.1f} MiB")
     assert growth > 0.9 * size
+
+
+class Tied(nn.Module):
+    """A language-model shape: the output layer shares the embedding's weight."""
+
+    def __init__(self, vocab=50, d=32):
+        super().__init__()
+        self.emb, self.mid, self.head = nn.Embedding(vocab, d), nn.Linear(d, d), nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.mid(self.emb(ids)).tanh())
+
+
+@pytest.mark.parametrize("device_map", [{"": "cpu"}, {"emb": "cpu", "mid": "disk", "head": "disk"}], ids=["cpu", "disk"])
+def test_tied_weights_load_once_and_stay_tied(tmp_path, device_map):
+    from cadence.serialization import save_weights
+
+    torch.manual_seed(0)
+    net = Tied()
+    save_weights(net.state_dict(), tmp_path / "model.safetensors")            # the tied weight is stored once
+    ids = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        expected = net(ids)
+    assert module_sizes(net)[""] == (50 * 32 + 32 * 32 + 32) * 4             # counted once
+    with init_empty_weights():
+        model = Tied()
+    model = load_checkpoint_and_dispatch(model, tmp_path, device_map=device_map)
+    with torch.no_grad():
+        assert torch.equal(model(ids), expected)
+    if device_map == {"": "cpu"}:
+        assert model.head.weight is model.emb.weight
+
+
+def test_dtype_loads_floating_weights_in_that_dtype(tmp_path):
+    net = trained_net()
+    torch.save(net.state_dict(), tmp_path / "w.pt")
+    with init_empty_weights():
+        model = Net()
+    assert module_sizes(model, dtype=torch.bfloat16)[""] == (net_bytes(64, 6)) // 2
+    model = load_checkpoint_and_dispatch(model, tmp_path / "w.pt", device_map=None, dtype=torch.bfloat16)
+    assert model.inp.weight.dtype == torch.bfloat16
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        assert torch.equal(model(x.bfloat16()), net.to(torch.bfloat16)(x.bfloat16()))

@@ -63,7 +63,7 @@ def dispatch_model(model: nn.Module, device_map: dict[str, Device], main_device:
 
 
 def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike,
-                                 device_map: str | dict[str, Device] = "auto", max_memory: dict | None = None,
+                                 device_map: str | dict[str, Device] | None = "auto", max_memory: dict | None = None,
                                  no_split_module_classes: Iterable[str | type] | None = None,
                                  offload_folder: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
                                  main_device: Device | None = None) -> nn.Module:
@@ -71,7 +71,7 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
 
     `checkpoint`: a safetensors file, a directory with `model.safetensors` or a sharded index
     (`learn.save_model`'s layout), or the index json. `device_map="auto"` fills the devices in
-    order within `max_memory` (see `infer_auto_device_map`). Weights placed on "disk" are read from
+    order within `max_memory` (see `infer_auto_device_map`); None loads everything on the CPU. Weights placed on "disk" are read from
     the checkpoint's own safetensors files when needed (no copy); a torch-format checkpoint's are
     written to `offload_folder` first. The checkpoint is checked against the model before anything loads.
 
@@ -79,6 +79,8 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     """
     refs = checkpoint_refs(checkpoint)
     check_state_dict(model, refs, source=str(checkpoint))
+    if device_map is None:
+        device_map = {"": "cpu"}
     if isinstance(device_map, str):
         if device_map not in ("auto", "sequential"):
             raise ValueError(f"device_map must be 'auto', 'sequential' or a dict of module names to devices, got {device_map!r}")
