@@ -11,6 +11,8 @@ __version__ = "0.1.0"
 from .accelerate import (Accelerator, DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                          InitProcessGroupKwargs, PartialState, ProjectConfiguration, find_executable_batch_size,
                          set_seed)
+from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
+                           load_checkpoint_and_dispatch)
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
                         MixedPrecision, MonitorCallback, ProgressCallback, SaveModel, TensorBoardTracker,
                         TerminateOnNaN, Tracker, WandbTracker)
@@ -52,4 +54,5 @@ __all__ = [
     "MonitorCallback", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
     "Accelerator", "PartialState", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
     "ProjectConfiguration", "DummyOptim", "DummyScheduler", "find_executable_batch_size", "set_seed",
+    "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",
 ]

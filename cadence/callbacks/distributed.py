@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from ..compile import uncompile
 from ..distributed.data import DistributedDL
 from ..distributed.registry import get_strategy, strategy_class
 from ..trainer.callback import Callback, Order
@@ -77,6 +78,12 @@ def _transfer_optimizer_state(learn: Any, old_opt: torch.optim.Optimizer, strate
         strategy.load_optimizer_state_dict(learn.model, learn.opt, old_opt.state_dict())
 
 
+def _recompile(learn: Any) -> None:
+    """Compile the user's module again inside the new wrapper (a graph traced outside DDP lacks DDP's bucket splits)."""
+    if learn.compile_options is not None:
+        learn.compile(**learn.compile_options)
+
+
 def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **strategy_kwargs) -> Any:
     """Set `learn` up for distributed training (see `Learner.to_distributed`)."""
     if any(isinstance(cb, DistributedTrainer) for cb in learn.cbs):
@@ -84,12 +91,13 @@ def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **str
     strategy = get_strategy(strategy, **_with_sync_bn(strategy, sync_bn, strategy_kwargs))
     strategy.setup_environment()
     bridge = DistributedTrainer(strategy, learn.strategy, (learn.dls.train, learn.dls.valid), _launcher_cbs(learn))
-    model, old_opt = learn.strategy.unwrap(learn.model), learn.opt
+    model, old_opt = uncompile(learn.strategy.unwrap(learn.model)), learn.opt  # engines copy it (FSDP's skeleton)
     precision = _precision([*learn.cbs, *bridge.launcher_cbs], strategy.device)
     learn.model, learn.opt = strategy.setup(model, learn._make_opt, precision)
     _transfer_optimizer_state(learn, old_opt, strategy)
     learn.dls.train, learn.dls.valid = _shard(strategy, learn.dls.train), _shard(strategy, learn.dls.valid)
     learn.strategy = strategy
+    _recompile(learn)
     learn.add_cbs([bridge, *bridge.launcher_cbs])
     return learn
 
@@ -125,6 +133,7 @@ def detach_distributed(learn: Any) -> Any:
     learn.model, learn.opt = bridge.strategy.release(learn.model, learn.opt, learn._make_opt)
     learn.dls.train, learn.dls.valid = bridge.old_loaders
     learn.strategy = bridge.old_strategy
+    _recompile(learn)
     bridge.strategy.teardown()
     return learn
 

@@ -118,6 +118,7 @@ class DDP(Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the DDP wrapper."""
+        model = super().unwrap(model)
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:

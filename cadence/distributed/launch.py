@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from cadence.compile import CONFIG_KEYS, check_backend, dynamo_env
 from cadence.distributed import config as cfg_mod
 from cadence.distributed import lifecycle, status
 from cadence.distributed.config import Config
@@ -65,6 +66,7 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     cfg_mod.add_config_flags(parser, LAUNCH_KEYS)
     parser.add_argument("--rdzv_conf", default="", help="extra rendezvous settings, `key1=v1,key2=v2`")
     add_fsdp_options(parser)
+    add_dynamo_options(parser)
 
 
 # `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block
@@ -87,6 +89,26 @@ def add_fsdp_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(f"--fsdp_{key}", type=_yes_no, default=None, metavar="true|false")
         else:
             group.add_argument(f"--fsdp_{key}", type=kind, default=None)
+
+
+def add_dynamo_options(parser: argparse.ArgumentParser) -> None:
+    """`--dynamo_backend` and friends (Accelerate's flags): the config's dynamo_config, read by the Learner.
+
+    >>> p = argparse.ArgumentParser(); add_dynamo_options(p)
+    >>> p.parse_args(["--dynamo_backend", "aot_eager"]).dynamo_backend
+    'aot_eager'
+    """
+    group = parser.add_argument_group("torch.compile", "compile the model in every worker (Accelerate's flag names)")
+    group.add_argument("--dynamo_backend", default=None, help="torch.compile backend: inductor, aot_eager, eager, ... or no")
+    group.add_argument("--dynamo_mode", default=None, help="default, reduce-overhead, max-autotune, ...")
+    group.add_argument("--dynamo_use_fullgraph", type=_yes_no, default=None, metavar="true|false")
+    group.add_argument("--dynamo_use_dynamic", type=_yes_no, default=None, metavar="true|false")
+
+
+def _dynamo_changes(args: argparse.Namespace, base: Config) -> dict:
+    """Config changes from `--dynamo_*`: the dynamo_config block."""
+    given = {k: getattr(args, k) for k in CONFIG_KEYS if getattr(args, k, None) is not None}
+    return {"dynamo_config": {**base.dynamo_config, **given}} if given else {}
 
 
 def _yes_no(text: str) -> bool:
@@ -114,12 +136,15 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if getattr(args, "multi_gpu", False) and base.distributed_type == "NO":
         changes["distributed_type"] = "MULTI_GPU"
     changes.update(_fsdp_changes(args, base))
+    changes.update(_dynamo_changes(args, base))
     try:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
         raise ValueError(f"cadence launch flags: {e}") from None
     config.check_strategy_exists()
     config.check_engine_options()
+    if config.dynamo_config:
+        check_backend(config.dynamo_config["dynamo_backend"])
     return config
 
 
@@ -142,6 +167,7 @@ def launch_env(config: Config) -> dict[str, str | None]:
         "CADENCE_FSDP_CONFIG": json.dumps(config.fsdp_config) if config.fsdp_config else None,
         "CADENCE_DEEPSPEED_CONFIG": json.dumps(config.deepspeed_config) if config.deepspeed_config else None,
         "OMP_NUM_THREADS": str(threads),
+        **dynamo_env(config.dynamo_config),
     }
 
 

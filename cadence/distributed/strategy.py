@@ -21,6 +21,7 @@ from typing import Any, ContextManager, TypeVar
 import torch
 from torch import nn
 
+from ..compile import unwrap_compiled
 from . import env, ops
 from .precision import FullPrecision
 from .state_files import load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
@@ -76,8 +77,8 @@ class Strategy:
         return self.unwrap(model), opt
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside whatever `setup` returned."""
-        return model
+        """The user's module inside whatever `setup` returned (and inside a `torch.compile` wrapper)."""
+        return unwrap_compiled(model)
 
     def trainable_changed(self, model: nn.Module, opt: torch.optim.Optimizer
                           ) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -67,6 +67,8 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
         wd: weight decay; None keeps the optimizer's default.
         strategy: how to run backward/step (`SingleDevice` by default; `distrib_ctx` swaps it).
         train_bn: BatchNorm layers of frozen parameter groups keep training (`freeze`, `fine_tune`).
+        compile: torch.compile the model: True (torch's defaults), a backend name, a dict of
+            torch.compile options, False; None follows `cadence launch --dynamo_backend` (see `learn.compile`).
 
     >>> learn = Learner(dls, model, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.1)
     >>> learn.fit(2)
@@ -76,7 +78,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
                  opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice | None = None,
                  splitter: Callable[[nn.Module], Iterable] | None = None, cbs: Any = None, metrics: Any = None,
                  path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None,
-                 train_bn: bool = True):
+                 train_bn: bool = True, compile: bool | str | dict | None = None):
         if not isinstance(dls, DataLoaders):
             raise TypeError(f"dls must be a cadence.DataLoaders, got {type(dls).__name__}: "
                             f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
@@ -96,6 +98,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
         self.train_bn = train_bn
         self.model, self.opt = strategy.setup(model, self._make_opt)
+        self._set_compile(compile)
         self.cbs: list[Callback] = []
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
