@@ -67,13 +67,18 @@ def load_weights(path: str | os.PathLike, device: str | torch.device = "cpu") ->
     return state
 
 
+def _full_shape(t: torch.Tensor) -> torch.Size:
+    """A tensor's shape, or the whole parameter's for a DeepSpeed ZeRO-3 partition (`ds_shape`)."""
+    return getattr(t, "ds_shape", t.shape)
+
+
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Raise ValueError, before anything is loaded, when `state` does not fit `model`."""
-    expected = model.state_dict()
+    expected = model.state_dict(keep_vars=True)  # parameters themselves: a ZeRO-3 partition knows its full shape
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: {tuple(state[k].shape)} in {source}, {tuple(expected[k].shape)} in model"
-              for k in expected if k in state and state[k].shape != expected[k].shape]
+    shapes = [f"{k}: {tuple(state[k].shape)} in {source}, {tuple(_full_shape(expected[k]))} in model"
+              for k in expected if k in state and state[k].shape != _full_shape(expected[k])]
     if missing or unexpected or shapes:
         lines = [f"the {source} does not fit this model (is it from another architecture?)"]
         for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):

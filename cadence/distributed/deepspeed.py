@@ -197,7 +197,10 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         import torch.distributed as dist
 
         self.created_group = env.setup_distrib() or self.created_group
-        if not dist.is_initialized():
+        if not dist.is_initialized():  # one process: a group of one, and the variables DeepSpeed reads
+            for name in ("RANK", "LOCAL_RANK"):
+                os.environ.setdefault(name, "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
             self.created_group = True
         deepspeed = import_deepspeed()
@@ -415,7 +418,10 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
                 with torch.no_grad():
                     param.copy_(state[name].to(param.dtype))
         for name, param in params.items():
-            safe_set_full_fp32_param(param, state[name].to(self.device, torch.float32))
+            if hasattr(param, "ds_id"):
+                _set_zero3_partition(param._z3_optimizer, param, state[name], key=None)
+            else:
+                safe_set_full_fp32_param(param, state[name].to(self.device, torch.float32))
         buffers = {k: v for k, v in state.items() if k not in params}
         module.load_state_dict(buffers, strict=False)
 
@@ -451,11 +457,18 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         base = getattr(opt, "optimizer", opt)
         if opt is base or not hasattr(params[0], "_hp_mapping") and not hasattr(params[0], "ds_id"):
             return base.load_state_dict(state)
+        if not any(base.state.values()):  # a defaultdict: a read may have left empty entries
+            _materialize_state(opt)
+        if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):  # ZeRO 1/2 and bf16 link their views lazily
+            opt._lazy_init_hp_params_optimizer_state()
         for i, p in enumerate(params):
             for key, value in state["state"].get(i, {}).items():
-                if torch.is_tensor(value) and value.dim() > 0:
-                    safe_set_full_optimizer_state(p, value.to(self.device).flatten() if self.stage == 3 else
-                                                  value.to(self.device), key)
+                if not (torch.is_tensor(value) and value.dim() > 0):
+                    continue
+                if hasattr(p, "ds_id"):
+                    _set_zero3_partition(opt, p, value, key)
+                else:
+                    safe_set_full_optimizer_state(p, value.to(self.device), key)
         steps = [s["step"] for s in state["state"].values() if "step" in s]
         for s in base.state.values():
             if steps and "step" in s:
@@ -494,6 +507,41 @@ def _engine_precision(precision: FullPrecision, device: torch.device) -> FullPre
     if precision.name == "no":
         return FullPrecision()
     return AutocastPrecision(torch.bfloat16 if precision.name == "bf16" else torch.float16, device.type)
+
+
+def _materialize_state(opt) -> None:
+    """Create a lazily built optimizer state (Adam's moments) with one step of zero gradients at lr 0: no weight moves.
+
+    `opt` is DeepSpeed's wrapper; its torch optimizer steps over flat fp32 partitions (ZeRO-3 puts each
+    partition into its parameter group only while it steps).
+    """
+    base = opt.optimizer
+    zero3 = getattr(opt, "fp32_partitioned_groups_flat", None)
+    groups = ([(base.param_groups[opt.sub_group_to_group_id[i]], [flat]) for i, flat in enumerate(zero3)]
+              if zero3 is not None else [(g, g["params"]) for g in base.param_groups])
+    for group, flats in groups:
+        saved = group["params"], group["lr"]
+        group["params"], group["lr"] = list(flats), 0.0
+        for flat in flats:
+            flat.grad = torch.zeros_like(flat)
+        base.step()
+        for flat in flats:
+            flat.grad = None
+        group["params"], group["lr"] = saved if zero3 is not None else (group["params"], saved[1])
+
+
+def _set_zero3_partition(opt, param: nn.Parameter, value: torch.Tensor, key: str | None) -> None:
+    """This rank's part of a full fp32 weight (key None) or optimizer-state tensor into its ZeRO-3 partition.
+
+    DeepSpeed's own `safe_set_full_*` reads past the end of a parameter whose last partition is padded.
+    """
+    group, offset, n = opt.grad_position[opt.get_param_id(param)]
+    flat = opt.fp32_partitioned_groups_flat[group]
+    target = (flat if key is None else opt.optimizer.state[flat][key]).detach().narrow(0, offset, n)
+    start = n * opt._get_param_partition_rank(param)
+    part = value.flatten()[start:start + n]
+    target.zero_()
+    target[:part.numel()].copy_(part)
 
 
 def _has_auto(value: Any) -> bool:

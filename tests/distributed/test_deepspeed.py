@@ -139,3 +139,33 @@ def test_launcher_flags_and_an_accelerate_config_reach_the_strategy(tmp_path, mo
     assert variables["CADENCE_GRADIENT_ACCUMULATION_STEPS"] == "2"  # the block's accumulation becomes GradAccum(2)
     with pytest.raises(ValueError, match="deepspeed_config: DeepSpeed zero_stage 7 does not exist"):
         _resolved(["--config_file", str(file), "--zero_stage", "7"])  # refused before any worker starts
+
+
+def resume_launch(tmp_path, out, stages, *extra):
+    return run_launch("deepspeed_resume.py", str(tmp_path / "ckpt"), str(out), stages, *extra, timeout=480,
+                      check=not extra or extra[0] != "--kill-at")
+
+
+@pytest.mark.slow
+def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ref.mkdir(), run.mkdir()
+    run_launch("deepspeed_resume.py", str(tmp_path / "ref_ckpt"), str(ref), "2,3", timeout=480)
+    for stage in (2, 3):  # SIGKILL every rank after step 4, mid-epoch 2, right after its checkpoint
+        killed = resume_launch(tmp_path, run, str(stage), "--kill-at", "4")
+        assert killed.returncode != 0
+        assert (tmp_path / "ckpt" / f"zero{stage}" / "latest").read_text() == "step-00000004"
+        state = json.loads((tmp_path / "ckpt" / f"zero{stage}" / "step-00000004" / "state.json").read_text())
+        assert not state["epoch_complete"]
+    done = resume_launch(tmp_path, run, "2,3", "--resume")
+    assert "ZERO2 STEPS 6" in done.stdout and "ZERO3 STEPS 6" in done.stdout
+    for stage in (2, 3):
+        a, b = load_file(ref / f"zero{stage}.safetensors"), load_file(run / f"zero{stage}.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage
+
+
+def test_a_zero_checkpoint_from_another_world_size_is_refused_clearly(tmp_path):
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "cadence.json").write_text(json.dumps({"world_size": 4, "zero_stage": 2}))
+    with pytest.raises(ValueError, match="written by 4 processes.*resume on 4 processes"):
+        DeepSpeed(device="cpu", zero_stage=2).load_checkpoint(tmp_path, None, None)
