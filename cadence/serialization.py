@@ -94,13 +94,18 @@ def strip_compile_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return {".".join(p for p in k.split(".") if p != COMPILE_PREFIX[:-1]): v for k, v in state.items()}
 
 
+def _full_shape(t: torch.Tensor) -> torch.Size:
+    """A tensor's shape, or the whole parameter's for a DeepSpeed ZeRO-3 partition (`ds_shape`)."""
+    return getattr(t, "ds_shape", t.shape)
+
+
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Raise ValueError, before anything is loaded, when `state` does not fit `model`."""
-    expected = model.state_dict()
+    expected = model.state_dict(keep_vars=True)  # parameters themselves: a ZeRO-3 partition knows its full shape
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: {tuple(state[k].shape)} in {source}, {tuple(expected[k].shape)} in model"
-              for k in expected if k in state and state[k].shape != expected[k].shape]
+    shapes = [f"{k}: {tuple(state[k].shape)} in {source}, {tuple(_full_shape(expected[k]))} in model"
+              for k in expected if k in state and state[k].shape != _full_shape(expected[k])]
     if missing or unexpected or shapes:
         lines = [f"the {source} does not fit this model (is it from another architecture?)"]
         for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
@@ -189,10 +194,6 @@ def remove_dir(path: str | os.PathLike) -> None:
     shutil.rmtree(tomb, ignore_errors=True)
     os.rename(path, tomb)
     shutil.rmtree(tomb)
-
-
-    """`torch.load` with `weights_only=True`: tensors and plain containers only, never arbitrary objects."""
-    return torch.load(path, map_location=map_location, weights_only=True)
 
 
 _SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from ..compile import uncompile
 from ..distributed.data import DistributedDL
 from ..distributed.registry import get_strategy, strategy_class
+from ..distributed.strategy import ConfiguredAtFit
 from ..trainer.callback import Callback, Order
 from .accumulate import GradAccum
 from .precision import MixedPrecision
@@ -37,6 +38,18 @@ class DistributedTrainer(Callback):
         self.strategy, self.old_strategy, self.old_loaders = strategy, old_strategy, old_loaders
         self.launcher_cbs = launcher_cbs  # added from `cadence launch` settings; removed on detach
         self._shards: dict[int, DistributedDL] = {}
+        self._fit_configured = False
+
+    def before_fit(self):
+        self._fit_configured = False
+
+    def before_train(self):
+        """Once per fit, after every callback's before_fit: an engine that needs the fit's facts gets them."""
+        learn = self.learn
+        if isinstance(self.strategy, ConfiguredAtFit) and not self._fit_configured:
+            self.strategy.configure_fit(micro_batch_size=learn.dls.train.batch_size,
+                                        total_steps=learn.n_epoch * learn.steps_per_epoch)
+            self._fit_configured = True
 
     def before_validate(self):
         """`validate(dl)` / `get_preds(dl)` on a plain loader: iterate this rank's shard of it."""

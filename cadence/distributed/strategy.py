@@ -233,3 +233,15 @@ class OwnsClipping:
 
     def configure_clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
         raise NotImplementedError
+
+
+class ConfiguredAtFit:
+    """An engine whose config needs facts of the fit (DeepSpeed's "auto" batch sizes and scheduler steps).
+
+    The distributed bridge calls `configure_fit` before the first training batch, once the callbacks'
+    `before_fit` (GradAccum, GradClip) have configured the engine.
+    """
+
+    def configure_fit(self, micro_batch_size: int, total_steps: int) -> None:
+        raise NotImplementedError
+
