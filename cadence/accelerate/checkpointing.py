@@ -158,6 +158,5 @@ def _check_counts(directory: Path, prefix: str, expected: int) -> None:
 
 def _restore_position(dl: Any, state: dict[str, Any]) -> None:
     """Continue where the loader stood: the rest of its epoch, or the next epoch when that one was finished."""
-    if state["batches_done"] >= len(dl):
-        state = {**state, "epoch": state["epoch"] + 1, "batches_done": 0}
-    dl.base.load_state_dict(state)
+    complete = state.get("epoch_complete", state["batches_done"] >= len(dl))  # older states lack the flag
+    dl.base.load_state_dict({**state, "epoch_complete": complete})
