@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..compile import check_compile_options, compile_model, options_from_env
 from ..distributed import ops
 from ..distributed.data import DistributedDL
 from ..distributed.precision import make_precision
@@ -63,7 +64,8 @@ class Accelerator:
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer stepped (default).
         split_batches: loaders' batch size is the global one, split between the processes.
         device_placement: prepared loaders put batches on `accelerator.device`.
-        dynamo_backend: stored for torch.compile (see `_compile_model`).
+        dynamo_backend: torch.compile backend for prepared models ("inductor", "aot_eager", ...; "no": none);
+            by default what `cadence launch --dynamo_backend` set. Compiled in place: saved weights keep their names.
 
     >>> accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024)])
     """
@@ -84,7 +86,8 @@ class Accelerator:
             self.project_configuration.logging_dir = self.project_configuration.logging_dir or str(project_dir)
         self.device_placement, self.split_batches = device_placement, split_batches
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.dynamo_backend = dynamo_backend
+        self.compile_options = _compile_options(dynamo_backend)
+        self.dynamo_backend = (self.compile_options or {}).get("backend", "no")
         pg = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         self.state = PartialState(cpu=cpu, backend=pg.backend, timeout=pg.timeout)
         self.strategy = _make_strategy(strategy, cpu, handlers.get(DistributedDataParallelKwargs))
@@ -213,10 +216,9 @@ class Accelerator:
         return wrapped
 
     def _compile_model(self, model: nn.Module) -> nn.Module:
-        """Hook for `dynamo_backend` (torch.compile, issue 12 item 4): returns `model` until cadence's compile helper is wired here."""
-        if self.dynamo_backend not in (None, "no", "NO"):
-            warnings.warn(f"dynamo_backend={self.dynamo_backend!r} is stored but torch.compile is not applied yet",
-                          stacklevel=3)
+        """torch.compile the module inside the engine's wrapper, in place (`cadence.compile.compile_model`)."""
+        if self.compile_options is not None:
+            compile_model(self.strategy.unwrap(model), **self.compile_options)
         return model
 
     def _refuse_dummy(self, opt: Any) -> Any:
@@ -579,3 +581,12 @@ def _split_loader(dl: DataLoader, n: int) -> DataLoader:
     shuffle = isinstance(dl.sampler, torch.utils.data.RandomSampler)
     return DataLoader(dl.dataset, batch_size=dl.batch_size // n, shuffle=shuffle, collate_fn=dl.collate_fn,
                       drop_last=dl.drop_last, num_workers=dl.num_workers, pin_memory=dl.pin_memory)
+
+
+def _compile_options(dynamo_backend: str | None) -> dict[str, Any] | None:
+    """torch.compile options from `dynamo_backend`, else from the launcher's `CADENCE_DYNAMO_*`; None: no compile."""
+    if dynamo_backend is None:
+        return options_from_env()
+    if str(dynamo_backend).lower() == "no":
+        return None
+    return check_compile_options({"backend": str(dynamo_backend).lower()})
