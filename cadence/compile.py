@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+_ALWAYS_REGISTERED = frozenset({"inductor", "eager", "aot_eager", "cudagraphs"})  # registered by torch itself
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTION_NAMES = ("backend", "mode", "fullgraph", "dynamic", "options", "disable")
 # what `cadence launch --dynamo_*` (and Accelerate's `dynamo_config`) set, and the torch.compile option each fills
@@ -47,7 +48,12 @@ def check_compile_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_backend(backend: str) -> None:
-    """ValueError unless `backend` is a torch.compile backend registered in this torch (imports torch._dynamo)."""
+    """ValueError unless `backend` is a torch.compile backend registered in this torch.
+
+    torch's own common backends pass without importing torch._dynamo (seconds, e.g. in the launcher).
+    """
+    if backend in _ALWAYS_REGISTERED:
+        return
     import torch._dynamo
 
     known = torch._dynamo.list_backends(exclude_tags=())
