@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 from torch._dynamo.utils import counters
 
-from cadence import Learner
+from cadence import Checkpoint, Learner
 from cadence.compile import is_compiled, options_from_env, uncompile
 from cadence.distributed.config import from_dict
 from helpers import cadence_env, run_launch
@@ -42,7 +42,8 @@ def counting_backend(calls):
 @pytest.mark.slow
 def test_compiled_learner_trains_saves_and_loads_into_an_uncompiled_model(dls, model, tmp_path):
     calls = []
-    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), path=tmp_path, compile={"backend": counting_backend(calls)})
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), path=tmp_path, compile={"backend": counting_backend(calls)},
+                    cbs=Checkpoint(tmp_path / "checkpoints", every_epoch=True))
     before = learn.validate()["valid_loss"]
     learn.fit(3, lr=1e-2)
     assert calls, "the model never went through torch.compile"
@@ -50,8 +51,11 @@ def test_compiled_learner_trains_saves_and_loads_into_an_uncompiled_model(dls, m
     file = learn.save("compiled")
     learn.save_model(tmp_path / "export")
     learn.save_state(tmp_path / "state")
-    for written in (file, tmp_path / "export" / "model.safetensors", tmp_path / "state" / "model.safetensors"):
-        assert keys_of(written) == plain_keys()
+    written = [file, *(tmp_path / "export").rglob("*.safetensors"), *(tmp_path / "state").rglob("*.safetensors"),
+               *(tmp_path / "checkpoints").rglob("*.safetensors")]
+    assert len(written) >= 6                                      # 3 epoch checkpoints among them
+    for path in written:
+        assert keys_of(path) == plain_keys(), path
 
     torch.manual_seed(1)
     plain = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
