@@ -126,6 +126,25 @@ def test_accelerate_dynamo_config_is_read_and_checked():
         from_dict({"dynamo_config": {"dynamo_backend": "eager", "dynamo_fullgraph": True}}, "acc.yaml")
 
 
+def test_config_file_and_flags_become_the_workers_dynamo_variables(tmp_path):
+    from cadence.cli import build_parser
+    from cadence.distributed.launch import launch_env, resolve_config
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n"
+                    "dynamo_config:\n  dynamo_backend: AOT_EAGER\n  dynamo_mode: default\n  dynamo_use_fullgraph: true\n")
+    args = build_parser().parse_args(["launch", "--config_file", str(path), "--dynamo_mode", "max-autotune",
+                                      "--dynamo_use_dynamic", "false", "train.py"])
+    env = launch_env(resolve_config(args))
+    assert {k: v for k, v in env.items() if "DYNAMO" in k} == {
+        "CADENCE_DYNAMO_BACKEND": "aot_eager", "CADENCE_DYNAMO_MODE": "max-autotune",   # the flag wins
+        "CADENCE_DYNAMO_USE_FULLGRAPH": "1", "CADENCE_DYNAMO_USE_DYNAMIC": "0"}
+    assert options_from_env({k: v for k, v in env.items() if v is not None}) == {
+        "backend": "aot_eager", "mode": "max-autotune", "fullgraph": True, "dynamic": False}
+    plain = launch_env(resolve_config(build_parser().parse_args(["launch", "--cpu", "train.py"])))
+    assert plain["CADENCE_DYNAMO_BACKEND"] is None                                       # unset in the workers
+
+
 @pytest.mark.slow
 def test_launch_refuses_an_unknown_backend_before_any_worker_starts(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--dynamo_backend", "indcutor",
