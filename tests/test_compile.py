@@ -5,6 +5,7 @@ when a C compiler exists. Importing torch._dynamo costs seconds on a loaded mach
 """
 
 import copy
+import io
 import json
 import shutil
 import subprocess
@@ -63,7 +64,12 @@ def test_compiled_learner_trains_saves_and_loads_into_an_uncompiled_model(dls, m
     fresh.load("compiled")
     x = dls.valid.dataset.tensors[0]
     with torch.no_grad():
-        assert torch.equal(plain(x), uncompile(learn.model)(x))
+        assert torch.equal(plain(x), learn.model(x))
+    fresh.fit(1)                                                   # the other way: a compiled Learner loads it back
+    fresh.save("plain")
+    learn.load("plain")
+    with torch.no_grad():
+        assert torch.equal(learn.model(x), plain(x)) and is_compiled(learn.model)
 
 
 @pytest.mark.slow
@@ -103,6 +109,12 @@ def test_learn_compile_recompiles_in_place_and_checks_options_first(dls, model):
         x = torch.randn(4, 8)
         assert torch.allclose(twin(x), model(x) + 1.0)
     assert uncompile(twin) is twin and "forward" not in vars(twin)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)                                     # the whole module, pickled
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x)) and not is_compiled(loaded)
 
 
 @pytest.mark.slow
