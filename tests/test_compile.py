@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +26,13 @@ from helpers import cadence_env, run_launch
 
 
 def keys_of(path):
-    with safe_open(str(path), framework="pt") as f:
-        return set(f.keys())
+    """Tensor names in a safetensors file, or in every one under a directory (learn.save may write either)."""
+    path = Path(path)
+    keys = set()
+    for file in sorted(path.rglob("*.safetensors")) if path.is_dir() else [path]:
+        with safe_open(str(file), framework="pt") as f:
+            keys |= set(f.keys())
+    return keys
 
 
 def plain_keys():
