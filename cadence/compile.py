@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+_ALWAYS_REGISTERED = frozenset({"inductor", "eager", "aot_eager", "cudagraphs"})  # registered by torch itself
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTION_NAMES = ("backend", "mode", "fullgraph", "dynamic", "options", "disable")
 # what `cadence launch --dynamo_*` (and Accelerate's `dynamo_config`) set, and the torch.compile option each fills
@@ -47,7 +48,12 @@ def check_compile_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_backend(backend: str) -> None:
-    """ValueError unless `backend` is a torch.compile backend registered in this torch (imports torch._dynamo)."""
+    """ValueError unless `backend` is a torch.compile backend registered in this torch.
+
+    torch's own common backends pass without importing torch._dynamo (seconds, e.g. in the launcher).
+    """
+    if backend in _ALWAYS_REGISTERED:
+        return
     import torch._dynamo
 
     known = torch._dynamo.list_backends(exclude_tags=())
@@ -79,9 +85,10 @@ def compile_model(model: nn.Module, **options: Any) -> nn.Module:
 
 
 class CompiledForward:
-    """`module.forward` through torch.compile; a deep copy of the module gets its own plain forward back.
+    """`module.forward` through torch.compile; a deep copy or a pickled copy of the module gets its plain forward.
 
-    (A function attribute would be shared by `copy.deepcopy`, and the copy would run the original's weights.)
+    (A function attribute would be shared by `copy.deepcopy`, and the copy would run the original's
+    weights; a compiled function cannot be pickled.)
     """
 
     def __init__(self, module: nn.Module, options: dict[str, Any]):
@@ -100,7 +107,15 @@ class CompiledForward:
 
     def __deepcopy__(self, memo: dict) -> Any:
         copy = memo.get(id(self.module()))
-        return type(copy).forward.__get__(copy) if copy is not None else self
+        return _plain_forward(copy) if copy is not None else self
+
+    def __reduce__(self) -> tuple:
+        return _plain_forward, (self.module(),)
+
+
+def _plain_forward(module: nn.Module) -> Any:
+    """The class's forward bound to `module` (what `uncompile` removes again)."""
+    return type(module).forward.__get__(module)
 
 
 def unwrap_compiled(model: nn.Module) -> nn.Module:

@@ -5,10 +5,12 @@ when a C compiler exists. Importing torch._dynamo costs seconds on a loaded mach
 """
 
 import copy
+import io
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,15 +19,20 @@ from safetensors.torch import save_file
 from torch import nn
 from torch._dynamo.utils import counters
 
-from cadence import Learner
+from cadence import Checkpoint, Learner
 from cadence.compile import is_compiled, options_from_env, uncompile
 from cadence.distributed.config import from_dict
 from helpers import cadence_env, run_launch
 
 
 def keys_of(path):
-    with safe_open(str(path), framework="pt") as f:
-        return set(f.keys())
+    """Tensor names in a safetensors file, or in every one under a directory (learn.save may write either)."""
+    path = Path(path)
+    keys = set()
+    for file in sorted(path.rglob("*.safetensors")) if path.is_dir() else [path]:
+        with safe_open(str(file), framework="pt") as f:
+            keys |= set(f.keys())
+    return keys
 
 
 def plain_keys():
@@ -42,7 +49,8 @@ def counting_backend(calls):
 @pytest.mark.slow
 def test_compiled_learner_trains_saves_and_loads_into_an_uncompiled_model(dls, model, tmp_path):
     calls = []
-    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), path=tmp_path, compile={"backend": counting_backend(calls)})
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), path=tmp_path, compile={"backend": counting_backend(calls)},
+                    cbs=Checkpoint(tmp_path / "checkpoints", every_epoch=True))
     before = learn.validate()["valid_loss"]
     learn.fit(3, lr=1e-2)
     assert calls, "the model never went through torch.compile"
@@ -50,8 +58,11 @@ def test_compiled_learner_trains_saves_and_loads_into_an_uncompiled_model(dls, m
     file = learn.save("compiled")
     learn.save_model(tmp_path / "export")
     learn.save_state(tmp_path / "state")
-    for written in (file, tmp_path / "export" / "model.safetensors", tmp_path / "state" / "model.safetensors"):
-        assert keys_of(written) == plain_keys()
+    written = [file, *(tmp_path / "export").rglob("*.safetensors"), *(tmp_path / "state").rglob("*.safetensors"),
+               *(tmp_path / "checkpoints").rglob("*.safetensors")]
+    assert len(written) >= 6                                      # 3 epoch checkpoints among them
+    for path in written:
+        assert keys_of(path) == plain_keys(), path
 
     torch.manual_seed(1)
     plain = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -59,7 +70,12 @@ def test_compiled_learner_trains_saves_and_loads_into_an_uncompiled_model(dls, m
     fresh.load("compiled")
     x = dls.valid.dataset.tensors[0]
     with torch.no_grad():
-        assert torch.equal(plain(x), uncompile(learn.model)(x))
+        assert torch.equal(plain(x), learn.model(x))
+    fresh.fit(1)                                                   # the other way: a compiled Learner loads it back
+    fresh.save("plain")
+    learn.load("plain")
+    with torch.no_grad():
+        assert torch.equal(learn.model(x), plain(x)) and is_compiled(learn.model)
 
 
 @pytest.mark.slow
@@ -99,6 +115,12 @@ def test_learn_compile_recompiles_in_place_and_checks_options_first(dls, model):
         x = torch.randn(4, 8)
         assert torch.allclose(twin(x), model(x) + 1.0)
     assert uncompile(twin) is twin and "forward" not in vars(twin)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)                                     # the whole module, pickled
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x)) and not is_compiled(loaded)
 
 
 @pytest.mark.slow
@@ -120,6 +142,25 @@ def test_accelerate_dynamo_config_is_read_and_checked():
     assert from_dict({"dynamo_backend": "NO"}).dynamo_config == {}
     with pytest.raises(ValueError, match="dynamo_config: unknown key.*dynamo_fullgraph"):
         from_dict({"dynamo_config": {"dynamo_backend": "eager", "dynamo_fullgraph": True}}, "acc.yaml")
+
+
+def test_config_file_and_flags_become_the_workers_dynamo_variables(tmp_path):
+    from cadence.cli import build_parser
+    from cadence.distributed.launch import launch_env, resolve_config
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n"
+                    "dynamo_config:\n  dynamo_backend: AOT_EAGER\n  dynamo_mode: default\n  dynamo_use_fullgraph: true\n")
+    args = build_parser().parse_args(["launch", "--config_file", str(path), "--dynamo_mode", "max-autotune",
+                                      "--dynamo_use_dynamic", "false", "train.py"])
+    env = launch_env(resolve_config(args))
+    assert {k: v for k, v in env.items() if "DYNAMO" in k} == {
+        "CADENCE_DYNAMO_BACKEND": "aot_eager", "CADENCE_DYNAMO_MODE": "max-autotune",   # the flag wins
+        "CADENCE_DYNAMO_USE_FULLGRAPH": "1", "CADENCE_DYNAMO_USE_DYNAMIC": "0"}
+    assert options_from_env({k: v for k, v in env.items() if v is not None}) == {
+        "backend": "aot_eager", "mode": "max-autotune", "fullgraph": True, "dynamic": False}
+    plain = launch_env(resolve_config(build_parser().parse_args(["launch", "--cpu", "train.py"])))
+    assert plain["CADENCE_DYNAMO_BACKEND"] is None                                       # unset in the workers
 
 
 @pytest.mark.slow

@@ -59,7 +59,11 @@ with learn.distrib_ctx():
 check("plain module compiled after", is_compiled(learn.model) and not hasattr(learn.model, "module"))
 file = learn.save("compiled", with_opt=False)
 if rank() == 0:
-    with safe_open(str(file), framework="pt") as f:
-        keys = sorted(f.keys())
+    files = sorted(file.rglob("*.safetensors")) if file.is_dir() else [file]   # learn.save: a file or a directory
+    keys = []
+    for one in files:
+        with safe_open(str(one), framework="pt") as f:
+            keys += list(f.keys())
+    keys = sorted(keys)
     check("saved keys", keys == sorted(["0.weight", "0.bias", "2.weight", "2.bias"]))
     (out / "result.json").write_text(json.dumps({"keys": keys}))
