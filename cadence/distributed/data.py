@@ -327,8 +327,8 @@ class DistributedDL:
         layout = {"world_size": state.get("world_size", self.world_size),
                   "batch_size": state.get("batch_size", self.dl.batch_size), "batches_done": done}
         layout["samples_done"] = state.get("samples_done", done * (layout["batch_size"] or 1) * layout["world_size"])
-        if (layout["world_size"], layout["batch_size"]) != (self.world_size, self.dl.batch_size):
-            self._source = layout
+        if done > 0 and (layout["world_size"], layout["batch_size"]) != (self.world_size, self.dl.batch_size):
+            self._source = layout  # an epoch begun on another layout: its rest keeps that layout's global batches
         if state.get("epoch_complete") or (not self._unsized and done >= len(self)):
             self.set_epoch(epoch + 1)
             return

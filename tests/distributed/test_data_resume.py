@@ -132,6 +132,11 @@ def test_complete_epoch_and_old_dicts():
     on1 = make(20, 1, 4)[0]
     on1.load_state_dict(state)                            # complete: the next epoch, from its start
     assert on1.epoch == 1 and on1.start_batch == 0 and len(list(on1)) == 5
+    fresh = make(20, 1, 4)[0]                             # the next epoch named with 0 batches done: its own layout
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.load_state_dict({**state, "epoch": 1, "batches_done": 0, "epoch_complete": False})
+    assert fresh.epoch == 1 and len(fresh) == 5
     old = make(20, 2, 4)[1]
     old.load_state_dict({"seed": 11, "epoch": 2, "batches_done": 1})   # a dict from before world_size was saved
     ref = make(20, 2, 4)[1]
