@@ -12,7 +12,14 @@ Rows (name: goal, what passes):
   group (tests/scripts/plain_ddp.py, the shape that died with SIGABRT at exit);
 - hang: 60, rank 1 stops responding (tests/scripts/hang.py, `--timeout 10`): the launch ends within
   timeout + 10 s of the hang and its report names rank 1 as the rank that stopped responding;
-- kill_launcher: 20, SIGKILL of `cadence launch` at a random moment of a run: both workers gone within 5 s.
+- kill_launcher: 20, SIGKILL of `cadence launch` at a random moment of a run: both workers gone within 5 s;
+- kill_rank: 20, SIGKILL of a random worker at a random moment of a 2-process run launched with
+  `--max_restarts 2` (tests/scripts/resume.py, resume="auto"): the launch exits 0 and the final weights
+  are bitwise equal to an uninterrupted run's;
+- kill_in_checkpoint: 50, SIGKILL of a 1-process run (resume.py, keep_last=2) just before a random one of
+  the filesystem calls its checkpoint saves and prunes make (tests/scripts/fs_kill.py): `latest` names a
+  checkpoint that loads, every checkpoint that keep_last keeps (its history) is there, and the same
+  command then finishes bitwise equal to an uninterrupted run with no leftovers.
 
 Each row is a function `trial_<name>(workdir: Path, i: int) -> tuple[bool, str]` (passed, detail)
 registered in TRIALS as name -> (function, goal count, description); other rows plug in the same way.
@@ -99,6 +106,102 @@ def trial_kill_launcher(workdir: Path, i: int) -> tuple[bool, str]:
     return (not alive), (f"still alive after 5 s: {alive}" if alive else "")
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    import torch
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a)), load_file(str(b))
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _reference(workdir: Path, *cmd: str) -> Path:
+    """The final weights of an uninterrupted run of `cmd` (run once per row, kept in `workdir`)."""
+    out = workdir / "reference.st"
+    if not out.exists():
+        subprocess.run([*cmd, "--ckpt", str(workdir / "reference"), "--out", str(out)], check=True,
+                       capture_output=True, timeout=600, env=child_env(), cwd=workdir)
+    return out
+
+
+def trial_kill_rank(workdir: Path, i: int) -> tuple[bool, str]:
+    rng = random.Random(i)
+    cmd = launch_cmd("resume.py", "--max_restarts", "2")
+    ref = _reference(workdir, *cmd)
+    run = workdir / f"run{i}"
+    proc = subprocess.Popen([*cmd, "--ckpt", str(run), "--out", str(run / "final.st"), "--step-delay", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=workdir)
+    deadline = time.monotonic() + 120
+    while len(_children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0, 6))                   # start-up, training, a checkpoint, validation, the end
+    workers = _children(proc.pid)
+    victim = rng.choice(workers) if workers and proc.poll() is None else None
+    if victim is not None:
+        os.kill(victim, signal.SIGKILL)
+    try:
+        out, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return False, "still running 600 s after the kill"
+    if victim is None:
+        return False, "the run ended before the kill (not a trial)"
+    if proc.returncode != 0 or "STEPS 9" not in out:
+        return False, f"exit {proc.returncode}: {err.strip()[-300:]!r}"
+    same = _same_weights(ref, run / "final.st")
+    return same, "" if same else "final weights differ from the uninterrupted run"
+
+
+def trial_kill_in_checkpoint(workdir: Path, i: int) -> tuple[bool, str]:
+    from cadence.callbacks.checkpoint import read_state
+    from cadence.serialization import load_weights
+
+    cmd = [sys.executable, str(SCRIPTS / "resume.py"), "--keep-last", "2"]
+    ref = _reference(workdir, *cmd)
+    total = _filesystem_ops(workdir, cmd)
+    n = random.Random(i).randint(1, total)
+    run = workdir / f"run{i}"
+    args = ["--ckpt", str(run), "--out", str(run / "final.st")]
+    killed = subprocess.run([*cmd, *args, "--kill-at-op", f"any:{n}"], capture_output=True, text=True, timeout=600,
+                            env=child_env(), cwd=workdir)
+    if killed.returncode != -signal.SIGKILL:
+        return False, f"op {n}/{total}: not killed (exit {killed.returncode})"
+    pointer = run / "latest"
+    if pointer.exists():
+        try:
+            latest = run / pointer.read_text()
+            kept = read_state(latest)["callbacks"]["checkpoint"]["history"][-2:]
+            load_weights(latest / "model.safetensors")
+        except (OSError, ValueError) as e:
+            return False, f"op {n}/{total}: latest does not load: {e}"
+        missing = [name for name in kept if not (run / name / "state.json").is_file()]
+        if missing:
+            return False, f"op {n}/{total}: keep_last=2 checkpoints gone: {missing}"
+    done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600, env=child_env(), cwd=workdir)
+    leftovers = [p.name for p in run.iterdir() if p.name.startswith(".")]
+    if done.returncode != 0 or leftovers:
+        return False, f"op {n}/{total}: resume exit {done.returncode}, leftovers {leftovers}: {done.stderr[-300:]!r}"
+    same = _same_weights(ref, run / "final.st")
+    return same, f"op {n}/{total}" + ("" if same else ": final weights differ from the uninterrupted run")
+
+
+def _filesystem_ops(workdir: Path, cmd: list[str]) -> int:
+    """How many filesystem calls the checkpoints of a whole run make (counted once per row)."""
+    file = workdir / "fsops"
+    if not file.exists():
+        proc = subprocess.run([*cmd, "--ckpt", str(workdir / "count"), "--out", str(workdir / "count.st"),
+                               "--kill-at-op", "any:0"], capture_output=True, text=True, timeout=600,
+                              env=child_env(), cwd=workdir, check=True)
+        file.write_text(re.search(r"FSOPS (\d+)", proc.stdout).group(1))
+    return int(file.read_text())
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -110,6 +213,9 @@ TRIALS = {
     "finish": (trial_finish, 200, "finished 2-process launches that exit 0"),
     "hang": (trial_hang, 60, f"hung rank: run ends within timeout+10 s ({HANG_TIMEOUT_S}+10) naming rank 1"),
     "kill_launcher": (trial_kill_launcher, 20, "SIGKILL of the launcher: workers gone within 5 s"),
+    "kill_rank": (trial_kill_rank, 20, "SIGKILL of a random rank under --max_restarts 2: exit 0, bitwise equal"),
+    "kill_in_checkpoint": (trial_kill_in_checkpoint, 50, "SIGKILL at a random filesystem call of checkpointing "
+                           "(keep_last=2): latest loads, kept ones there; resume bitwise equal, no leftovers"),
 }
 
 

@@ -1,8 +1,15 @@
 """Saving and loading weights and optimizer state: safetensors, `weights_only` loads, atomic writes (used by every layer).
 
+A file is written under a temporary name and renamed (`atomic_path`); a directory of files that
+belong together (weights + optimizer) is written into a staged directory and renamed as a whole
+(`staging_dir`, `commit_dir`; `recover_dir` finishes or drops what a killed write left).
+A file that cannot be read raises ValueError naming the file.
+
 >>> save_weights(model.state_dict(), "models/stage1.safetensors")
 >>> state = load_weights("models/stage1.safetensors")
 >>> check_state_dict(model, state)        # ValueError listing missing/unexpected keys, shape mismatches
+
+Files saved from a `torch.compile`d model (keys starting `_orig_mod.`) load as the plain model's.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
+import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -57,23 +66,46 @@ def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike) -> Non
 
 def load_weights(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Read a safetensors file written by `save_weights` (or anyone else) into a state dict."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        aliases = json.loads((f.metadata() or {}).get(_ALIASES_KEY, "{}"))
-    state = load_file(str(path), device=str(device))
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            aliases = json.loads((f.metadata() or {}).get(_ALIASES_KEY, "{}"))
+        state = load_file(str(path), device=str(device))
+    except (SafetensorError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt: {e}); "
+                         f"load another copy or another checkpoint") from None
     for alias, name in aliases.items():
         state[alias] = state[name]
-    return state
+    return strip_compile_prefix(state)
+
+
+COMPILE_PREFIX = "_orig_mod."
+
+
+def strip_compile_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keys without torch.compile's `_orig_mod.` segment, which files saved from a `torch.compile`d model carry.
+
+    >>> list(strip_compile_prefix({"_orig_mod.fc.weight": w, "module._orig_mod.fc.bias": b}))
+    ['fc.weight', 'module.fc.bias']
+    """
+    if not any(COMPILE_PREFIX in k for k in state):
+        return state
+    return {".".join(p for p in k.split(".") if p != COMPILE_PREFIX[:-1]): v for k, v in state.items()}
+
+
+def _full_shape(t: torch.Tensor) -> torch.Size:
+    """A tensor's shape, or the whole parameter's for a DeepSpeed ZeRO-3 partition (`ds_shape`)."""
+    return getattr(t, "ds_shape", t.shape)
 
 
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Raise ValueError, before anything is loaded, when `state` does not fit `model`."""
-    expected = model.state_dict()
+    expected = model.state_dict(keep_vars=True)  # parameters themselves: a ZeRO-3 partition knows its full shape
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: {tuple(state[k].shape)} in {source}, {tuple(expected[k].shape)} in model"
-              for k in expected if k in state and state[k].shape != expected[k].shape]
+    shapes = [f"{k}: {tuple(state[k].shape)} in {source}, {tuple(_full_shape(expected[k]))} in model"
+              for k in expected if k in state and state[k].shape != _full_shape(expected[k])]
     if missing or unexpected or shapes:
         lines = [f"the {source} does not fit this model (is it from another architecture?)"]
         for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
@@ -89,5 +121,97 @@ def save_torch(obj, path: str | os.PathLike) -> None:
 
 
 def load_torch(path: str | os.PathLike, map_location="cpu"):
-    """`torch.load` with `weights_only=True`: tensors and plain containers only, never arbitrary objects."""
-    return torch.load(path, map_location=map_location, weights_only=True)
+    """`torch.load` with `weights_only=True`: tensors and plain containers only, never arbitrary objects.
+
+    A file that is truncated, corrupt or holds other objects raises ValueError naming it.
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        # torch's message for a refused object suggests weights_only=False, i.e. running the file's code: never
+        reason = "holds objects other than tensors" if isinstance(e, pickle.UnpicklingError) else "is truncated or corrupt"
+        raise ValueError(f"{path} {reason}: it is corrupt or not a cadence checkpoint file; "
+                         f"load another copy or another checkpoint") from None
+
+
+# ---------------------------------------------------------------------------- directories
+STAGED, REPLACED, DELETED = ".tmp", ".old", ".deleted"
+
+
+def sibling(path: Path, suffix: str) -> Path:
+    """The hidden name next to `path` that a write (".tmp"), replace (".old") or delete (".deleted") uses."""
+    return path.with_name(f".{path.name}{suffix}")
+
+
+def staging_dir(target: str | os.PathLike) -> Path:
+    """An empty directory next to `target` to write into; `commit_dir` then makes it `target` in one step.
+
+    >>> staged = staging_dir("models/stage1"); save_weights(state, staged / "model.safetensors")
+    >>> commit_dir(staged, "models/stage1")
+    """
+    staged = sibling(Path(target), STAGED)
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    return staged
+
+
+def commit_dir(staged: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Make the complete directory `staged` visible as `target`, replacing any directory there.
+
+    A new name is one rename. A replace is two (old out of the way as ".old", then staged in):
+    while ".old" exists the staged directory is known complete, so `recover_dir` finishes a
+    replace that was killed between them, and the pair of files inside never mixes two saves.
+    """
+    staged, target = Path(staged), Path(target)
+    if target.exists():
+        old = sibling(target, REPLACED)
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(target, old)
+        os.rename(staged, target)
+        shutil.rmtree(old)
+    else:
+        os.rename(staged, target)
+    return target
+
+
+def recover_dir(target: str | os.PathLike) -> None:
+    """Finish a replace of `target` that was killed half-way; drop what a killed write or delete left."""
+    target = Path(target)
+    old, staged = sibling(target, REPLACED), sibling(target, STAGED)
+    if old.exists():
+        if not target.exists():
+            os.rename(staged, target)  # staged was complete: the old directory moves away only then
+        shutil.rmtree(old)
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.rmtree(sibling(target, DELETED), ignore_errors=True)
+
+
+def remove_dir(path: str | os.PathLike) -> None:
+    """Delete a directory; it first becomes a hidden ".deleted" tombstone, so a kill half-way never
+    leaves a partial directory under its own name (`recover_dir` removes the tombstone)."""
+    path = Path(path)
+    tomb = sibling(path, DELETED)
+    shutil.rmtree(tomb, ignore_errors=True)
+    os.rename(path, tomb)
+    shutil.rmtree(tomb)
+
+
+_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+               "TB": 10**12, "B": 1}
+
+
+def parse_size(size: int | str, what: str = "size") -> int:
+    """Bytes from an int or a string such as "2GB", "500MiB", "1.5 GiB" (ValueError naming `what` otherwise).
+
+    >>> parse_size("10MiB"), parse_size("2GB"), parse_size(512)
+    (10485760, 2000000000, 512)
+    """
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+        return size
+    if isinstance(size, str):
+        text = size.strip().upper()
+        for unit, factor in _SIZE_UNITS.items():
+            number = text[: -len(unit)].strip()
+            if text.endswith(unit) and number.replace(".", "", 1).isdigit():
+                return int(float(number) * factor)
+    raise ValueError(f"{what} must be a number of bytes or a size such as '2GB' or '500MiB', got {size!r}")

@@ -31,3 +31,14 @@ def dls(dsets):
 def model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def make_learner(dls, path, cbs=(), model=None):
+    """A Learner without the progress display, with the `model` fixture's network (same seed) unless given."""
+    from cadence import Learner, accuracy
+
+    torch.manual_seed(0)
+    model = model or nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, path=path, cbs=list(cbs))
+    learn.remove_cb(learn.progress)
+    return learn

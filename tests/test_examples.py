@@ -58,6 +58,6 @@ def test_quickstart_notebook_runs_in_a_kernel(tmp_path, monkeypatch):
     assert found, "the notebook printed no 'validation accuracy:' line"
     assert float(found[-1]) >= 0.97, text
     assert any("image/png" in o.get("data", {}) for o in _outputs(nb, "display_data")), "lr_find drew no plot"
-    assert (workdir / "models" / "digits.safetensors").exists()
+    assert (workdir / "models" / "digits" / "model.safetensors").exists()
     after_load = re.findall(r"after load:\s+([0-9.]+)", text)
     assert after_load and float(after_load[0]) >= 0.97, text

@@ -329,12 +329,13 @@ class DistributedDL:
         layout["samples_done"] = state.get("samples_done", done * (layout["batch_size"] or 1) * layout["world_size"])
         if done > 0 and (layout["world_size"], layout["batch_size"]) != (self.world_size, self.dl.batch_size):
             self._source = layout  # an epoch begun on another layout: its rest keeps that layout's global batches
-        if state.get("epoch_complete") or (not self._unsized and done >= len(self)):
+        if state.get("epoch_complete"):
             self.set_epoch(epoch + 1)
             return
         if self._source is not None and self.rank == 0:
             warnings.warn(self._layout_change(layout), stacklevel=2)
-        self.start_batch = self._steps_done = done
+        self.start_batch = self._steps_done = done  # all batches done but not the epoch: an empty rest, then the
+        # loop still ends that epoch (validation) before the next
 
     def _layout_change(self, src: dict[str, Any]) -> str:
         """What a resume on another layout changes, for the warning."""

@@ -111,10 +111,19 @@ def setup_distrib(backend: str | None = None, timeout_s: float | None = None) ->
     _export_torchrun_vars()
     wait = timedelta(seconds=timeout_s) if timeout_s is not None else timeout()
     store, rank_, size = next(dist.rendezvous("env://", timeout=wait))
-    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"cadence/group{_next_generation()}", store),
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(_store_prefix(), store),
                             rank=rank_, world_size=size, timeout=wait)
     install_exit_guard()        # plain torchrun: never reach interpreter finalization with this group alive
     return True
+
+
+def _store_prefix() -> str:
+    """Keys of this group in the rendezvous store: unique per restart of the job and per group of the process.
+
+    torchrun's agent keeps one store across `--max_restarts` restarts; a restarted worker that
+    used the old prefix would read the addresses of the dead workers it replaces.
+    """
+    return f"cadence/restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/group{_next_generation()}"
 
 
 def _next_generation() -> int:

@@ -27,7 +27,7 @@ __all__ = ["map_tensors", "wait_for_everyone", "broadcast", "reduce", "gather", 
            "rank0_first", "on_main_process", "on_local_main_process", "main_print", "get_logger"]
 
 T = TypeVar("T")
-_REDUCE_OPS = ("mean", "sum")
+_REDUCE_OPS = ("mean", "sum", "max", "min")
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -89,7 +89,7 @@ def broadcast(obj: T, src: int = 0) -> T:
 
 
 def reduce(data: T, op: str = "mean") -> T:
-    """Sum or mean of `data` (a tensor or nested tensors) over all ranks, returned as new tensors.
+    """Sum, mean, max or min of `data` (a tensor or nested tensors) over all ranks, returned as new tensors.
 
     >>> reduce(torch.tensor(rank() + 1.0), op="sum")     # on 2 ranks
     tensor(3.)
@@ -102,7 +102,7 @@ def reduce(data: T, op: str = "mean") -> T:
 
     def _reduce(t: torch.Tensor) -> torch.Tensor:
         out = t.detach().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        dist.all_reduce(out, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(op, dist.ReduceOp.SUM))
         return out / env.world_size() if op == "mean" else out
     return map_tensors(_reduce, data)
 

@@ -13,8 +13,9 @@ few `_do_*` methods below and `_with_events`, which runs one level of it with it
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-import warnings
+import numbers
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,9 @@ from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException,
                      CancelValidateException, Event)
 from .features import FeatureMethods
 from .recorder import Recorder
-from .schedule import LRFinder, ParamScheduler, SuggestedLRs, combined_cos, set_hyper
-from ..serialization import check_state_dict, load_torch, load_weights, save_torch, save_weights
+from .policies import FitPolicies
+from .schedule import set_hyper
+from .transfer import TransferMethods
 
 _INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
                            "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
@@ -48,7 +50,7 @@ def _listify(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-class Learner(FeatureMethods):
+class Learner(FitPolicies, TransferMethods, FeatureMethods):
     """Trains `model` on `dls` with `loss_func`, an optimizer from `opt_func`, and callbacks.
 
     Args:
@@ -57,21 +59,26 @@ class Learner(FeatureMethods):
             and targets (`yb`, passed as `loss_func(pred, *yb)`).
         loss_func: `loss_func(pred, *yb)` -> scalar tensor.
         opt_func: any callable `opt_func(params, lr=lr)` returning a `torch.optim.Optimizer`.
-        lr: default learning rate (a float, or a `slice` / list for discriminative rates).
+        lr: default learning rate (a float, or a `slice` / list for discriminative rates); by default
+            the `lr` bound in `opt_func=partial(torch.optim.Adam, lr=...)` if there is one, else 1e-3.
         splitter: `splitter(model)` -> list of parameter groups (for discriminative rates).
         cbs, metrics: callbacks and metrics (functions `fn(preds, targs)` or `Metric`s).
         path, model_dir: `save`/`load` use `path/model_dir/<name>.safetensors`.
         wd: weight decay; None keeps the optimizer's default.
         strategy: how to run backward/step (`SingleDevice` by default; `distrib_ctx` swaps it).
+        train_bn: BatchNorm layers of frozen parameter groups keep training (`freeze`, `fine_tune`).
+        compile: torch.compile the model: True (torch's defaults), a backend name, a dict of
+            torch.compile options, False; None follows `cadence launch --dynamo_backend` (see `learn.compile`).
 
     >>> learn = Learner(dls, model, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.1)
     >>> learn.fit(2)
     """
 
     def __init__(self, dls: DataLoaders, model: nn.Module, loss_func: Callable | None = None,
-                 opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice = 1e-3,
+                 opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice | None = None,
                  splitter: Callable[[nn.Module], Iterable] | None = None, cbs: Any = None, metrics: Any = None,
-                 path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None):
+                 path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None,
+                 train_bn: bool = True, compile: bool | str | dict | None = None):
         if not isinstance(dls, DataLoaders):
             raise TypeError(f"dls must be a cadence.DataLoaders, got {type(dls).__name__}: "
                             f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
@@ -81,13 +88,17 @@ class Learner(FeatureMethods):
             raise ValueError("Learner needs a loss_func, e.g. Learner(dls, model, loss_func=nn.CrossEntropyLoss())")
         if not callable(loss_func):
             raise TypeError(f"loss_func must be callable as loss_func(pred, target), got {loss_func!r}")
+        _check_opt_func(opt_func)
         if strategy is None:
             from ..distributed.strategy import SingleDevice  # the default engine; trainer/ never needs more
 
             strategy = SingleDevice(dls.device)
-        self.dls, self.loss_func, self.opt_func, self.lr, self.splitter = dls, loss_func, opt_func, lr, splitter
+        self.dls, self.loss_func, self.opt_func, self.splitter = dls, loss_func, opt_func, splitter
+        self.lr = _default_lr(opt_func) if lr is None else lr
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
+        self.train_bn = train_bn
         self.model, self.opt = strategy.setup(model, self._make_opt)
+        self._set_compile(compile)
         self.cbs: list[Callback] = []
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
@@ -100,9 +111,16 @@ class Learner(FeatureMethods):
         self("after_create")
 
     # ------------------------------------------------------------------ callbacks
-    def __call__(self, event: str | Event) -> None:
-        """Run every callback's handler for `event`, in order: `learn("before_fit")`."""
-        self._fire(event)
+    def __call__(self, event: str | Event | Iterable[str | Event]) -> None:
+        """Run every callback's handler for `event` (or for each of a list of events), in order.
+
+        >>> learn("before_fit"); learn(["before_epoch", "before_train"])
+        """
+        if isinstance(event, (list, tuple)):
+            for e in event:
+                self._fire(e)
+        else:
+            self._fire(event)
 
     def _fire(self, event: str | Event) -> None:  # what `learn(event)` does; the loop calls it as a method (faster)
         try:
@@ -232,6 +250,7 @@ class Learner(FeatureMethods):
     @staticmethod
     def _group_lrs(lr: float | slice | list, n_groups: int) -> np.ndarray:
         """One learning rate per parameter group: a float for all, a slice spread geometrically, or a list."""
+        _check_lr(lr)
         if isinstance(lr, slice):
             if lr.start is None:
                 return np.array([lr.stop / 10] * (n_groups - 1) + [lr.stop], dtype=float)
@@ -242,7 +261,9 @@ class Learner(FeatureMethods):
         return lrs
 
     # ------------------------------------------------------------------ the loop
-    def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None):
+    def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None,
+                     done: Callable | None = None):
+        """before_<level>, f, after_cancel_<level> if cancelled, `done` (counters), after_<level>, `final`."""
         before, after_cancel, after = _LEVEL_EVENTS[level]
         try:
             if self._handlers[before]:  # most events have no handler by default: skip the call
@@ -250,6 +271,8 @@ class Learner(FeatureMethods):
             f()
         except cancel:
             self._fire(after_cancel)
+        if done is not None:
+            done()
         if self._handlers[after]:
             self._fire(after)
         if final is not None:
@@ -259,15 +282,17 @@ class Learner(FeatureMethods):
             resume: str | Path | None = None) -> None:
         """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`), validating after each.
 
-        `resume` ("latest", a checkpoint name or path) continues a run saved by the `Checkpoint`
-        callback exactly where it stopped, mid-epoch included.
+        `resume` continues a run saved by the `Checkpoint` callback exactly where it stopped,
+        mid-epoch included: "auto" from the latest checkpoint if there is one (a fresh start
+        otherwise: one command line for the first run, restarts and requeues), "latest" (there
+        must be one), or a checkpoint name or path.
 
         >>> learn.fit(3, lr=1e-2)
-        >>> learn.fit(3, lr=1e-2, cbs=Checkpoint(every_n_steps=100), resume="latest")
+        >>> learn.fit(3, lr=1e-2, cbs=Checkpoint(every_n_steps=100), resume="auto")
         """
         if not isinstance(n_epoch, int) or n_epoch < 1:
             raise ValueError(f"n_epoch must be a positive int, got {n_epoch!r}")
-        with self.added_cbs(cbs):
+        with self.added_cbs(cbs), self._fit_contexts():
             set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
             if wd is not None:
                 set_hyper(self.opt, "wd", wd)
@@ -276,6 +301,14 @@ class Learner(FeatureMethods):
             if resume is not None:
                 self._resume(resume)
             self._with_events(self._do_fit, "fit", CancelFitException, self._end_cleanup)
+
+    @contextlib.contextmanager
+    def _fit_contexts(self):
+        """The `fit_context()` of every callback that has one (e.g. Checkpoint's signal handlers), around the fit."""
+        with contextlib.ExitStack() as stack:
+            for cb in [cb for cb in self.cbs if callable(getattr(cb, "fit_context", None))]:
+                stack.enter_context(cb.fit_context())
+            yield
 
     def _resume(self, which: str | Path) -> None:
         from ..callbacks.checkpoint import Checkpoint
@@ -327,9 +360,12 @@ class Learner(FeatureMethods):
             self.xb, self.yb = b[:n], b[n:]
         else:
             self.xb, self.yb = (b,), ()
-        self._with_events(self._do_one_batch, "batch", CancelBatchException)
-        if self.training:
-            self.train_iter += 1
+        # a training batch counts as seen before any callback's after_batch (fastai's order), cancelled or not
+        self._with_events(self._do_one_batch, "batch", CancelBatchException, None,
+                          self._count_batch if self.training else None)
+
+    def _count_batch(self) -> None:
+        self.train_iter += 1
 
     def _do_one_batch(self) -> None:
         if self._forward_cbs:
@@ -399,37 +435,6 @@ class Learner(FeatureMethods):
     def _end_cleanup(self) -> None:
         self.dl = self.xb = self.yb = self.pred = self.loss = self.loss_grad = None
 
-    # ------------------------------------------------------------------ schedules
-    def fit_one_cycle(self, n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
-                      div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,
-                      moms: tuple[float, float, float] | None = (0.95, 0.85, 0.95), cbs: Any = None,
-                      resume: str | Path | None = None) -> None:
-        """Train with the one-cycle policy: lr warms up to `lr_max` then anneals; momentum does the reverse.
-
-        >>> learn.fit_one_cycle(3, lr_max=1e-2)
-        """
-        lr_max = self._group_lrs(self.lr if lr_max is None else lr_max, len(self.opt.param_groups))
-        scheds = {"lr": combined_cos(pct_start, lr_max / div, lr_max, lr_max / div_final)}
-        if moms is not None:
-            scheds["mom"] = combined_cos(pct_start, *moms)
-        self.fit(n_epoch, wd=wd, cbs=[ParamScheduler(scheds), *_listify(cbs)], resume=resume)
-
-    def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10.0, num_it: int = 100, stop_div: bool = True,
-                show_plot: bool = True) -> SuggestedLRs:
-        """Try learning rates from `start_lr` to `end_lr`, restore the model, and suggest one.
-
-        >>> lr = learn.lr_find().valley
-        """
-        finder = LRFinder(start_lr, end_lr, num_it, stop_div)
-        n_epoch = math.ceil(num_it / max(len(self.dls.train), 1))
-        with self.no_bar():
-            self.fit(n_epoch, cbs=finder)
-        suggestions = finder.suggestions()
-        if show_plot:
-            finder.plot(suggestions.valley)
-        self.lr_finder = finder
-        return suggestions
-
     # ------------------------------------------------------------------ inference
     def validate(self, dl: Iterable | None = None, cbs: Any = None) -> dict[str, float | None]:
         """Run one validation pass; returns `{"valid_loss": ..., <metric>: ...}`.
@@ -484,41 +489,59 @@ class Learner(FeatureMethods):
         return dl
 
     # ------------------------------------------------------------------ saving
-    def save(self, name: str, with_opt: bool = True) -> Path:
-        """Write the weights to `path/model_dir/<name>.safetensors` (and the optimizer to `<name>.opt.pt`).
+    def save(self, name: str | Path, with_opt: bool = True) -> Path:
+        """Write the weights and (`with_opt`) the optimizer state to `path/model_dir/<name>/` as one unit.
 
-        >>> learn.save("stage1")   # models/stage1.safetensors, models/stage1.opt.pt
+        >>> learn.save("stage1")   # models/stage1/model.safetensors, models/stage1/optimizer.pt
         """
-        file = self.path / self.model_dir / f"{name}.safetensors"
-        save_weights(self.strategy.model_state_dict(self.model), file)
-        if with_opt:
-            save_torch(self.strategy.optimizer_state_dict(self.model, self.opt), file.with_suffix(".opt.pt"))
-        return file
+        from .saving import save
+
+        return save(self, name, with_opt)
 
     def load(self, name: str | Path, with_opt: bool = True, strict: bool = True) -> "Learner":
-        """Load weights saved by `save` (a name in `model_dir`, or a path to a .safetensors file).
+        """Load what `save` wrote (a name in `model_dir`, or a path); checked against the model before loading.
 
-        The file is checked against the model before anything is loaded.
+        >>> learn.load("stage1")
         """
-        file = Path(name) if Path(name).suffix == ".safetensors" else self.path / self.model_dir / f"{name}.safetensors"
-        if not file.exists():
-            raise FileNotFoundError(f"no saved weights at {file}; names saved so far: "
-                                    f"{sorted(p.stem for p in file.parent.glob('*.safetensors'))}")
-        state = load_weights(file)
-        if strict:
-            check_state_dict(self.strategy.unwrap(self.model), state, source=str(file))
-            self.strategy.load_model_state_dict(self.model, state)
-        else:
-            self.strategy.unwrap(self.model).load_state_dict(state, strict=False)
-        opt_file = file.with_suffix(".opt.pt")
-        if with_opt and opt_file.exists():
-            self.strategy.load_optimizer_state_dict(self.model, self.opt, load_torch(opt_file))
-        elif with_opt:
-            warnings.warn(f"no optimizer state at {opt_file}; the optimizer starts fresh", stacklevel=2)
+        from .saving import load
+
+        load(self, name, with_opt, strict)
         return self
 
     def __repr__(self) -> str:
         return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"
+
+
+def _check_opt_func(opt_func: Any) -> None:
+    if callable(opt_func):
+        return
+    match = [n for n in dir(torch.optim) if isinstance(opt_func, str) and n.lower() == opt_func.lower()]
+    hint = f"opt_func=torch.optim.{match[0]}" if match else "opt_func=torch.optim.AdamW"
+    raise TypeError(f"opt_func must be a function or class that builds the optimizer, got {opt_func!r}: pass e.g. "
+                    f"{hint}, or functools.partial(torch.optim.SGD, momentum=0.9)")
+
+
+def _check_lr(lr: Any) -> None:
+    """ValueError naming `lr` unless it is a number >= 0, a slice of them, or a list of them."""
+    def is_rate(x: Any) -> bool:
+        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+    if isinstance(lr, slice):
+        ok = is_rate(lr.stop) and (lr.start is None or is_rate(lr.start)) and lr.step is None
+    elif isinstance(lr, (list, tuple, np.ndarray)):
+        ok = len(lr) > 0 and all(is_rate(x) for x in np.asarray(lr, dtype=object).ravel())
+    else:
+        ok = is_rate(lr)
+    if ok:
+        return
+    hint = "learn.lr_find() suggests one"
+    if isinstance(lr, str):
+        try:
+            hint = f"the number {float(lr)!r}, not a string" if math.isfinite(float(lr)) else hint
+        except ValueError:
+            pass
+    raise ValueError(f"the learning rate must be a finite number >= 0, slice(start, stop) for discriminative rates "
+                     f"or a list of rates, got {lr!r}; pass e.g. lr=1e-3 ({hint})")
 
 
 def _describe(x: Any) -> str:
@@ -527,6 +550,13 @@ def _describe(x: Any) -> str:
     if isinstance(x, (list, tuple)):
         return "(" + ", ".join(_describe(v) for v in x) + ")"
     return type(x).__name__
+
+
+def _default_lr(opt_func: Callable) -> float:
+    """An lr bound in `opt_func=partial(Adam, lr=...)` is the Learner's default (as in fastai); else 1e-3."""
+    if isinstance(opt_func, functools.partial) and "lr" in opt_func.keywords:
+        return opt_func.keywords["lr"]
+    return 1e-3
 
 
 def _default_cbs() -> list[Callback]:

@@ -7,16 +7,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from cadence import CancelFitException, Callback, Learner, accuracy
+from cadence import CancelFitException, Callback
 from cadence.callbacks.checkpoint import Checkpoint, complete_checkpoints
-
-
-def make_learner(dls, tmp_path, cbs=(), model=None):
-    torch.manual_seed(0)
-    model = model or nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
-    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, path=tmp_path, cbs=list(cbs))
-    learn.remove_cb(learn.progress)
-    return learn
+from fixtures import make_learner
 
 
 def test_directory_format(dls, tmp_path):
@@ -35,7 +28,7 @@ def test_directory_format(dls, tmp_path):
     assert (state["epoch"], state["step"], state["epoch_complete"], state["world_size"]) == (1, 8, True, 1)
     assert "recorder" in state["callbacks"] and state["sampler"]["batches_done"] == 4
     mid = json.loads((root / "step-00000003" / "state.json").read_text())
-    assert (mid["epoch"], mid["batches_done"], mid["epoch_complete"]) == (0, 3, False)
+    assert (mid["epoch"], mid["sampler"]["batches_done"], mid["epoch_complete"]) == (0, 3, False)
     torch.load(ckpt / "optimizer.pt", weights_only=True)
     torch.load(ckpt / "rng-rank0.pt", weights_only=True)
     assert not list(root.glob(".*"))  # no temporary directories left

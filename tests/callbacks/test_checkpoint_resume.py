@@ -57,8 +57,8 @@ def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
     assert killed.returncode == -signal.SIGKILL
     assert latest(tmp_path / "run") == "step-00000008"
     state = json.loads((tmp_path / "run" / "step-00000008" / "state.json").read_text())
-    assert not state["epoch_complete"] and state["batches_done"] == 4  # mid-epoch 1
-    done = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--resume")
+    assert not state["epoch_complete"] and state["sampler"]["batches_done"] == 4  # mid-epoch 1
+    done = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st")
     assert "STEPS 18" in done.stdout
     assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
     assert_tracked_steps(tmp_path / "run", 18)
@@ -75,18 +75,18 @@ def test_kill_during_a_checkpoint_write_leaves_latest_complete(tmp_path):
     root = tmp_path / "run"
     assert (root / ".step-00000012.tmp").is_dir() and not (root / "step-00000012").exists()
     assert latest(root) == "step-00000008" and (root / "step-00000008" / "state.json").is_file()
-    run_one("--ckpt", root, "--out", tmp_path / "run.st", "--resume")
+    run_one("--ckpt", root, "--out", tmp_path / "run.st")
     assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
 
 
-def test_two_processes_killed_resume_exactly_and_on_one_process(tmp_path):
+def test_two_processes_killed_resume_exactly(tmp_path):
     run_launch("resume.py", "--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
     killed = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--kill-at", 5,
                         check=False)
     assert killed.returncode != 0
     assert latest(tmp_path / "run") == "step-00000004"
     assert sorted(p.name for p in (tmp_path / "run" / "step-00000004").glob("rng-*")) == ["rng-rank0.pt", "rng-rank1.pt"]
-    done = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--resume")
+    done = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st")
     assert "STEPS 9" in done.stdout
     assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
     assert_tracked_steps(tmp_path / "run", 9)
@@ -94,5 +94,5 @@ def test_two_processes_killed_resume_exactly_and_on_one_process(tmp_path):
     # the same 2-process checkpoint continues on one process: the rest of epoch 1 keeps its global batches of
     # 16 (2 of 4 optimizer steps left), epoch 2 has 96 / 8 = 12 batches of 8: 6 steps; 4 + 2 + 6 = 12
     (tmp_path / "run" / "latest").write_text("step-00000004")
-    one = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "one.st", "--resume")
+    one = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "one.st")
     assert "STEPS 12" in one.stdout and "saved with batch 8 x 2 processes (16 per step) on 1 processes" in one.stderr

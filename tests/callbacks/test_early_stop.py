@@ -1,5 +1,7 @@
 """EarlyStopping, SaveModel and TerminateOnNaN on one process."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -91,7 +93,7 @@ def test_save_model_reloads_the_best_epoch(dls, model, tmp_path, capsys):
     for k, v in learn.model.state_dict().items():
         assert torch.equal(v, capture.weights[1][k]), k
         assert not torch.equal(v, capture.weights[3][k]), k
-    saved = load_file(tmp_path / "models" / "best.safetensors")
+    saved = load_file(tmp_path / "models" / "best" / "model.safetensors")
     assert all(torch.equal(saved[k], capture.weights[1][k]) for k in saved)
     assert "better model found at epoch 1 with valid_loss=0.5" in capsys.readouterr().out
     assert saver.best == 0.5 and saver.best_epoch == 1
@@ -104,7 +106,7 @@ def test_save_model_saves_the_epoch_early_stopping_cancels_on(dls, model, tmp_pa
     learn.fit(5, cbs=[ScriptValues(valid_loss=[1.0, 1.1, 1.2, 1.3, 1.4], accuracy=[0.5, 0.6, 0.7, 0.8, 0.9]), capture,
                       EarlyStopping("valid_loss"), SaveModel("accuracy", fname="acc")])
     assert len(learn.recorder.values) == 2
-    saved = load_file(tmp_path / "models" / "acc.safetensors")
+    saved = load_file(tmp_path / "models" / "acc" / "model.safetensors")
     assert all(torch.equal(saved[k], capture.weights[1][k]) for k in saved)
 
 
@@ -112,9 +114,9 @@ def test_save_model_every_epoch_and_at_end(dls, model, tmp_path):
     learn = make_learner(dls, model, tmp_path)
     capture = CaptureWeights()
     learn.fit(3, cbs=[capture, SaveModel(every_epoch=2, fname="e")])
-    assert sorted(p.name for p in (tmp_path / "models").glob("*.safetensors")) == ["e_0.safetensors", "e_2.safetensors"]
+    assert sorted(p.parent.name for p in (tmp_path / "models").glob("*/model.safetensors")) == ["e_0", "e_2"]
     learn.fit(2, cbs=[ScriptValues(valid_loss=[0.1, 0.9]), SaveModel(at_end=True, fname="last")])
-    final = load_file(tmp_path / "models" / "last.safetensors")
+    final = load_file(tmp_path / "models" / "last" / "model.safetensors")
     assert all(torch.equal(final[k], v) for k, v in learn.model.state_dict().items())
     with pytest.raises(ValueError, match="every_epoch and at_end"):
         SaveModel(every_epoch=True, at_end=True)
@@ -134,7 +136,7 @@ def test_terminate_on_nan_stops_at_the_first_nan_step(model, tmp_path, capsys, b
     learn = make_learner(nan_dls(bad_item), model, tmp_path)
     capture = CaptureWeights()
     learn.fit(3, cbs=[capture, TerminateOnNaN()])
-    assert learn.step == nan_step and learn.train_iter == nan_step - 1   # the cancelled batch is not counted as done
+    assert learn.step == nan_step and learn.train_iter == nan_step   # the NaN batch was seen (counted before after_batch)
     assert learn.recorder.values == []                                    # no validation after the NaN
     assert not np.isfinite(capture.losses[-1]) and len(capture.losses) == nan_step
     last = "none" if nan_step == 1 else f"{capture.losses[-2]:.6g} at step {nan_step - 1}"
@@ -202,7 +204,7 @@ def test_state_dict_survives_the_reset_of_a_resumed_fit(dls, model, tmp_path):
 def test_lr_find_ignores_monitoring_callbacks(dls, model, tmp_path):
     learn = make_learner(dls, model, tmp_path, cbs=[EarlyStopping(), SaveModel()])
     learn.fit(1)                                              # saves: the last epoch was a new best
-    (tmp_path / "models" / "model.safetensors").unlink()
+    shutil.rmtree(tmp_path / "models" / "model")
     learn.lr_find(num_it=8, show_plot=False)                  # neither saves, loads nor stops
-    assert not (tmp_path / "models" / "model.safetensors").exists()
+    assert not (tmp_path / "models" / "model").exists()
     assert learn.step == 8

@@ -25,4 +25,4 @@ def test_every_rank_stops_at_the_same_step(tmp_path):
     # messages come from the main process only, once each; the NaN was seen by one rank of two
     assert out.count("EarlyStopping: no improvement in valid_loss for 2 epoch(s)") == 1, out
     assert out.count("TerminateOnNaN: loss is not finite on 1 of 2 process(es) at step 6 (epoch 1, batch 1)") == 1, out
-    assert (tmp_path / "models" / "best.safetensors").exists()
+    assert (tmp_path / "models" / "best" / "model.safetensors").exists()

@@ -82,9 +82,10 @@ def test_save_load_round_trip(dls, tmp_path):
     learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss(), path=tmp_path)
     with learn.no_bar():
         learn.fit(1)
-    file = learn.save("stage1")
-    assert file == tmp_path / "models" / "stage1.safetensors"
-    weights = load_file(str(file))
+    saved = learn.save("stage1")
+    assert saved == tmp_path / "models" / "stage1"
+    assert sorted(p.name for p in saved.iterdir()) == ["model.safetensors", "optimizer.pt"]
+    weights = load_file(str(saved / "model.safetensors"))
     assert set(weights) == set(learn.model.state_dict())
     for k, v in learn.model.state_dict().items():
         assert torch.equal(weights[k], v)

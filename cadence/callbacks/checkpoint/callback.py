@@ -1,0 +1,208 @@
+"""The Checkpoint callback: when to save, which checkpoints to keep, how a fit resumes, preemption.
+
+>>> learn.fit(10, cbs=Checkpoint(every_n_steps=200, keep_last=3), resume="auto")
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from ...distributed.ops import main_print
+from ...trainer.callback import Callback, Order
+from .preemption import PreemptionWatch, parse_signals
+from .state import load_state, make_resumable, save_state
+from .store import BEST, LATEST, CheckpointStore, resolve
+
+AUTO = "auto"
+
+
+class Checkpoint(Callback):
+    """Save checkpoints during `fit`: every `every_n_steps` optimizer steps and/or after every epoch.
+
+    Checkpoints go to `dir` (relative to `learn.path`) as `step-<step>/`. `keep_last` keeps the
+    newest n that this run wrote (the best one by `monitor` and the one `latest` names are never
+    deleted; checkpoints another run wrote are never touched). `monitor` (a Recorder column such
+    as "valid_loss" or "accuracy", with `mode` "min"/"max") points `best` at the best epoch.
+    `fit(..., resume="auto")` continues from `latest` when there is one and starts fresh
+    otherwise; "latest" requires one; a name or path picks one.
+
+    `preempt_on` (default SIGTERM and SIGUSR1; None for none): on such a signal every rank saves
+    at the next optimizer step and the process exits with 128 + the signal (143 for SIGTERM), the
+    status a scheduler requeues on; the same command with `resume="auto"` then continues.
+
+    >>> learn.fit_one_cycle(10, 1e-2, cbs=Checkpoint(every_n_steps=200, keep_last=3, monitor="accuracy", mode="max"),
+    ...                     resume="auto")
+    """
+
+    order = Order.CHECKPOINT
+
+    def __init__(self, dir: str | os.PathLike = "checkpoints", every_n_steps: int | None = None,
+                 every_epoch: bool = True, keep_last: int | None = None, monitor: str | None = None,
+                 mode: str = "min", preempt_on: Any = ("SIGTERM", "SIGUSR1")):
+        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
+            raise ValueError(f"every_n_steps must be a positive int or None, got {every_n_steps!r}")
+        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        self.dir, self.every_n_steps, self.every_epoch = Path(dir), every_n_steps, every_epoch
+        self.keep_last, self.monitor, self.mode = keep_last, monitor, mode
+        self.preempt_on = parse_signals(preempt_on)
+        self.best: float | None = None
+        self.best_name: str | None = None
+        self.history: list[str] = []  # the checkpoints this run wrote and still keeps, oldest first
+        self.resumed_from: str | None = None
+        self._replaced: DataLoader | None = None
+        self._epoch_ran = False  # training and validation of the current epoch are done
+        self._watch: PreemptionWatch | None = None
+
+    @property
+    def root(self) -> Path:
+        """The checkpoint directory: `dir`, relative to `learn.path`."""
+        return self.dir if self.dir.is_absolute() else self.learn.path / self.dir
+
+    # ------------------------------------------------------------------ around the fit
+    def fit_context(self):
+        """Preemption signals are handled for the duration of the fit (the Learner enters this around it)."""
+        self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
+        return self._watch.installed()
+
+    def prepare(self) -> None:
+        """Before a resume or the first `before_fit`: drop what a killed save left, make the train loader resumable."""
+        if self._replaced is None:
+            if self.learn.strategy.is_main:
+                CheckpointStore(self.root).clean()
+            self._replaced = make_resumable(self.learn)
+
+    def resume(self, which: str | os.PathLike) -> dict[str, Any] | None:
+        """Load checkpoint `which` into the learner: "auto" (latest if any, else nothing: returns None),
+        "latest", a name under `dir`, or a path."""
+        self.prepare()
+        strategy = self.learn.strategy
+        target = None
+        if strategy.is_main:
+            target = CheckpointStore(self.root).find(LATEST) if which == AUTO else resolve(self.root, which)
+        target = strategy.broadcast(None if target is None else str(target))
+        if target is None:
+            return None
+        state = load_state(self.learn, target)
+        self.resumed_from = Path(target).name
+        return state
+
+    def before_fit(self):
+        if self.monitor is not None and self.monitor not in self.learn.recorder.metric_names:
+            raise ValueError(f"Checkpoint(monitor={self.monitor!r}): not a recorded value; "
+                             f"choose one of {self.learn.recorder.metric_names[1:-1]}")
+        self.prepare()
+        resumed_from, self.resumed_from = self.resumed_from, None
+        if resumed_from is None:  # a fresh run: its own history
+            self.history, self.best, self.best_name = [], None, None
+        self._last_saved_step = self._last_checked_step = self.learn.step
+        if self.learn.strategy.is_main:
+            self._warn_about_other_checkpoints(resumed_from)
+
+    def _warn_about_other_checkpoints(self, resumed_from: str | None) -> None:
+        """Say so when the directory holds checkpoints this run did not write: they are kept, never pruned."""
+        others = [d.name for d in CheckpointStore(self.root).complete() if d.name not in self.history]
+        if not others:
+            return
+        listed = ", ".join(others[:5]) + (" ..." if len(others) > 5 else "")
+        if resumed_from is None:
+            why = ("this run starts fresh next to them (resume=\"auto\" would continue the run that wrote them; "
+                   "give this run its own Checkpoint(dir=...) to keep runs apart)")
+        else:
+            why = (f"they are not in the history of {resumed_from}, which this run resumed: they come from a "
+                   f"later point of an interrupted run or from another run")
+        warnings.warn(f"{self.root} holds checkpoints this run did not write ({listed}); {why}. They are kept and "
+                      f"never pruned by this run; `latest` will name this run's checkpoints.", stacklevel=2)
+
+    def after_fit(self):
+        if self._replaced is not None:
+            self.learn.dls.train, self._replaced = self._replaced, None
+
+    # ------------------------------------------------------------------ when to save
+    def after_batch(self):
+        learn = self.learn
+        if not learn.training or learn.step == self._last_checked_step:
+            return  # not at an optimizer step: accumulation goes on, or the step was skipped
+        self._last_checked_step = learn.step
+        if self.every_n_steps and learn.step != self._last_saved_step and learn.step % self.every_n_steps == 0:
+            self._save(epoch_complete=False)
+        sig = self._watch.agreed() if self._watch is not None else None
+        if sig is not None:
+            if learn.step != self._last_saved_step:
+                self._save(epoch_complete=False)
+            main_print(f"Checkpoint: {sig.name} received: saved {self.history[-1]} in {self.root}; exiting with "
+                       f"{128 + sig} so the job can be requeued. Run it again with fit(resume=\"auto\") to continue.")
+            raise SystemExit(128 + sig)
+
+    def before_epoch(self):
+        self._epoch_ran = False
+
+    def after_train(self):
+        self._epoch_ran = self.learn.dls.valid is None
+
+    def after_validate(self):
+        self._epoch_ran = True
+
+    def after_epoch(self):
+        if self._epoch_ran and (self.every_epoch or self.monitor is not None):
+            self._save(epoch_complete=True)
+        self._epoch_ran = False
+
+    def after_cancel_fit(self):
+        """EarlyStopping cancels in `after_epoch`, before this callback's turn: still save that epoch."""
+        self.after_epoch()
+
+    # ------------------------------------------------------------------ saving and pruning
+    def _save(self, epoch_complete: bool) -> None:
+        strategy, store = self.learn.strategy, CheckpointStore(self.root)
+        name = strategy.broadcast(store.fresh_name(self.learn.step) if strategy.is_main else None)
+        before = (list(self.history), self.best, self.best_name)
+        self._update_best(name, epoch_complete)
+        self.history.append(name)
+        doomed = self._beyond_keep_last()
+        self.history = [n for n in self.history if n not in doomed]  # what state.json records: the run after pruning
+        try:
+            save_state(self.learn, self.root / name, epoch_complete)
+        except BaseException:
+            self.history, self.best, self.best_name = before
+            raise
+        if strategy.is_main:
+            store.point(LATEST, name)
+            if self.best_name is not None:
+                store.point(BEST, self.best_name)
+            for old in doomed:  # only once the new checkpoint and the pointers are in place
+                if old not in (store.pointed(LATEST), store.pointed(BEST)):
+                    store.remove(old)
+        strategy.barrier()
+        self._last_saved_step = self.learn.step
+
+    def _update_best(self, name: str, epoch_complete: bool) -> None:
+        if self.monitor is None or not epoch_complete:
+            return
+        value = self.learn.recorder.values[-1].get(self.monitor)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return
+        if self.best is None or (value < self.best if self.mode == "min" else value > self.best):
+            self.best, self.best_name = value, name
+
+    def _beyond_keep_last(self) -> list[str]:
+        """This run's checkpoints older than the newest `keep_last`, except the best one."""
+        if self.keep_last is None:
+            return []
+        return [n for n in self.history[:-self.keep_last] if n != self.best_name]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_name": self.best_name, "history": list(self.history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_name = state["best"], state["best_name"]
+        self.history = list(state.get("history", []))  # checkpoints of cadence < 0.2 kept no history

@@ -1,0 +1,80 @@
+"""`learn.save` / `learn.load`: the weights and the optimizer state as one unit, `models/<name>/`.
+
+    models/stage1/model.safetensors    the user's module (loads with safetensors.torch.load_file)
+    models/stage1/optimizer.pt         the optimizer state (torch.load(weights_only=True))
+
+The pair is written into a staged directory and renamed into place, so a kill at any moment
+leaves the previous pair or the new one, never a mix. `load` also reads the layout of cadence
+0.1 (`models/stage1.safetensors` + `models/stage1.opt.pt`).
+
+>>> learn.save("stage1"); learn.load("stage1")
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..serialization import (check_state_dict, commit_dir, load_torch, load_weights, recover_dir, save_torch,
+                             save_weights, staging_dir)
+
+MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.pt"
+
+
+def save(learn: Any, name: str | Path, with_opt: bool = True) -> Path:
+    """Write `path/model_dir/<name>/` (every rank calls it: sharded engines gather; the main process writes)."""
+    target = _target(learn, name)
+    strategy = learn.strategy
+    weights = strategy.model_state_dict(learn.model)
+    opt_state = strategy.optimizer_state_dict(learn.model, learn.opt) if with_opt else None
+    if strategy.is_main:
+        recover_dir(target)
+        staged = staging_dir(target)
+        save_weights(weights, staged / MODEL_FILE)
+        if opt_state is not None:
+            save_torch(opt_state, staged / OPTIMIZER_FILE)
+        commit_dir(staged, target)
+    strategy.barrier()
+    return target
+
+
+def load(learn: Any, name: str | Path, with_opt: bool = True, strict: bool = True) -> None:
+    """Read what `save` wrote (or the 0.1 file pair); both files are read and checked before anything is loaded."""
+    strategy = learn.strategy
+    target = _target(learn, name)
+    if strategy.is_main:
+        recover_dir(target)  # a save killed between its two renames is finished first
+    strategy.barrier()
+    weights_file, opt_file = _files(target, name)
+    weights = load_weights(weights_file)
+    opt_state = None
+    if with_opt and opt_file.is_file():
+        opt_state = load_torch(opt_file)
+    elif with_opt:
+        warnings.warn(f"no optimizer state at {opt_file} (saved with with_opt=False?); the optimizer starts fresh; "
+                      f"pass with_opt=False to load only the weights", stacklevel=3)
+    if strict:
+        check_state_dict(strategy.unwrap(learn.model), weights, source=str(weights_file))
+        strategy.load_model_state_dict(learn.model, weights)
+    else:
+        strategy.unwrap(learn.model).load_state_dict(weights, strict=False)
+    if opt_state is not None:
+        strategy.load_optimizer_state_dict(learn.model, learn.opt, opt_state)
+
+
+def _target(learn: Any, name: str | Path) -> Path:
+    """`path/model_dir/<name>` (an absolute `name` stays as it is); for loading, also a path that exists as given."""
+    target = learn.path / learn.model_dir / name
+    return Path(name) if not target.exists() and Path(name).exists() else target
+
+
+def _files(target: Path, name: str | Path) -> tuple[Path, Path]:
+    """(weights, optimizer) of a saved directory, or of the 0.1 pair `<name>.safetensors` + `<name>.opt.pt`."""
+    if (target / MODEL_FILE).is_file():
+        return target / MODEL_FILE, target / OPTIMIZER_FILE
+    single = target if target.suffix == ".safetensors" else target.with_name(f"{target.name}.safetensors")
+    if single.is_file():
+        return single, single.with_suffix(".opt.pt")
+    saved = sorted(p.name for p in target.parent.glob("*") if (p / MODEL_FILE).is_file() or p.suffix == ".safetensors")
+    raise FileNotFoundError(f"nothing saved at {target}; saved in {target.parent}: {saved}")

@@ -1,0 +1,67 @@
+"""Restarts and preemption on 2 processes through `cadence launch`: the same command line continues the run
+(resume="auto") and it ends bitwise equal to an uninterrupted run.
+
+tests/scripts/resume.py trains with shuffling, dropout, GradAccum(steps=2), AdamW and one-cycle on 2
+processes (3 steps per epoch, 9 in all), checkpointing every 4 optimizer steps and every epoch end.
+"""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cadence.callbacks.checkpoint import read_state
+from helpers import REPO, SCRIPTS, cadence_env, run_launch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    run_launch("resume.py", "--ckpt", out / "ckpt", "--out", out / "ref.st")
+    return load_file(str(out / "ref.st"))
+
+
+def assert_equal_weights(file, reference):
+    final = load_file(str(file))
+    assert final.keys() == reference.keys()
+    assert all(torch.equal(final[k], reference[k]) for k in final)
+
+
+def test_a_rank_killed_once_is_restarted_and_ends_bitwise_equal(tmp_path, reference):
+    # rank 1 SIGKILLs itself after step 5 (the checkpoint of step 4 is the latest); the agent restarts both workers,
+    # whose rendezvous must not read the dead group's keys, and resume="auto" continues from step 4
+    done = run_launch("resume.py", "--ckpt", tmp_path / "ckpt", "--out", tmp_path / "run.st", "--kill-once-at", 5,
+                      "--rank", 1, flags=("--max_restarts", "2"), timeout=300)
+    assert (tmp_path / "ckpt" / "killed-once").read_text() == "sent"      # the kill happened
+    assert "STEPS 9" in done.stdout
+    assert_equal_weights(tmp_path / "run.st", reference)
+
+
+def test_sigterm_to_the_launcher_checkpoints_every_rank_and_the_rerun_is_exact(tmp_path, reference):
+    args = [str(SCRIPTS / "resume.py"), "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "run.st")]
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        launcher = subprocess.Popen([sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", "2",
+                                     *args, "--step-delay", "0.5"], stdout=out, stderr=err, env=cadence_env(), cwd=REPO)
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "ckpt" / "latest").exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)                                   # the checkpoint of step 4: mid-epoch 1
+        launcher.send_signal(signal.SIGTERM)
+        code = launcher.wait(timeout=120)
+    stdout, stderr = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    assert code == 128 + signal.SIGTERM, stderr
+    assert "preempted by SIGTERM" in stderr and "Traceback" not in stderr, stderr
+    latest = (tmp_path / "ckpt" / "latest").read_text()
+    assert f"Checkpoint: SIGTERM received: saved {latest}" in stdout
+    state = read_state(tmp_path / "ckpt" / latest)
+    assert 4 < state["step"] < 9 and state["world_size"] == 2
+    assert sorted(p.name for p in (tmp_path / "ckpt" / latest).glob("rng-*")) == ["rng-rank0.pt", "rng-rank1.pt"]
+
+    done = run_launch("resume.py", "--ckpt", tmp_path / "ckpt", "--out", tmp_path / "run.st")   # the requeue
+    assert "STEPS 9" in done.stdout
+    assert_equal_weights(tmp_path / "run.st", reference)
