@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -60,6 +60,15 @@ class _Batches(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self.batches)
+
+
+def _has_len(dataset: Any) -> bool:
+    """Whether `len(dataset)` works (some streams define a __len__ that raises TypeError)."""
+    try:
+        len(dataset)
+    except TypeError:
+        return False
+    return True
 
 
 def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
@@ -97,7 +106,7 @@ class DistributedDL:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
         self.iterable = isinstance(dl.dataset, IterableDataset)
-        self.sized = isinstance(dl.dataset, Sized)
+        self.sized = _has_len(dl.dataset)
         self.kind = "iterable" if self.iterable else sampling.kind(dl)
         self.shuffle = self.kind == "shuffle"
         self.seed = self._shared_seed(seed) if self.kind in ("shuffle", "sampler", "batch_sampler") else seed
@@ -327,8 +336,8 @@ class DistributedDL:
         layout = {"world_size": state.get("world_size", self.world_size),
                   "batch_size": state.get("batch_size", self.dl.batch_size), "batches_done": done}
         layout["samples_done"] = state.get("samples_done", done * (layout["batch_size"] or 1) * layout["world_size"])
-        if (layout["world_size"], layout["batch_size"]) != (self.world_size, self.dl.batch_size):
-            self._source = layout
+        if done > 0 and (layout["world_size"], layout["batch_size"]) != (self.world_size, self.dl.batch_size):
+            self._source = layout  # an epoch begun on another layout: its rest keeps that layout's global batches
         if state.get("epoch_complete"):
             self.set_epoch(epoch + 1)
             return

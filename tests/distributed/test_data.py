@@ -188,3 +188,13 @@ def test_state_dict_resumes_mid_epoch_with_the_same_permutation():
     assert [b.tolist() for b in resumed] == rest and resumed.get_idxs() == ddl.get_idxs()
     resumed.set_epoch(1)
     assert seen + rest == [b.tolist() for b in resumed]
+
+
+def test_iterable_dataset_without_len_with_workers_keeps_order():
+    class Long(IterableDataset):
+        def __iter__(self):
+            return iter(range(11))
+
+    ddl = DistributedDL(DataLoader(Long(), batch_size=2, num_workers=2), rank=0, world_size=1)
+    assert flat(ddl) == list(range(11)) and ddl.state_dict()["epoch_complete"]
+    assert flat(ddl) == list(range(11)) and ddl.epoch == 1

@@ -132,6 +132,11 @@ def test_complete_epoch_and_old_dicts():
     on1 = make(20, 1, 4)[0]
     on1.load_state_dict(state)                            # complete: the next epoch, from its start
     assert on1.epoch == 1 and on1.start_batch == 0 and len(list(on1)) == 5
+    fresh = make(20, 1, 4)[0]                             # the next epoch named with 0 batches done: its own layout
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.load_state_dict({**state, "epoch": 1, "batches_done": 0, "epoch_complete": False})
+    assert fresh.epoch == 1 and len(fresh) == 5
     old = make(20, 2, 4)[1]
     old.load_state_dict({"seed": 11, "epoch": 2, "batches_done": 1})   # a dict from before world_size was saved
     ref = make(20, 2, 4)[1]
@@ -168,3 +173,17 @@ def test_sized_stream_resumes_after_the_items_consumed_on_another_world_size():
     real = [sh[d.real_mask(r, 0, len(sh))].tolist() for r, (sh, d) in enumerate(zip(shards, on3))]
     ids = [i for s in seen for b in s for i in b] + sum(real, [])
     assert sorted(ids) == list(range(23))                    # padding masked, every item once
+
+
+def test_stream_without_len_resumes_after_the_items_consumed():
+    run = [DistributedDL(DataLoader(Stream(15, False), batch_size=2), rank=r, world_size=2) for r in range(2)]
+    seen = run_steps(run, 2)                                  # 2 steps x 2 ranks x 2 items
+    state = run[1].state_dict()
+    assert (state["samples_done"], state["batches_done"], state["epoch_complete"]) == (8, 2, False)
+    assert sorted(i for s in seen for b in s for i in b) == list(range(8))
+    on1 = DistributedDL(DataLoader(Stream(15, False), batch_size=2), rank=0, world_size=1)
+    with pytest.warns(UserWarning, match="after the 8 items already seen"):
+        on1.load_state_dict(state)
+    assert [b.tolist() for b in on1] == [[8, 9], [10, 11], [12, 13], [14]]
+    assert on1.state_dict()["epoch_complete"] and on1.epoch == 0
+    assert [b.tolist() for b in on1][0] == [0, 1] and on1.epoch == 1   # the next epoch from its start

@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
 
@@ -88,8 +89,9 @@ def test_bucketing_resumed_on_fewer_ranks_keeps_each_step():
     full = [[b.tolist() for b in step] for step in zip(*ref)]             # 8 batches: 2 steps of 4
     two = shards(make, 2)
     state = {**ref[0].state_dict(), "epoch": 0, "batches_done": 1, "epoch_complete": False}
-    for d in two:
-        d.load_state_dict(state)
+    with pytest.warns(UserWarning, match="saved with one batch of the batch sampler to each of 4 processes on 2"):
+        for d in two:
+            d.load_state_dict(state)
     after = [[b.tolist() for b in step] for step in zip(*two)]
     assert len(after) == 1 and [len(b) for b in after[0]] == [10, 10]
     assert sorted(sum(after[0], [])) == sorted(sum(full[1], []))
@@ -113,3 +115,15 @@ def test_unbatched_loader_and_a_sampler_with_set_epoch():
                         seed=0)
     ddl.set_epoch(4)
     assert [int(b) for b in ddl] == [40, 50, 60]
+
+
+def test_gather_for_metrics_drops_a_padding_batch_of_a_batch_sampler():
+    from cadence.distributed.ops import gather_for_metrics
+
+    lengths = list(range(30))
+    make = lambda: DataLoader(torch.arange(30), batch_sampler=Bucketing(lengths, 4))   # 8 batches: 7 of 4, 1 of 2
+    ddls = shards(make, 3)
+    kept = [[gather_for_metrics(b, d).tolist() for b in d] for d in ddls]
+    assert [len(k) for k in kept] == [3, 3, 3]
+    assert kept[2][2] == []                                   # the 9th batch repeats the 1st: padding, dropped
+    assert sorted(i for k in kept for b in k for i in b) == list(range(30))

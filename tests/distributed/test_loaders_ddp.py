@@ -18,7 +18,10 @@ def rank_rows(out, kind):
 @pytest.mark.parametrize("kind", ["weighted", "bucket"])
 def test_sampler_trains_with_equal_batch_counts_and_resumes_exactly(tmp_path, kind):
     run_launch("loaders_ddp.py", kind, tmp_path, timeout=400)
-    per_rank = rank_rows(tmp_path, kind)
+    results = rank_rows(tmp_path, kind)
+    for res in results:                                          # each valid id once, padding dropped
+        assert sorted(res["valid_ids"]) == list(range(27)) and res["valid_ids"] == results[0]["valid_ids"]
+    per_rank = [res["rows"] for res in results]
     for rows in per_rank:
         runs = defaultdict(list)
         for run, epoch, it, ids in rows:

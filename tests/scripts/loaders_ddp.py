@@ -19,7 +19,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Weig
 
 from cadence import Callback, DataLoaders, Learner, Order
 from cadence.callbacks.checkpoint import Checkpoint
+from cadence.distributed import DistributedDL, setup_distrib, teardown_distrib
 from cadence.distributed.env import rank
+from cadence.distributed.ops import gather_for_metrics
 from cadence.trainer.events import CancelFitException
 
 
@@ -28,8 +30,11 @@ def sample(i):
 
 
 class Ids(Dataset):
+    def __init__(self, n=60):
+        self.n = n
+
     def __len__(self):
-        return 60
+        return self.n
 
     def __getitem__(self, i):
         return sample(i)
@@ -44,18 +49,21 @@ class Stream(IterableDataset):
 
 
 class Bucketing(Sampler):
-    """Batches of ids with similar `i % 17`, in a random order drawn with Python's `random`."""
+    """Batches of 6 ids with similar `i % 17`, in a random order drawn with Python's `random`."""
+
+    def __init__(self, n=60):
+        self.n = n
 
     def __iter__(self):
-        idxs = list(range(60))
+        idxs = list(range(self.n))
         random.shuffle(idxs)
         idxs.sort(key=lambda i: i % 17)
-        batches = [idxs[i:i + 6] for i in range(0, 60, 6)]
+        batches = [idxs[i:i + 6] for i in range(0, self.n, 6)]
         random.shuffle(batches)
         return iter(batches)
 
     def __len__(self):
-        return 10
+        return -(-self.n // 6)
 
 
 class Record(Callback):
@@ -96,12 +104,25 @@ def fit(kind, out, run, rows, cbs=(), resume=None):
         torch.save(learn.model.state_dict(), out / f"{kind}-{run}.pt")
 
 
+def gathered_ids(kind):
+    """gather_for_metrics over every batch of a 27-item valid loader (5 batch-sampler batches: rank 1's 3rd is padding)."""
+    dl = (DataLoader(Ids(27), batch_sampler=Bucketing(27)) if kind == "bucket" else
+          DataLoader(Ids(27), batch_size=6, sampler=WeightedRandomSampler(torch.ones(27), 27, replacement=False)))
+    ddl = DistributedDL(dl)
+    return torch.cat([gather_for_metrics(xb[:, 0].long(), ddl) for xb, _ in ddl]).tolist()
+
+
 def samplers(kind, out):
     rows = []
     fit(kind, out, "ref", rows)
     fit(kind, out, "stop", rows, cbs=[StopAfter(7)])
     fit(kind, out, "resume", rows, resume="step-00000007")
-    (out / f"{kind}-rank{rank()}.json").write_text(json.dumps(rows))
+    setup_distrib()
+    try:
+        valid_ids = gathered_ids(kind)
+    finally:
+        teardown_distrib()
+    (out / f"{kind}-rank{rank()}.json").write_text(json.dumps({"rows": rows, "valid_ids": valid_ids}))
 
 
 def stream(out):
