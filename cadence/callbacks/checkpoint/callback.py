@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +70,18 @@ class Checkpoint(Callback):
         return self.dir if self.dir.is_absolute() else self.learn.path / self.dir
 
     # ------------------------------------------------------------------ around the fit
-    def fit_context(self):
-        """Preemption signals are handled for the duration of the fit (the Learner enters this around it)."""
+    @contextlib.contextmanager
+    def fit_context(self) -> Iterator[None]:
+        """Around the whole fit (the Learner enters it), whatever ends it: the preemption signals are
+        handled, and the user's train loader is given back afterwards."""
         self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
-        return self._watch.installed()
+        try:
+            with self._watch.installed():
+                yield
+        finally:
+            if self._replaced is not None:
+                self.learn.dls.train, self._replaced = self._replaced, None
+            self.resumed_from = None
 
     def prepare(self) -> None:
         """Before a resume or the first `before_fit`: drop what a killed save left, make the train loader resumable."""
@@ -121,10 +131,6 @@ class Checkpoint(Callback):
                    f"later point of an interrupted run or from another run")
         warnings.warn(f"{self.root} holds checkpoints this run did not write ({listed}); {why}. They are kept and "
                       f"never pruned by this run; `latest` will name this run's checkpoints.", stacklevel=2)
-
-    def after_fit(self):
-        if self._replaced is not None:
-            self.learn.dls.train, self._replaced = self._replaced, None
 
     # ------------------------------------------------------------------ when to save
     def after_batch(self):
