@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from ...distributed.ops import main_print
 from ...trainer.callback import Callback, Order
-from .preemption import PreemptionWatch, parse_signals
+from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
 from .state import load_state, make_resumable, save_state
 from .store import BEST, LATEST, CheckpointStore, resolve
 
@@ -46,7 +46,7 @@ class Checkpoint(Callback):
 
     def __init__(self, dir: str | os.PathLike = "checkpoints", every_n_steps: int | None = None,
                  every_epoch: bool = True, keep_last: int | None = None, monitor: str | None = None,
-                 mode: str = "min", preempt_on: Any = ("SIGTERM", "SIGUSR1")):
+                 mode: str = "min", preempt_on: Any = DEFAULT_SIGNALS):
         if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
             raise ValueError(f"every_n_steps must be a positive int or None, got {every_n_steps!r}")
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
