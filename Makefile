@@ -2,8 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
+# the [deepspeed] extra's range (pyproject.toml); built without its C++ ops, which it compiles on first use
+DEEPSPEED_SPEC ?= deepspeed>=0.19,<0.20
 
-.PHONY: demo test test-fast bench setup setup-dev
+.PHONY: demo test test-fast bench setup setup-dev setup-deepspeed
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -14,8 +16,15 @@ setup: $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==$(TORCH_VERSION)
 	$(PY) -m pip install -e ".[examples]"
 
-setup-dev: setup
+setup-dev: setup setup-deepspeed
 	$(PY) -m pip install -e ".[dev]"
+
+# DeepSpeed builds against the torch already installed (no build isolation) and without its ops
+# (DS_BUILD_OPS=0): the few it needs (cpu_adam for optimizer offload) are compiled on first use and
+# cached in .venv/torch_extensions (see cadence/distributed/deepspeed.py)
+setup-deepspeed: setup
+	$(PY) -c "import deepspeed" 2>/dev/null || { $(PY) -m pip install setuptools wheel ninja && \
+		DS_BUILD_OPS=0 $(PY) -m pip install --no-build-isolation "$(DEEPSPEED_SPEC)"; }
 
 demo: setup
 	$(PY) examples/train_digits.py

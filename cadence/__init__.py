@@ -8,6 +8,11 @@
 
 __version__ = "0.1.0"
 
+from .accelerate import (Accelerator, DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
+                         InitProcessGroupKwargs, PartialState, ProjectConfiguration, find_executable_batch_size,
+                         set_seed)
+from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
+                           load_checkpoint_and_dispatch)
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
                         MixedPrecision, MonitorCallback, ProgressCallback, SaveModel, TensorBoardTracker,
                         TerminateOnNaN, Tracker, WandbTracker)
@@ -27,8 +32,10 @@ from .trainer.learner import Learner
 from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, rmse,
                               sum_metric, top_k_accuracy)
 from .trainer.recorder import Recorder
-from .trainer.schedule import (LRFinder, ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SuggestedLRs,
-                               combine_scheds, combined_cos)
+from .trainer.lr_find import LRFinder, SuggestedLRs, minimum, slide, steep, valley
+from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SchedPoly, combine_scheds,
+                               combined_cos)
+from .trainer.transfer import BnFreeze
 
 __all__ = [
     "__version__", "Learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
@@ -36,8 +43,8 @@ __all__ = [
     "CancelValidException", "CancelBatchException", "CancelBackwardException", "CancelStepException",
     "Metric", "SumMetric", "AccumMetric", "AvgLoss", "AvgSmoothLoss", "sum_metric",
     "accuracy", "error_rate", "top_k_accuracy", "rmse",
-    "ParamScheduler", "LRFinder", "SuggestedLRs", "SchedLin", "SchedCos", "SchedNo", "SchedExp", "combine_scheds",
-    "combined_cos",
+    "ParamScheduler", "LRFinder", "SuggestedLRs", "SchedLin", "SchedCos", "SchedNo", "SchedExp", "SchedPoly",
+    "combine_scheds", "combined_cos", "valley", "slide", "minimum", "steep", "BnFreeze",
     "DistributedTrainer", "DistributedDL", "rank", "world_size", "local_rank", "is_main_process",
     "is_local_main_process", "is_distributed", "setup_distrib", "teardown_distrib", "notebook_launcher",
     "debug_launcher", "broadcast", "gather", "gather_for_metrics", "get_logger", "local_main_process_first",
@@ -45,4 +52,7 @@ __all__ = [
     "rank0_first", "reduce", "wait_for_everyone",
     "Checkpoint", "CSVTracker", "EarlyStopping", "GeneralTracker", "GradAccum", "GradClip", "MixedPrecision",
     "MonitorCallback", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
+    "Accelerator", "PartialState", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
+    "ProjectConfiguration", "DummyOptim", "DummyScheduler", "find_executable_batch_size", "set_seed",
+    "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",
 ]

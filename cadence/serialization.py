@@ -8,6 +8,8 @@ A file that cannot be read raises ValueError naming the file.
 >>> save_weights(model.state_dict(), "models/stage1.safetensors")
 >>> state = load_weights("models/stage1.safetensors")
 >>> check_state_dict(model, state)        # ValueError listing missing/unexpected keys, shape mismatches
+
+Files saved from a `torch.compile`d model (keys starting `_orig_mod.`) load as the plain model's.
 """
 
 from __future__ import annotations
@@ -75,16 +77,35 @@ def load_weights(path: str | os.PathLike, device: str | torch.device = "cpu") ->
                          f"load another copy or another checkpoint") from None
     for alias, name in aliases.items():
         state[alias] = state[name]
-    return state
+    return strip_compile_prefix(state)
+
+
+COMPILE_PREFIX = "_orig_mod."
+
+
+def strip_compile_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keys without torch.compile's `_orig_mod.` segment, which files saved from a `torch.compile`d model carry.
+
+    >>> list(strip_compile_prefix({"_orig_mod.fc.weight": w, "module._orig_mod.fc.bias": b}))
+    ['fc.weight', 'module.fc.bias']
+    """
+    if not any(COMPILE_PREFIX in k for k in state):
+        return state
+    return {".".join(p for p in k.split(".") if p != COMPILE_PREFIX[:-1]): v for k, v in state.items()}
+
+
+def _full_shape(t: torch.Tensor) -> torch.Size:
+    """A tensor's shape, or the whole parameter's for a DeepSpeed ZeRO-3 partition (`ds_shape`)."""
+    return getattr(t, "ds_shape", t.shape)
 
 
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Raise ValueError, before anything is loaded, when `state` does not fit `model`."""
-    expected = model.state_dict()
+    expected = model.state_dict(keep_vars=True)  # parameters themselves: a ZeRO-3 partition knows its full shape
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: {tuple(state[k].shape)} in {source}, {tuple(expected[k].shape)} in model"
-              for k in expected if k in state and state[k].shape != expected[k].shape]
+    shapes = [f"{k}: {tuple(state[k].shape)} in {source}, {tuple(_full_shape(expected[k]))} in model"
+              for k in expected if k in state and state[k].shape != _full_shape(expected[k])]
     if missing or unexpected or shapes:
         lines = [f"the {source} does not fit this model (is it from another architecture?)"]
         for title, items in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)):
@@ -173,3 +194,24 @@ def remove_dir(path: str | os.PathLike) -> None:
     shutil.rmtree(tomb, ignore_errors=True)
     os.rename(path, tomb)
     shutil.rmtree(tomb)
+
+
+_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+               "TB": 10**12, "B": 1}
+
+
+def parse_size(size: int | str, what: str = "size") -> int:
+    """Bytes from an int or a string such as "2GB", "500MiB", "1.5 GiB" (ValueError naming `what` otherwise).
+
+    >>> parse_size("10MiB"), parse_size("2GB"), parse_size(512)
+    (10485760, 2000000000, 512)
+    """
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+        return size
+    if isinstance(size, str):
+        text = size.strip().upper()
+        for unit, factor in _SIZE_UNITS.items():
+            number = text[: -len(unit)].strip()
+            if text.endswith(unit) and number.replace(".", "", 1).isdigit():
+                return int(float(number) * factor)
+    raise ValueError(f"{what} must be a number of bytes or a size such as '2GB' or '500MiB', got {size!r}")

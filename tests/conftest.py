@@ -5,6 +5,9 @@ import torch
 
 torch.set_num_threads(1)
 
+# scripts the tests launch (some are ports of Accelerate's test_*.py scripts): never collected as tests
+collect_ignore = ["scripts"]
+
 
 @pytest.fixture(autouse=True)
 def _isolated_dirs(tmp_path_factory, monkeypatch):

@@ -4,7 +4,8 @@ Each micro-batch's loss is scaled by its share of the window's samples, so a win
 gradient of one step on the concatenated batch; a partial window at the end of an epoch is
 scaled by its true size and stepped. Under DDP the micro-batches before the last run without
 gradient synchronisation, forward included (one all-reduce per window). An engine that
-accumulates itself (the OwnsAccumulation ability) is configured instead. `learn.step` counts optimizer steps, so schedules and trackers do
+accumulates itself (the OwnsAccumulation ability: DeepSpeed) is configured instead and steps every
+micro-batch; GradAccum still marks each window's end (`sync_gradients`) and scales the losses. `learn.step` counts optimizer steps, so schedules and trackers do
 not change with the accumulation.
 
 >>> learn.fit(3, cbs=GradAccum(steps=4))        # batch 8 x 4 = one step of batch 32
@@ -17,11 +18,14 @@ from typing import Any
 
 from ..distributed.strategy import OwnsAccumulation
 from ..trainer.callback import Callback, Order
+from ..trainer.data import n_batches
 from ..trainer.events import CancelBatchException
 
 
 def batch_sizes(dl: Any) -> list[int] | None:
     """Size of every batch `dl` yields, from its length and batch size; None when it cannot be known."""
+    if isinstance(getattr(dl, "batch_lens", None), list):  # a DistributedDL knows each batch (0: skipped on resume)
+        return dl.batch_lens
     bs = getattr(dl, "batch_size", None)
     n = getattr(dl, "per_rank", None)  # a DistributedDL's shard
     if n is None:
@@ -46,7 +50,7 @@ def plan_windows(sizes: list[int], steps: int | None = None, samples: int | None
         window.append(size)
         full = len(window) == steps if steps else sum(window) >= samples
         if full or i == len(sizes) - 1:
-            total = sum(window)
+            total = sum(window) or 1  # a window of batches a resumed epoch skipped
             scales += [s / total for s in window]
             ends += [False] * (len(window) - 1) + [True]
             window = []
@@ -66,7 +70,7 @@ class GradAccum(Callback):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"GradAccum {name} must be a positive int, got {v!r}")
         self.steps, self.samples = steps, samples
-        self.engine_owned = False  # the strategy accumulates itself (DeepSpeed): configure it, do nothing per batch
+        self.engine_owned = False  # the strategy accumulates itself (DeepSpeed): configured, and stepped every batch
 
     def before_fit(self):
         strategy = self.learn.strategy
@@ -82,6 +86,9 @@ class GradAccum(Callback):
         self._plan(self.learn.dl)
 
     def _plan(self, dl: Any) -> None:
+        if n_batches(dl) is None:
+            raise ValueError("GradAccum plans its windows over an epoch's batches, and the train loader has no "
+                             "length (an IterableDataset without __len__): give the dataset a __len__")
         sizes = batch_sizes(dl)
         if sizes is None:
             if self.samples is not None:
@@ -93,12 +100,11 @@ class GradAccum(Callback):
         self.ends, self.scales = plan_windows(sizes, self.steps, self.samples)
 
     def before_batch(self):
-        if not self.engine_owned:
-            self.learn.sync_gradients = self.ends[self.learn.iter]  # set before the forward: DDP decides there
+        self.learn.sync_gradients = self.ends[self.learn.iter]  # set before the forward: DDP decides there
 
     def after_loss(self):
         scale = self.scales[self.learn.iter]
-        if scale != 1.0 and not self.engine_owned:
+        if scale != 1.0:
             self.learn.loss_grad = self.learn.loss_grad * scale
 
     def before_step(self):

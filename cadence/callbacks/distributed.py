@@ -20,8 +20,10 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from ..compile import uncompile
 from ..distributed.data import DistributedDL
 from ..distributed.registry import get_strategy, strategy_class
+from ..distributed.strategy import ConfiguredAtFit
 from ..trainer.callback import Callback, Order
 from .accumulate import GradAccum
 from .precision import MixedPrecision
@@ -36,6 +38,18 @@ class DistributedTrainer(Callback):
         self.strategy, self.old_strategy, self.old_loaders = strategy, old_strategy, old_loaders
         self.launcher_cbs = launcher_cbs  # added from `cadence launch` settings; removed on detach
         self._shards: dict[int, DistributedDL] = {}
+        self._fit_configured = False
+
+    def before_fit(self):
+        self._fit_configured = False
+
+    def before_train(self):
+        """Once per fit, after every callback's before_fit: an engine that needs the fit's facts gets them."""
+        learn = self.learn
+        if isinstance(self.strategy, ConfiguredAtFit) and not self._fit_configured:
+            self.strategy.configure_fit(micro_batch_size=learn.dls.train.batch_size,
+                                        total_steps=learn.n_epoch * learn.steps_per_epoch)
+            self._fit_configured = True
 
     def before_validate(self):
         """`validate(dl)` / `get_preds(dl)` on a plain loader: iterate this rank's shard of it."""
@@ -77,6 +91,12 @@ def _transfer_optimizer_state(learn: Any, old_opt: torch.optim.Optimizer, strate
         strategy.load_optimizer_state_dict(learn.model, learn.opt, old_opt.state_dict())
 
 
+def _recompile(learn: Any) -> None:
+    """Compile the user's module again inside the new wrapper (a graph traced outside DDP lacks DDP's bucket splits)."""
+    if learn.compile_options is not None:
+        learn.compile(**learn.compile_options)
+
+
 def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **strategy_kwargs) -> Any:
     """Set `learn` up for distributed training (see `Learner.to_distributed`)."""
     if any(isinstance(cb, DistributedTrainer) for cb in learn.cbs):
@@ -84,12 +104,13 @@ def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **str
     strategy = get_strategy(strategy, **_with_sync_bn(strategy, sync_bn, strategy_kwargs))
     strategy.setup_environment()
     bridge = DistributedTrainer(strategy, learn.strategy, (learn.dls.train, learn.dls.valid), _launcher_cbs(learn))
-    model, old_opt = learn.strategy.unwrap(learn.model), learn.opt
+    model, old_opt = uncompile(learn.strategy.unwrap(learn.model)), learn.opt  # engines copy it (FSDP's skeleton)
     precision = _precision([*learn.cbs, *bridge.launcher_cbs], strategy.device)
     learn.model, learn.opt = strategy.setup(model, learn._make_opt, precision)
     _transfer_optimizer_state(learn, old_opt, strategy)
     learn.dls.train, learn.dls.valid = _shard(strategy, learn.dls.train), _shard(strategy, learn.dls.valid)
     learn.strategy = strategy
+    _recompile(learn)
     learn.add_cbs([bridge, *bridge.launcher_cbs])
     return learn
 
@@ -125,6 +146,7 @@ def detach_distributed(learn: Any) -> Any:
     learn.model, learn.opt = bridge.strategy.release(learn.model, learn.opt, learn._make_opt)
     learn.dls.train, learn.dls.valid = bridge.old_loaders
     learn.strategy = bridge.old_strategy
+    _recompile(learn)
     bridge.strategy.teardown()
     return learn
 

@@ -19,7 +19,7 @@ import torch
 from ..distributed.ops import main_print
 from ..trainer.callback import Callback, Order
 from ..trainer.events import CancelFitException
-from ..trainer.schedule import LRFinder
+from ..trainer.lr_find import LRFinder
 
 _MODES = ("min", "max")
 

@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..trainer.callback import Callback, Order
+from ..trainer.data import n_batches
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -84,7 +85,7 @@ class ProgressCallback(Callback):
         if self.active and self.live:
             desc = f"epoch {self.learn.epoch + 1}/{self.learn.n_epoch} {what}" if self.in_fit else what
             self._xb_before = self.learn.xb  # the loop has not started this loader while xb is still this object
-            self.task = self.bar.add_task(desc, total=len(self.learn.dl), loss="")
+            self.task = self.bar.add_task(desc, total=n_batches(self.learn.dl), loss="")
 
     def _poll(self):
         """Copy the batch counter and loss from the learner into the bar (called by the bar as it redraws)."""

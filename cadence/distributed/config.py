@@ -25,10 +25,11 @@ DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED", "XLA")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 
-# Keys `accelerate config` writes (or wrote in older versions) that cadence does not use.
+# Keys `accelerate config` writes (or wrote in older versions) that cadence does not use as such
+# (`fp16` and the top-level `dynamo_backend` are translated in `from_dict`).
 ACCELERATE_ONLY_KEYS = frozenset({
     "gpu_ids", "same_network", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
-    "dynamo_config", "dynamo_backend", "fp16", "fp8_config", "tp_config", "megatron_lm_config",
+    "dynamo_backend", "fp16", "fp8_config", "tp_config", "megatron_lm_config",
     "ipex_config", "mpirun_config", "parallelism_config", "tpu_name", "tpu_zone", "tpu_use_cluster",
     "tpu_use_sudo", "tpu_vm", "tpu_env", "command_file", "commands",
 })
@@ -73,10 +74,15 @@ class Config:
     debug: bool = _key("detailed distributed checks and launcher logs", False)
     fsdp_config: dict = _key("FSDP options (passed to the FSDP strategy)", kind=dict, default_factory=dict)
     deepspeed_config: dict = _key("DeepSpeed options (passed to the DeepSpeed strategy)", kind=dict, default_factory=dict)
+    dynamo_config: dict = _key("torch.compile settings (Accelerate's dynamo_backend, dynamo_mode, dynamo_use_fullgraph, "
+                               "dynamo_use_dynamic)", kind=dict, default_factory=dict)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             setattr(self, f.name, _checked(f, getattr(self, f.name)))
+        from cadence.compile import normalize_dynamo_config
+
+        self.dynamo_config = normalize_dynamo_config(self.dynamo_config)
         if not 0 <= self.machine_rank < self.num_machines:
             raise ValueError(f"machine_rank must be in [0, num_machines={self.num_machines}), got {self.machine_rank}")
         if self.num_processes % self.num_machines:
@@ -213,6 +219,8 @@ def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
     kept = {k: v for k, v in raw.items() if k in known}
     if raw.get("fp16") and "mixed_precision" not in raw:          # Accelerate's oldest format
         kept["mixed_precision"] = "fp16"
+    if "dynamo_backend" in raw and "dynamo_config" not in raw:     # Accelerate's format before dynamo_config
+        kept["dynamo_config"] = {"dynamo_backend": raw["dynamo_backend"]}
     try:
         return Config(**kept)
     except ValueError as e:

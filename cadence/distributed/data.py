@@ -6,6 +6,15 @@ the same number of batches. With shuffling, one permutation per epoch, drawn fro
 ranks share, is cut the same way. fastai's example: 50 items, batch size 12, 4 ranks; rank i
 yields `arange(i*13, i*13+12) % 50`, then `tensor([i*13+12]) % 50`.
 
+Any other sampler (WeightedRandomSampler, ...) is drawn on every rank from the shared seed and
+its output cut the same way; a custom batch sampler's batches are dealt to the ranks in turn
+(step t takes batches t*world_size ...), padded by repeating its first batches. An
+IterableDataset is dealt item by item (item i to rank i % world_size); with `__len__` every rank
+pads to the same count, without it the ranks agree at every step whether one still has data.
+
+A state_dict taken on N processes resumes on M: the rest of the epoch keeps its global batches
+(each step the same samples, cut into M parts), so every remaining sample is seen exactly once.
+
 >>> ddl = DistributedDL(DataLoader(ds, batch_size=12, shuffle=True))   # rank, world size from the env
 >>> for epoch in range(3):
 ...     ddl.set_epoch(epoch)
@@ -16,15 +25,17 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import (DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler,
-                              get_worker_info)
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from . import env
+from . import env, sampling, sharding
 from .ops import broadcast, map_tensors
+from .streams import Collate, InterleavedStream, PlannedStream
 
 __all__ = ["DistributedDL", "send_to_device"]
 
@@ -37,52 +48,23 @@ def send_to_device(batch: Any, device: torch.device | str) -> Any:
     return map_tensors(lambda t: t.to(device, non_blocking=True), batch)
 
 
-class _IndexSampler(Sampler[int]):
-    """Yields the index list DistributedDL sets before each epoch (lives in the main process)."""
+class _Batches(Sampler[list[int]]):
+    """Yields the batches DistributedDL sets before each epoch (lives in the main process)."""
 
-    def __init__(self) -> None:
-        self.idxs: list[int] = []
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.idxs)
-
-    def __len__(self) -> int:
-        return len(self.idxs)
-
-
-class _RankStream(IterableDataset):
-    """Items i < n of an iterable dataset with i % world_size == rank, padded with item 0 to `per_rank`.
-
-    Positions before `start` are skipped; with several loader workers each takes whole batches
-    in turn, which the DataLoader's round-robin puts back in order.
-    """
-
-    def __init__(self, dataset: IterableDataset, rank: int, world_size: int, n: int, batch_size: int):
-        self.dataset, self.rank, self.world_size, self.n, self.batch_size = dataset, rank, world_size, n, batch_size
-        self.per_rank = math.ceil(n / world_size)
-        self.start = 0
+    def __init__(self, flat: bool) -> None:
+        self.batches: list[list[int]] = []
+        self.flat = flat  # an unbatched loader takes one index at a time
 
     def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        n_workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        def mine(j: int) -> bool:
-            return j >= self.start and ((j - self.start) // self.batch_size) % n_workers == worker
-        first, j = None, 0
-        for i, item in enumerate(itertools.islice(self.dataset, self.n)):
-            first = item if i == 0 else first
-            if i % self.world_size == self.rank:
-                if mine(j):
-                    yield item
-                j += 1
-        if j < self.per_rank and first is None:
-            raise ValueError(f"the IterableDataset has __len__ {self.n} but yielded no item")
-        yield from (first for k in range(j, self.per_rank) if mine(k))
+        return (b[0] for b in self.batches) if self.flat else iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
-    """The settings of `dl` a rebuilt loader keeps."""
-    kw = dict(batch_size=dl.batch_size, collate_fn=dl.collate_fn, num_workers=dl.num_workers,
-              pin_memory=dl.pin_memory, drop_last=dl.drop_last, timeout=dl.timeout,
+    """The settings of `dl` a rebuilt loader keeps (batching is DistributedDL's)."""
+    kw = dict(collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory, timeout=dl.timeout,
               worker_init_fn=dl.worker_init_fn, multiprocessing_context=dl.multiprocessing_context,
               persistent_workers=dl.persistent_workers, pin_memory_device=dl.pin_memory_device)
     if dl.num_workers > 0:
@@ -90,31 +72,15 @@ def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
     return kw
 
 
-def _check_sampler(dl: DataLoader) -> bool:
-    """True when `dl` shuffles; ValueError for samplers DistributedDL cannot reproduce on every rank."""
-    if dl.batch_size is None and dl.batch_sampler is not None:
-        raise ValueError("DistributedDL needs a DataLoader built with batch_size (and optionally shuffle), "
-                         "not a custom batch_sampler; shard such a loader yourself")
-    sampler = dl.sampler
-    if isinstance(sampler, RandomSampler):
-        if sampler.replacement or sampler.num_samples != len(dl.dataset):
-            raise ValueError("DistributedDL shuffles without replacement over the whole dataset; "
-                             "build the DataLoader with shuffle=True instead of RandomSampler(replacement/num_samples)")
-        return True
-    if not isinstance(sampler, SequentialSampler) and not isinstance(dl.dataset, IterableDataset):
-        raise ValueError(f"DistributedDL supports shuffle=True or sequential loaders, got sampler "
-                         f"{type(sampler).__name__}; shard this loader yourself")
-    return False
-
-
 class DistributedDL:
     """Wrap `dl` so this rank iterates its shard; see the module docstring for the semantics.
 
-    Attributes a caller needs: `dataset_len` (n), `per_rank` (items in each shard),
-    `n_padded` (per_rank * world_size), `epoch`, `start_batch`, `last_batch` ((start, length)
-    of the batch yielded last, in shard positions). `len()` is the number of batches per rank.
-    A shuffling DistributedDL built without `seed` while a process group exists is a collective:
-    every rank must build it, and rank 0's seed is broadcast.
+    Attributes a caller needs: `dataset_len` (n, the items of an epoch), `per_rank` (items in
+    this rank's shard), `n_padded`, `epoch`, `start_batch`, `last_batch` ((start, length) of the
+    batch yielded last, in shard positions). `len()` is the number of batches per rank.
+    A DistributedDL that draws random orders, built without `seed` while a process group exists,
+    is a collective: every rank must build it, and rank 0's seed is broadcast. So is iterating
+    an IterableDataset without `__len__` (one small all-gather per batch).
 
     >>> ddl = DistributedDL(DataLoader(range(50), batch_size=12), rank=1, world_size=4)
     >>> [b.tolist() for b in ddl]
@@ -131,13 +97,15 @@ class DistributedDL:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
         self.iterable = isinstance(dl.dataset, IterableDataset)
-        self.shuffle = _check_sampler(dl)
-        self.dataset_len = self._dataset_len()
-        self.per_rank = math.ceil(self.dataset_len / self.world_size)
-        self.n_padded = self.per_rank * self.world_size
-        self.seed = self._shared_seed(seed) if self.shuffle else seed
-        self.epoch, self.start_batch, self.last_batch = 0, 0, None
-        self._started = False
+        self.sized = isinstance(dl.dataset, Sized)
+        self.kind = "iterable" if self.iterable else sampling.kind(dl)
+        self.shuffle = self.kind == "shuffle"
+        self.seed = self._shared_seed(seed) if self.kind in ("shuffle", "sampler", "batch_sampler") else seed
+        self.start_batch = 0
+        self._source: dict[str, int] | None = None  # the layout this epoch continues (a resume on N != M)
+        self.set_epoch(0)
+        self._cache: dict[tuple, tuple] = {}         # (epoch, source) -> (order, plan), the last two
+        self._real_len: list[int] = []               # a stream without __len__: real items per rank so far
         # the loader's own generator: iterating never draws from the global RNG (so a resumed run's
         # random numbers match the uninterrupted run's), and worker seeds follow (seed, epoch)
         self._generator = torch.Generator()
@@ -151,62 +119,145 @@ class DistributedDL:
     def batch_size(self) -> int | None:
         return self.dl.batch_size
 
-    def _dataset_len(self) -> int:
-        if not isinstance(self.dl.dataset, Sized):
-            raise ValueError("DistributedDL can only give every rank the same number of batches when the "
-                             "dataset's length is known: give the IterableDataset a __len__, or shard it yourself")
-        return len(self.dl.dataset)
+    @property
+    def drop_last(self) -> bool:
+        return self.dl.drop_last
 
     def _shared_seed(self, seed: int | None) -> int:
         if seed is not None:
             return seed
-        gen = self.dl.sampler.generator or self.dl.generator
+        gen = sampling.random_source(self.dl)
         return int(broadcast(int(torch.randint(0, 2**31 - 1, (1,), generator=gen))))
 
     def _build_loader(self) -> DataLoader:
-        bs = self.dl.batch_size or 1
+        kw = _loader_kwargs(self.dl)
+        unbatched = self.dl.batch_size is None and self.kind != "batch_sampler"
         if self.iterable:
-            self._stream = _RankStream(self.dl.dataset, self.rank, self.world_size, self.dataset_len, bs)
-            return DataLoader(self._stream, generator=self._generator, **_loader_kwargs(self.dl))
-        self._sampler = _IndexSampler()
-        return DataLoader(self.dl.dataset, sampler=self._sampler, generator=self._generator, **_loader_kwargs(self.dl))
+            bs = self.dl.batch_size or 1
+            self._stream = (PlannedStream(self.dl.dataset, len(self.dl.dataset)) if self.sized else
+                            InterleavedStream(self.dl.dataset, self.rank, self.world_size, bs, self.dl.drop_last))
+            kw.update(collate_fn=Collate(self.dl.collate_fn, unbatched), batch_size=None, persistent_workers=False)
+            return DataLoader(self._stream, generator=self._generator, **kw)  # a worker keeps the stream it got
+        self._batches = _Batches(flat=unbatched)
+        if unbatched:
+            return DataLoader(self.dl.dataset, sampler=self._batches, batch_size=None, generator=self._generator, **kw)
+        return DataLoader(self.dl.dataset, batch_sampler=self._batches, generator=self._generator, **kw)
+
+    # the epoch's plan: which stream positions each rank takes at each step
+    def _order(self) -> tuple[torch.Tensor, list[int] | None]:
+        """The current epoch's stream: dataset indices in order (positions for a stream), and batch lengths."""
+        if self._unsized:
+            raise TypeError("an IterableDataset without __len__ has no plan before it is iterated")
+        if self.iterable:
+            return torch.arange(len(self.dl.dataset)), None
+        return sampling.draw(self.dl, self.seed, self.epoch)
+
+    def _layout(self, order: torch.Tensor, batch_lens: list[int] | None, world_size: int,
+                batch_size: int | None, offset: int = 0) -> sharding.Plan:
+        if batch_lens is not None:
+            return sharding.round_robin(batch_lens, world_size)
+        if self.iterable:
+            return sharding.interleaved(len(order), world_size, batch_size or 1, self.dl.drop_last, offset)
+        return sharding.contiguous(len(order), world_size, batch_size or 1, self.dl.drop_last)
+
+    @property
+    def plan(self) -> sharding.Plan:
+        """The current epoch's plan (see cadence.distributed.sharding), as iterated (or to be)."""
+        return self._planned(self.epoch, self._source)[1]
+
+    def _planned(self, epoch: int, source: dict[str, int] | None) -> tuple[torch.Tensor, sharding.Plan]:
+        """(order, plan) of `epoch` continuing `source`; the last two are cached."""
+        key = (epoch, None if source is None else tuple(sorted(source.items())))
+        if key not in self._cache:
+            current, self.epoch = self.epoch, epoch
+            try:
+                order, batch_lens = self._order()
+            finally:
+                self.epoch = current
+            last = dict(list(self._cache.items())[-1:])
+            self._cache = {**last, key: (order, self._make_plan(order, batch_lens, source))}
+        return self._cache[key]
+
+    def _upcoming(self) -> sharding.Plan:
+        """The plan the next iteration yields: the next epoch's once this one was iterated to its end."""
+        return self._planned(self.epoch + 1, None)[1] if self._complete else self.plan
+
+    def _make_plan(self, order: torch.Tensor, batch_lens: list[int] | None, src: dict[str, int] | None) -> sharding.Plan:
+        if src is None:
+            return self._layout(order, batch_lens, self.world_size, self.dl.batch_size)
+        if self.iterable:  # a stream continues after the items consumed, this loader's batch size per rank
+            rest = self._layout(order, None, self.world_size, self.dl.batch_size, src["samples_done"])
+            return sharding.shifted(rest, src["batches_done"])
+        saved = self._layout(order, batch_lens, src["world_size"], src["batch_size"])
+        return sharding.resplit(saved, src["batches_done"], self.world_size)
+
+    @property
+    def dataset_len(self) -> int:
+        return self.plan.length
+
+    @property
+    def per_rank(self) -> int:
+        return len(self.plan.shards[self.rank])
+
+    @property
+    def n_padded(self) -> int:
+        return sum(len(s) for s in self.plan.shards)
+
+    @property
+    def batch_lens(self) -> list[int]:
+        """This rank's batch lengths in the next iteration (a resumed epoch's skipped batches count 0)."""
+        return list(self._upcoming().lens[self.rank])
 
     # which samples each rank sees
     def order(self, epoch: int | None = None) -> list[int]:
         """Dataset indices of the whole epoch, before cutting: a permutation when shuffling, else 0..n-1."""
-        n, epoch = self.dataset_len, self.epoch if epoch is None else epoch
-        if not self.shuffle:
-            return list(range(n))
-        gen = torch.Generator().manual_seed(self.seed + epoch)
-        return torch.randperm(n, generator=gen).tolist()
+        return self._with_epoch(epoch)[0].tolist()
+
+    def _with_epoch(self, epoch: int | None) -> tuple[torch.Tensor, sharding.Plan]:
+        """The order and plan of `epoch` (default: the current one, as iterated)."""
+        if epoch is None or epoch == self.epoch:
+            return self._planned(self.epoch, self._source)
+        return self._planned(epoch, None)
 
     def get_idxs(self, rank: int | None = None, epoch: int | None = None) -> list[int]:
         """Dataset indices of `rank`'s shard (default: this rank) for `epoch` (default: the current one), padding included.
+
+        For an IterableDataset the "index" is the item's position in the stream (padding: 0).
 
         >>> DistributedDL(DataLoader(range(50), batch_size=12), rank=3, world_size=4).get_idxs()[-2:]
         [0, 1]
         """
         rank = self.rank if rank is None else rank
+        order, plan = self._with_epoch(epoch)
+        pos = plan.shards[rank]
         if self.iterable:
-            return [(i if i < self.dataset_len else 0) for i in range(rank, self.n_padded, self.world_size)]
-        idxs = self.order(epoch)
-        if idxs:
-            idxs = (idxs * math.ceil(self.n_padded / len(idxs)))[:self.n_padded]
-        return idxs[rank * self.per_rank:(rank + 1) * self.per_rank]
+            return torch.where(pos < plan.length, pos, 0).tolist()
+        return order[pos % max(len(order), 1)].tolist()
 
     def real_mask(self, rank: int, start: int, length: int) -> torch.Tensor:
         """Bool mask over `length` shard positions of `rank` from `start`: False where the item is padding."""
-        pos = torch.arange(start, start + length)
-        glob = rank + pos * self.world_size if self.iterable else rank * self.per_rank + pos
-        return glob < self.dataset_len
+        if self.iterable and not self.sized:
+            return torch.arange(start, start + length) < self._real_len[rank]
+        return self.plan.real_mask(rank, start, length)
+
+    def last_batch_masks(self, ranks: list[int]) -> list[torch.Tensor] | None:
+        """For each of `ranks`, the real-item mask of its batch at the step this rank yielded last (None before one)."""
+        if self.last_batch is None:
+            return None
+        if self._unsized:
+            return [torch.ones(c, dtype=torch.bool) if c else torch.zeros(1, dtype=torch.bool)
+                    for c in (self._last_counts[r] for r in ranks)]
+        plan, t = self.plan, self._steps_done - 1
+        return [plan.real_mask(r, plan.starts[r][t], plan.lens[r][t]) for r in ranks]
 
     def sample_order(self, epoch: int | None = None) -> torch.Tensor:
         """Dataset index of each row `gather_for_metrics` returns for whole shards (every rank's shard, padding removed).
 
         >>> out = torch.empty_like(preds); out[ddl.sample_order()] = preds     # predictions in dataset order
         """
-        shards = [torch.tensor(self.get_idxs(r, epoch), dtype=torch.long) for r in range(self.world_size)]
-        return torch.cat([s[self.real_mask(r, 0, len(s))] for r, s in enumerate(shards)])
+        order, plan = self._with_epoch(epoch)
+        pos = torch.cat([s[s < plan.length] for s in plan.shards])
+        return pos if self.iterable else order[pos]
 
     def last_batch_idxs(self) -> torch.Tensor:
         """Dataset indices of the batch yielded last (padding included); gather them like the predictions.
@@ -221,51 +272,147 @@ class DistributedDL:
     # epochs and resuming
     def set_epoch(self, epoch: int) -> None:
         """Use `epoch`'s permutation for the next iteration (later iterations advance by themselves)."""
-        self.epoch, self._started, self.last_batch = epoch, False, None
+        self.epoch, self._started, self.last_batch, self._source = epoch, False, None, None
+        self._steps_done, self._complete = 0, False
 
     def skip_batches(self, n: int) -> None:
         """Start the next iteration at batch `n` of the current epoch without loading the skipped items.
 
         >>> ddl.set_epoch(state["epoch"]); ddl.skip_batches(state["iter"])
         """
-        if not 0 <= n <= len(self):
-            raise ValueError(f"can skip between 0 and {len(self)} batches, got {n}")
-        self.start_batch = n
+        top = math.inf if self._unsized else len(self)
+        if not 0 <= n <= top:
+            raise ValueError(f"can skip between 0 and {top} batches, got {n}")
+        self.start_batch = self._steps_done = n
 
-    def state_dict(self) -> dict[str, int | None]:
-        """Where iteration stands: the shared seed, the epoch and the batches of it already yielded.
+    @property
+    def _unsized(self) -> bool:
+        return self.iterable and not self.sized
+
+    def _samples_done(self, steps: int) -> int:
+        """Items of a stream consumed by all ranks after `steps` steps of the current epoch."""
+        base = self._source or {"samples_done": 0, "batches_done": 0}
+        return base["samples_done"] + (steps - base["batches_done"]) * (self.dl.batch_size or 1) * self.world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where iteration stands: the shared seed, the epoch, the batches of it already yielded, the layout.
+
+        `world_size` and `batch_size` describe the layout the epoch was cut with (the original
+        one in an epoch resumed on another number of processes); for an IterableDataset
+        `samples_done` counts the items of the stream all ranks consumed.
 
         >>> state = ddl.state_dict()          # saved with a checkpoint; all ranks hold the same values
         """
-        bs = self.dl.batch_size or 1
-        done = 0 if self.last_batch is None else self.last_batch[0] // bs + 1
-        return {"seed": self.seed, "epoch": self.epoch, "batches_done": done}
+        src = self._source or {"world_size": self.world_size, "batch_size": self.dl.batch_size}
+        state = {"seed": self.seed, "epoch": self.epoch, "batches_done": self._steps_done,
+                 "epoch_complete": self._complete, "world_size": src["world_size"], "batch_size": src["batch_size"]}
+        if self.iterable:
+            state["samples_done"] = self._samples_done(self._steps_done)
+        return state
 
-    def load_state_dict(self, state: dict[str, int | None]) -> None:
-        """Continue where `state_dict` was taken: the next iteration yields the rest of that epoch.
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where `state_dict` was taken, on this or another number of processes.
+
+        The next iteration yields the rest of that epoch (or the next epoch when it was complete).
+        From another layout (world size or batch size) the rest of a map-style epoch keeps its
+        global batches, cut into this run's number of parts; a stream continues after the items
+        already consumed with this loader's batch size. Either says what changed in a warning.
+        Dicts from older versions (seed, epoch, batches_done) load as this layout.
 
         >>> ddl.load_state_dict(state); rest = list(ddl)
         """
+        epoch, done = state["epoch"], state["batches_done"]
         self.seed = state["seed"]
-        self.set_epoch(state["epoch"])
-        self.skip_batches(state["batches_done"])
+        self.set_epoch(epoch)
+        layout = {"world_size": state.get("world_size", self.world_size),
+                  "batch_size": state.get("batch_size", self.dl.batch_size), "batches_done": done}
+        layout["samples_done"] = state.get("samples_done", done * (layout["batch_size"] or 1) * layout["world_size"])
+        if (layout["world_size"], layout["batch_size"]) != (self.world_size, self.dl.batch_size):
+            self._source = layout
+        if state.get("epoch_complete"):
+            self.set_epoch(epoch + 1)
+            return
+        if self._source is not None and self.rank == 0:
+            warnings.warn(self._layout_change(layout), stacklevel=2)
+        self.start_batch = self._steps_done = done  # all batches done but not the epoch: an empty rest, then the
+        # loop still ends that epoch (validation) before the next
+
+    def _layout_change(self, src: dict[str, Any]) -> str:
+        """What a resume on another layout changes, for the warning."""
+        def per_step(world_size: int, bs: int | None) -> str:
+            return f"batch {bs} x {world_size} processes ({bs * world_size} per step)" if bs else \
+                f"one batch of the batch sampler to each of {world_size} processes"
+        head = f"resuming epoch {self.epoch} saved with {per_step(src['world_size'], src['batch_size'])} " \
+               f"on {self.world_size} processes"
+        later = f"later epochs use {per_step(self.world_size, self.dl.batch_size)}"
+        if self.iterable:
+            return (f"{head}: it continues after the {src['samples_done']} items already seen, "
+                    f"batch {self.dl.batch_size or 1} per process; {later}")
+        sizes = sorted({n for lens in self.plan.lens for n in lens[src["batches_done"]:]}, reverse=True)
+        return (f"{head}: its remaining steps keep their global batches, now {'/'.join(map(str, sizes)) or 0} "
+                f"samples per process; {later}")
 
     def __len__(self) -> int:
-        bs = self.dl.batch_size or 1
-        return self.per_rank // bs if self.dl.drop_last else math.ceil(self.per_rank / bs)
+        if self._unsized:
+            raise TypeError("a DistributedDL over an IterableDataset without __len__ has no length: "
+                            "its ranks agree on the end of an epoch while iterating")
+        return len(self._upcoming())
 
     def __iter__(self) -> Iterator[Any]:
         if self._started:
-            self.epoch += 1
-        self._started = True
+            self.set_epoch(self.epoch + 1)
+        self._started, self._complete = True, False
         self._generator.manual_seed((self.seed or 0) + self.epoch)
-        bs = self.dl.batch_size or 1
-        start, self.start_batch = self.start_batch * bs, 0
-        if self.iterable:
-            self._stream.start = start
-        else:
-            self._sampler.idxs = self.get_idxs()[start:]
-        for k, batch in enumerate(self._loader):
-            pos = start + k * bs
-            self.last_batch = (pos, min(bs, self.per_rank - pos))
+        first, self.start_batch = self.start_batch, 0
+        batches = self._iter_agreed(first) if self._unsized else self._iter_planned(first)
+        for batch in batches:
             yield batch if self.device is None else send_to_device(batch, self.device)
+        self._complete = True
+
+    def _iter_planned(self, first: int) -> Iterator[Any]:
+        (order, plan), rank = self._planned(self.epoch, self._source), self.rank
+        starts, lens = plan.starts[rank], plan.lens[rank]
+        flat = plan.shards[rank][starts[first] if first < len(plan) else len(plan.shards[rank]):]
+        if not self.iterable:
+            flat = order[flat % len(order)] if len(order) else flat
+        flat, at = flat.tolist(), starts[first] if first < len(plan) else 0
+        batches = [flat[s - at:s - at + n] for s, n in zip(starts[first:], lens[first:])]
+        if self.iterable:
+            self._stream.batches = batches
+        else:
+            self._batches.batches = batches
+        for t, batch in enumerate(self._loader, first):
+            self.last_batch, self._steps_done = (starts[t], lens[t]), t + 1
+            yield batch[1] if self.iterable else batch
+
+    def _iter_agreed(self, first: int) -> Iterator[Any]:
+        """A stream without __len__: every step the ranks share how many real items each has; none left ends it."""
+        self._stream.offset = self._samples_done(first)
+        self._real_len, pos, pad = [0] * self.world_size, 0, None
+        it = iter(self._loader)
+        for t in itertools.count(first):
+            got = next(it, None) if pad is None else None
+            if got is not None and got[0] == 0:
+                pad, got = got, None  # this rank's items ended: pad while others still have some
+            counts = self._agree(0 if got is None else got[0])
+            if max(counts) == 0:
+                return
+            if got is None:
+                if pad is None:
+                    raise ValueError(f"rank {self.rank} got no item of the IterableDataset while other ranks did: "
+                                     f"every rank must iterate the same items (do not shard the dataset yourself)")
+                got = (1, pad[1])
+            self._real_len = [a + b for a, b in zip(self._real_len, counts)]
+            self._last_counts = counts
+            self.last_batch, self._steps_done = (pos, got[0]), t + 1
+            pos += got[0]
+            yield got[1]
+
+    def _agree(self, n: int) -> list[int]:
+        """Every rank's `n` (one all-gather); without a process group only this rank's."""
+        if not env.is_initialized() or env.world_size() != self.world_size:
+            return [n if r == self.rank else 0 for r in range(self.world_size)]
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        out = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
+        dist.all_gather(out, torch.tensor([n], dtype=torch.long, device=device))
+        return [int(o) for o in out]

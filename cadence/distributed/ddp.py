@@ -88,10 +88,24 @@ class DDP(Strategy):
         opt = make_opt(model)  # DDP keeps the module's Parameter objects: the optimizer may see them unwrapped
         if not env.is_initialized():
             return model, opt
+        return self._wrap(model), opt
+
+    def _wrap(self, model: nn.Module) -> DistributedDataParallel:
         device_ids = [self.device] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
         if self.comm_hook is not None:
             wrapped.register_comm_hook(self.comm_state, self.comm_hook)
+        return wrapped
+
+    def trainable_changed(self, model: nn.Module, opt: torch.optim.Optimizer
+                          ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Wrap the module again: DDP registers its all-reduce hooks for the parameters that required
+        gradients when it wrapped (a newly frozen one would be waited for forever, an unfrozen one
+        never averaged). The optimizer holds the module's own parameters and stays as it is."""
+        if not isinstance(model, DistributedDataParallel):
+            return model, opt
+        wrapped = self._wrap(model.module)
+        wrapped.require_backward_grad_sync = model.require_backward_grad_sync
         return wrapped, opt
 
     def _convert_sync_bn(self, model: nn.Module) -> nn.Module:
@@ -104,6 +118,7 @@ class DDP(Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the DDP wrapper."""
+        model = super().unwrap(model)
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:

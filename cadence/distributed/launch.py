@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
+from cadence.compile import CONFIG_KEYS, check_backend, dynamo_env
 from cadence.distributed import config as cfg_mod
 from cadence.distributed import lifecycle, status
 from cadence.distributed.config import Config
@@ -65,6 +66,8 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     cfg_mod.add_config_flags(parser, LAUNCH_KEYS)
     parser.add_argument("--rdzv_conf", default="", help="extra rendezvous settings, `key1=v1,key2=v2`")
     add_fsdp_options(parser)
+    add_dynamo_options(parser)
+    add_deepspeed_options(parser)
 
 
 # `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block
@@ -89,18 +92,69 @@ def add_fsdp_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(f"--fsdp_{key}", type=kind, default=None)
 
 
+def add_dynamo_options(parser: argparse.ArgumentParser) -> None:
+    """`--dynamo_backend` and friends (Accelerate's flags): the config's dynamo_config, read by the Learner.
+
+    >>> p = argparse.ArgumentParser(); add_dynamo_options(p)
+    >>> p.parse_args(["--dynamo_backend", "aot_eager"]).dynamo_backend
+    'aot_eager'
+    """
+    group = parser.add_argument_group("torch.compile", "compile the model in every worker (Accelerate's flag names)")
+    group.add_argument("--dynamo_backend", default=None, help="torch.compile backend: inductor, aot_eager, eager, ... or no")
+    group.add_argument("--dynamo_mode", default=None, help="default, reduce-overhead, max-autotune, ...")
+    group.add_argument("--dynamo_use_fullgraph", type=_yes_no, default=None, metavar="true|false")
+    group.add_argument("--dynamo_use_dynamic", type=_yes_no, default=None, metavar="true|false")
+
+
+def _dynamo_changes(args: argparse.Namespace, base: Config) -> dict:
+    """Config changes from `--dynamo_*`: the dynamo_config block."""
+    given = {k: getattr(args, k) for k in CONFIG_KEYS if getattr(args, k, None) is not None}
+    return {"dynamo_config": {**base.dynamo_config, **given}} if given else {}
+
+
 def _yes_no(text: str) -> bool:
     if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
     return text.lower() in ("true", "1", "yes")
 
 
+# DeepSpeed's flags, Accelerate's names; they fill the config's deepspeed_config block (key = flag name)
+DEEPSPEED_FLAGS = {"deepspeed_config_file": str, "zero_stage": int, "offload_optimizer_device": str,
+                   "offload_param_device": str, "offload_optimizer_nvme_path": str, "offload_param_nvme_path": str,
+                   "gradient_clipping": float, "zero3_init_flag": bool, "zero3_save_16bit_model": bool}
+
+
+def add_deepspeed_options(parser: argparse.ArgumentParser) -> None:
+    """`--use_deepspeed` and DeepSpeed's flags (see cadence.distributed.deepspeed.DeepSpeed for what each does).
+
+    >>> p = argparse.ArgumentParser(); add_deepspeed_options(p)
+    >>> p.parse_args(["--use_deepspeed", "--zero_stage", "2"]).zero_stage
+    2
+    """
+    group = parser.add_argument_group("DeepSpeed", "ZeRO stages and offload through DeepSpeed (Accelerate's flag names)")
+    group.add_argument("--use_deepspeed", action="store_true", help="train with the DeepSpeed strategy")
+    for key, kind in DEEPSPEED_FLAGS.items():
+        group.add_argument(f"--{key}", type=_yes_no if kind is bool else kind, default=None,
+                           metavar="true|false" if kind is bool else None)
+
+
+def _engine_changes(args: argparse.Namespace, base: Config, use: str, distributed_type: str, block: str,
+                    flags: dict[str, str]) -> dict:
+    """Config changes from `--use_<engine>` and the engine's flags (flag name -> key in the config block)."""
+    given = {key: getattr(args, flag) for flag, key in flags.items() if getattr(args, flag, None) is not None}
+    if not getattr(args, use, False) and not given:
+        return {}
+    return {"distributed_type": distributed_type, block: {**getattr(base, block), **given}}
+
+
 def _fsdp_changes(args: argparse.Namespace, base: Config) -> dict:
     """Config changes from `--use_fsdp` / `--fsdp_*`: distributed_type FSDP and the fsdp_config block."""
-    given = {f"fsdp_{k}": getattr(args, f"fsdp_{k}") for k in FSDP_FLAGS if getattr(args, f"fsdp_{k}", None) is not None}
-    if not getattr(args, "use_fsdp", False) and not given:
-        return {}
-    return {"distributed_type": "FSDP", "fsdp_config": {**base.fsdp_config, **given}}
+    return _engine_changes(args, base, "use_fsdp", "FSDP", "fsdp_config", {f"fsdp_{k}": f"fsdp_{k}" for k in FSDP_FLAGS})
+
+
+def _deepspeed_changes(args: argparse.Namespace, base: Config) -> dict:
+    """Config changes from `--use_deepspeed` and DeepSpeed's flags: distributed_type DEEPSPEED and its block."""
+    return _engine_changes(args, base, "use_deepspeed", "DEEPSPEED", "deepspeed_config", {k: k for k in DEEPSPEED_FLAGS})
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -114,12 +168,16 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if getattr(args, "multi_gpu", False) and base.distributed_type == "NO":
         changes["distributed_type"] = "MULTI_GPU"
     changes.update(_fsdp_changes(args, base))
+    changes.update(_dynamo_changes(args, base))
+    changes.update(_deepspeed_changes(args, base))
     try:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
         raise ValueError(f"cadence launch flags: {e}") from None
     config.check_strategy_exists()
     config.check_engine_options()
+    if config.dynamo_config:
+        check_backend(config.dynamo_config["dynamo_backend"])
     return config
 
 
@@ -133,7 +191,7 @@ def launch_env(config: Config) -> dict[str, str | None]:
     threads = config.num_cpu_threads_per_process or os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // per_node)
     return {
         "CADENCE_MIXED_PRECISION": config.mixed_precision,
-        "CADENCE_GRADIENT_ACCUMULATION_STEPS": str(config.gradient_accumulation_steps),
+        "CADENCE_GRADIENT_ACCUMULATION_STEPS": str(_accumulation_steps(config)),
         "CADENCE_TIMEOUT": str(config.timeout),
         "CADENCE_USE_CPU": "1" if config.use_cpu else "0",
         "CADENCE_STRATEGY": config.strategy,
@@ -142,7 +200,16 @@ def launch_env(config: Config) -> dict[str, str | None]:
         "CADENCE_FSDP_CONFIG": json.dumps(config.fsdp_config) if config.fsdp_config else None,
         "CADENCE_DEEPSPEED_CONFIG": json.dumps(config.deepspeed_config) if config.deepspeed_config else None,
         "OMP_NUM_THREADS": str(threads),
+        **dynamo_env(config.dynamo_config),
     }
+
+
+def _accumulation_steps(config: Config) -> int:
+    """The launch's accumulation: the flag or config key, else an Accelerate deepspeed_config block's value."""
+    block = config.deepspeed_config.get("gradient_accumulation_steps")
+    if config.gradient_accumulation_steps == 1 and block not in (None, "auto"):
+        return int(block)
+    return config.gradient_accumulation_steps
 
 
 def free_port() -> int:

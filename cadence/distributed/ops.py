@@ -27,7 +27,7 @@ __all__ = ["map_tensors", "wait_for_everyone", "broadcast", "reduce", "gather", 
            "rank0_first", "on_main_process", "on_local_main_process", "main_print", "get_logger"]
 
 T = TypeVar("T")
-_REDUCE_OPS = ("mean", "sum")
+_REDUCE_OPS = ("mean", "sum", "max", "min")
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -89,7 +89,7 @@ def broadcast(obj: T, src: int = 0) -> T:
 
 
 def reduce(data: T, op: str = "mean") -> T:
-    """Sum or mean of `data` (a tensor or nested tensors) over all ranks, returned as new tensors.
+    """Sum, mean, max or min of `data` (a tensor or nested tensors) over all ranks, returned as new tensors.
 
     >>> reduce(torch.tensor(rank() + 1.0), op="sum")     # on 2 ranks
     tensor(3.)
@@ -102,7 +102,7 @@ def reduce(data: T, op: str = "mean") -> T:
 
     def _reduce(t: torch.Tensor) -> torch.Tensor:
         out = t.detach().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        dist.all_reduce(out, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(op, dist.ReduceOp.SUM))
         return out / env.world_size() if op == "mean" else out
     return map_tensors(_reduce, data)
 
@@ -188,11 +188,20 @@ def gather_for_metrics(data: T, source: Any, start: int | None = None) -> T:
 
     def _gather(t: torch.Tensor) -> torch.Tensor:
         parts = _gather_parts(t) if env.is_initialized() else [t.reshape(1) if t.ndim == 0 else t]
-        first = start if start is not None else _default_start(source, len(parts[0]))
-        kept = [p[_keep_mask(source, r, first, len(p)).to(p.device)] for r, p in zip(ranks, parts)]
+        kept = [p[m.to(p.device)] for p, m in zip(parts, _keep_masks(source, list(ranks), parts, start))]
         out = torch.cat(kept)
         return out[:source] if isinstance(source, int) else out
     return map_tensors(_gather, data)
+
+
+def _keep_masks(source: Any, ranks: list[int], parts: list[torch.Tensor], start: int | None) -> list[torch.Tensor]:
+    """Per rank, which gathered rows are real; for a DistributedDL's last batch each rank's own batch of that step."""
+    if start is None and callable(getattr(source, "last_batch_masks", None)):
+        masks = source.last_batch_masks(ranks)
+        if masks is not None and [len(m) for m in masks] == [len(p) for p in parts]:
+            return masks
+    first = start if start is not None else _default_start(source, len(parts[0]))
+    return [_keep_mask(source, r, first, len(p)) for r, p in zip(ranks, parts)]
 
 
 def _default_start(source: Any, length: int) -> int:

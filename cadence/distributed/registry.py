@@ -1,4 +1,4 @@
-"""The one place that maps strategy names to classes: "ddp", "fsdp", "dp" (and "deepspeed", "xla" when they land).
+"""The one place that maps strategy names to classes: "ddp", "fsdp", "dp", "deepspeed" (and "xla" when it lands).
 
 >>> strategy = get_strategy("ddp", sync_bn=False)
 >>> get_strategy(None)      # $CADENCE_STRATEGY, set by `cadence launch`; "ddp" when unset
@@ -16,6 +16,7 @@ STRATEGIES = {
     "ddp": "cadence.distributed.ddp:DDP",
     "fsdp": "cadence.distributed.fsdp:FSDP",
     "dp": "cadence.distributed.dp:DataParallel",
+    "deepspeed": "cadence.distributed.deepspeed:DeepSpeed",
 }
 
 

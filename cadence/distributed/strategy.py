@@ -21,6 +21,7 @@ from typing import Any, ContextManager, TypeVar
 import torch
 from torch import nn
 
+from ..compile import unwrap_compiled
 from . import env, ops
 from .precision import FullPrecision
 from .state_files import load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
@@ -76,8 +77,17 @@ class Strategy:
         return self.unwrap(model), opt
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside whatever `setup` returned."""
-        return model
+        """The user's module inside whatever `setup` returned (and inside a `torch.compile` wrapper)."""
+        return unwrap_compiled(model)
+
+    def trainable_changed(self, model: nn.Module, opt: torch.optim.Optimizer
+                          ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Called after parameters' `requires_grad` changed (`learn.freeze()`); returns the model and optimizer
+        to use from now on. Nothing to do for most engines; DDP re-wraps (it fixes its parameters at wrap time).
+
+        >>> learn.model, learn.opt = learn.strategy.trainable_changed(learn.model, learn.opt)
+        """
+        return model, opt
 
     def shard(self, dl):
         """The part of `dl` this process iterates; all of it on one device."""
@@ -223,3 +233,15 @@ class OwnsClipping:
 
     def configure_clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
         raise NotImplementedError
+
+
+class ConfiguredAtFit:
+    """An engine whose config needs facts of the fit (DeepSpeed's "auto" batch sizes and scheduler steps).
+
+    The distributed bridge calls `configure_fit` before the first training batch, once the callbacks'
+    `before_fit` (GradAccum, GradClip) have configured the engine.
+    """
+
+    def configure_fit(self, micro_batch_size: int, total_steps: int) -> None:
+        raise NotImplementedError
+

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 
 _CPU = torch.device("cpu")
@@ -45,6 +45,37 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
     return batch
 
 
+def n_batches(dl: Iterable) -> int | None:
+    """`len(dl)`, or None for a loader without a length (a stream: an IterableDataset without __len__).
+
+    >>> n_batches([(x, y)] * 3), n_batches(iter([]))
+    (3, None)
+    """
+    try:
+        return len(dl)
+    except TypeError:
+        return None
+
+
+def _is_batch(obj: Any) -> bool:
+    return isinstance(obj, (torch.Tensor, Mapping)) or (isinstance(obj, (list, tuple)) and len(obj) > 0)
+
+
+def _check_loader(name: str, dl: Any) -> None:
+    """TypeError naming what DataLoaders takes when `dl` is a dataset, a list of samples or not iterable."""
+    takes = (f"DataLoaders({name}=...) takes a loader: a torch DataLoader or a list of batches (tuples of tensors); "
+             f"for a dataset use DataLoader(ds, batch_size=64) or DataLoaders.from_dsets(train_ds, valid_ds, bs=64)")
+    if dl is None or isinstance(dl, DataLoader):
+        return
+    if isinstance(dl, Dataset) and not isinstance(dl, IterableDataset):
+        raise TypeError(f"{takes}; got the dataset {type(dl).__name__}")
+    if not hasattr(dl, "__iter__"):
+        raise TypeError(f"{takes}; got {type(dl).__name__}")
+    if isinstance(dl, (list, tuple)) and dl and not _is_batch(dl[0]):
+        raise TypeError(f"{takes}; got a {type(dl).__name__} whose first element {dl[0]!r} "
+                        f"({type(dl[0]).__name__}) is a sample, not a batch")
+
+
 def _default_device() -> torch.device:
     from ..distributed.env import default_device
 
@@ -64,9 +95,8 @@ class DataLoaders:
 
     def __init__(self, train: Iterable, valid: Iterable | None = None, device: torch.device | str | None = None,
                  n_inp: int | None = None):
-        for name, dl in (("train", train), ("valid", valid)):
-            if dl is not None and not hasattr(dl, "__iter__"):
-                raise TypeError(f"DataLoaders({name}=...) must be iterable (a torch DataLoader), got {type(dl).__name__}")
+        _check_loader("train", train)
+        _check_loader("valid", valid)
         if n_inp is not None and (not isinstance(n_inp, int) or n_inp < 1):
             raise ValueError(f"n_inp must be a positive int (how many leading batch elements are inputs), got {n_inp!r}")
         self.train, self.valid, self.n_inp = train, valid, n_inp

@@ -41,6 +41,35 @@ class FeatureMethods:
 
         return set_precision(self, precision, **scaler_kwargs)
 
+    # ------------------------------------------------------------------ compilation
+    def compile(self, **options) -> "Learner":
+        """torch.compile the model, in place: its state dict keeps its names (no `_orig_mod.` prefix).
+
+        `options` are torch.compile's (backend, mode, fullgraph, dynamic, options, disable), checked
+        before anything compiles. The user's module is compiled, inside the strategy's wrapper (DDP):
+        its forward then runs while DDP's is active, so torch's DDPOptimizer splits the graph at
+        bucket boundaries, as for `torch.compile(DDP(model))`; compiling the DDP wrapper itself
+        compiles nothing of a built-in module such as `nn.Sequential` (the DDP frame is skipped).
+        Entering and leaving `distrib_ctx` recompile with the same options.
+
+        >>> learn.compile(backend="inductor", mode="max-autotune")
+        """
+        from ..compile import compile_model, unwrap_compiled
+
+        compile_model(self.strategy.unwrap(self.model), **options)
+        self.model = unwrap_compiled(self.model)  # a model the user passed through torch.compile: compiled in place now
+        self.compile_options = options
+        return self
+
+    def _set_compile(self, compile: Any) -> None:
+        """Apply the Learner's `compile=` argument (None: what `cadence launch --dynamo_backend` asked for)."""
+        from ..compile import resolve_compile
+
+        options = resolve_compile(compile)
+        self.compile_options = None
+        if options is not None:
+            self.compile(**options)
+
     # ------------------------------------------------------------------ distribution
     def distrib_ctx(self, sync_bn: bool = True, in_notebook: bool = False, strategy: Any = None, **strategy_kwargs):
         """Train on every launched process inside a `with` block (fastai's name); a no-op-like single process otherwise.

@@ -13,6 +13,7 @@ few `_do_*` methods below and `_with_events`, which runs one level of it with it
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
 from collections.abc import Callable, Iterable
@@ -24,13 +25,15 @@ import torch
 from torch import nn
 
 from .callback import Callback, event_methods
-from .data import DataLoaders, to_device
+from .data import DataLoaders, n_batches, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
 from .features import FeatureMethods
 from .recorder import Recorder
-from .schedule import LRFinder, ParamScheduler, SuggestedLRs, combined_cos, set_hyper
+from .policies import FitPolicies
+from .schedule import set_hyper
+from .transfer import TransferMethods
 
 _INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
                            "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
@@ -47,7 +50,7 @@ def _listify(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-class Learner(FeatureMethods):
+class Learner(FitPolicies, TransferMethods, FeatureMethods):
     """Trains `model` on `dls` with `loss_func`, an optimizer from `opt_func`, and callbacks.
 
     Args:
@@ -56,21 +59,26 @@ class Learner(FeatureMethods):
             and targets (`yb`, passed as `loss_func(pred, *yb)`).
         loss_func: `loss_func(pred, *yb)` -> scalar tensor.
         opt_func: any callable `opt_func(params, lr=lr)` returning a `torch.optim.Optimizer`.
-        lr: default learning rate (a float, or a `slice` / list for discriminative rates).
+        lr: default learning rate (a float, or a `slice` / list for discriminative rates); by default
+            the `lr` bound in `opt_func=partial(torch.optim.Adam, lr=...)` if there is one, else 1e-3.
         splitter: `splitter(model)` -> list of parameter groups (for discriminative rates).
         cbs, metrics: callbacks and metrics (functions `fn(preds, targs)` or `Metric`s).
         path, model_dir: `save`/`load` use `path/model_dir/<name>.safetensors`.
         wd: weight decay; None keeps the optimizer's default.
         strategy: how to run backward/step (`SingleDevice` by default; `distrib_ctx` swaps it).
+        train_bn: BatchNorm layers of frozen parameter groups keep training (`freeze`, `fine_tune`).
+        compile: torch.compile the model: True (torch's defaults), a backend name, a dict of
+            torch.compile options, False; None follows `cadence launch --dynamo_backend` (see `learn.compile`).
 
     >>> learn = Learner(dls, model, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.1)
     >>> learn.fit(2)
     """
 
     def __init__(self, dls: DataLoaders, model: nn.Module, loss_func: Callable | None = None,
-                 opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice = 1e-3,
+                 opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice | None = None,
                  splitter: Callable[[nn.Module], Iterable] | None = None, cbs: Any = None, metrics: Any = None,
-                 path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None):
+                 path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None,
+                 train_bn: bool = True, compile: bool | str | dict | None = None):
         if not isinstance(dls, DataLoaders):
             raise TypeError(f"dls must be a cadence.DataLoaders, got {type(dls).__name__}: "
                             f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
@@ -85,9 +93,12 @@ class Learner(FeatureMethods):
             from ..distributed.strategy import SingleDevice  # the default engine; trainer/ never needs more
 
             strategy = SingleDevice(dls.device)
-        self.dls, self.loss_func, self.opt_func, self.lr, self.splitter = dls, loss_func, opt_func, lr, splitter
+        self.dls, self.loss_func, self.opt_func, self.splitter = dls, loss_func, opt_func, splitter
+        self.lr = _default_lr(opt_func) if lr is None else lr
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
+        self.train_bn = train_bn
         self.model, self.opt = strategy.setup(model, self._make_opt)
+        self._set_compile(compile)
         self.cbs: list[Callback] = []
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
@@ -100,9 +111,16 @@ class Learner(FeatureMethods):
         self("after_create")
 
     # ------------------------------------------------------------------ callbacks
-    def __call__(self, event: str | Event) -> None:
-        """Run every callback's handler for `event`, in order: `learn("before_fit")`."""
-        self._fire(event)
+    def __call__(self, event: str | Event | Iterable[str | Event]) -> None:
+        """Run every callback's handler for `event` (or for each of a list of events), in order.
+
+        >>> learn("before_fit"); learn(["before_epoch", "before_train"])
+        """
+        if isinstance(event, (list, tuple)):
+            for e in event:
+                self._fire(e)
+        else:
+            self._fire(event)
 
     def _fire(self, event: str | Event) -> None:  # what `learn(event)` does; the loop calls it as a method (faster)
         try:
@@ -243,7 +261,9 @@ class Learner(FeatureMethods):
         return lrs
 
     # ------------------------------------------------------------------ the loop
-    def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None):
+    def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None,
+                     done: Callable | None = None):
+        """before_<level>, f, after_cancel_<level> if cancelled, `done` (counters), after_<level>, `final`."""
         before, after_cancel, after = _LEVEL_EVENTS[level]
         try:
             if self._handlers[before]:  # most events have no handler by default: skip the call
@@ -251,6 +271,8 @@ class Learner(FeatureMethods):
             f()
         except cancel:
             self._fire(after_cancel)
+        if done is not None:
+            done()
         if self._handlers[after]:
             self._fire(after)
         if final is not None:
@@ -274,7 +296,7 @@ class Learner(FeatureMethods):
             set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
             if wd is not None:
                 set_hyper(self.opt, "wd", wd)
-            self.n_epoch, self.steps_per_epoch = n_epoch, len(self.dls.train)
+            self.n_epoch, self.steps_per_epoch = n_epoch, n_batches(self.dls.train)  # None: a stream
             self.epoch = self.iter = self.train_iter = self.step = 0
             if resume is not None:
                 self._resume(resume)
@@ -320,7 +342,7 @@ class Learner(FeatureMethods):
             self._with_events(self._all_batches, "validate", CancelValidateException)
 
     def _all_batches(self) -> None:
-        self.n_iter = len(self.dl)
+        self.n_iter = n_batches(self.dl)
         # a resumed loader starts mid-epoch and says where (DistributedDL.start_batch)
         for i, batch in enumerate(self.dl, getattr(self.dl, "start_batch", 0)):
             self.one_batch(i, batch)
@@ -338,9 +360,12 @@ class Learner(FeatureMethods):
             self.xb, self.yb = b[:n], b[n:]
         else:
             self.xb, self.yb = (b,), ()
-        self._with_events(self._do_one_batch, "batch", CancelBatchException)
-        if self.training:
-            self.train_iter += 1
+        # a training batch counts as seen before any callback's after_batch (fastai's order), cancelled or not
+        self._with_events(self._do_one_batch, "batch", CancelBatchException, None,
+                          self._count_batch if self.training else None)
+
+    def _count_batch(self) -> None:
+        self.train_iter += 1
 
     def _do_one_batch(self) -> None:
         if self._forward_cbs:
@@ -409,37 +434,6 @@ class Learner(FeatureMethods):
 
     def _end_cleanup(self) -> None:
         self.dl = self.xb = self.yb = self.pred = self.loss = self.loss_grad = None
-
-    # ------------------------------------------------------------------ schedules
-    def fit_one_cycle(self, n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
-                      div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,
-                      moms: tuple[float, float, float] | None = (0.95, 0.85, 0.95), cbs: Any = None,
-                      resume: str | Path | None = None) -> None:
-        """Train with the one-cycle policy: lr warms up to `lr_max` then anneals; momentum does the reverse.
-
-        >>> learn.fit_one_cycle(3, lr_max=1e-2)
-        """
-        lr_max = self._group_lrs(self.lr if lr_max is None else lr_max, len(self.opt.param_groups))
-        scheds = {"lr": combined_cos(pct_start, lr_max / div, lr_max, lr_max / div_final)}
-        if moms is not None:
-            scheds["mom"] = combined_cos(pct_start, *moms)
-        self.fit(n_epoch, wd=wd, cbs=[ParamScheduler(scheds), *_listify(cbs)], resume=resume)
-
-    def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10.0, num_it: int = 100, stop_div: bool = True,
-                show_plot: bool = True) -> SuggestedLRs:
-        """Try learning rates from `start_lr` to `end_lr`, restore the model, and suggest one.
-
-        >>> lr = learn.lr_find().valley
-        """
-        finder = LRFinder(start_lr, end_lr, num_it, stop_div)
-        n_epoch = math.ceil(num_it / max(len(self.dls.train), 1))
-        with self.no_bar():
-            self.fit(n_epoch, cbs=finder)
-        suggestions = finder.suggestions()
-        if show_plot:
-            finder.plot(suggestions.valley)
-        self.lr_finder = finder
-        return suggestions
 
     # ------------------------------------------------------------------ inference
     def validate(self, dl: Iterable | None = None, cbs: Any = None) -> dict[str, float | None]:
@@ -556,6 +550,13 @@ def _describe(x: Any) -> str:
     if isinstance(x, (list, tuple)):
         return "(" + ", ".join(_describe(v) for v in x) + ")"
     return type(x).__name__
+
+
+def _default_lr(opt_func: Callable) -> float:
+    """An lr bound in `opt_func=partial(Adam, lr=...)` is the Learner's default (as in fastai); else 1e-3."""
+    if isinstance(opt_func, functools.partial) and "lr" in opt_func.keywords:
+        return opt_func.keywords["lr"]
+    return 1e-3
 
 
 def _default_cbs() -> list[Callback]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from .callback import Callback, Order
@@ -38,6 +39,7 @@ class Recorder(Callback):
         self._float_losses = True
         self._batch_sizes: list[int] = []
         self._resumed = False
+        self.hps: dict[str, list] = {}  # per batch, the values a ParamScheduler set (plot_sched)
 
     @property
     def metric_names(self) -> list[str]:
@@ -100,13 +102,26 @@ class Recorder(Callback):
         """Turn the epoch's batch losses into `losses` and the size-weighted train loss."""
         if not self._batch_losses:
             return
-        losses = (torch.tensor(self._batch_losses, dtype=torch.float64) if self._float_losses
-                  else torch.stack(self._batch_losses).double())
+        losses = self._flush_losses()
         sizes = torch.tensor(self._batch_sizes, dtype=torch.float64, device=losses.device)
-        self.losses.extend(losses.float().cpu().tolist())
         self.train_loss.sums = torch.stack([(losses * sizes).sum(), sizes.sum()])
         self.train_loss.sync(self.learn.strategy.all_sum, self.learn.strategy.gather)
-        self._batch_losses, self._batch_sizes = [], []
+        self._batch_sizes = []
+
+    def _flush_losses(self) -> torch.Tensor:
+        """Move the batch losses not yet in `losses` there (one per entry of `lrs`); returns them as float64."""
+        losses = (torch.tensor(self._batch_losses, dtype=torch.float64) if self._float_losses
+                  else torch.stack(self._batch_losses).double())
+        self.losses.extend(losses.float().cpu().tolist())
+        self._batch_losses = []
+        return losses
+
+    def after_cancel_epoch(self):
+        """An epoch cancelled mid-training skips after_train: keep its batch losses all the same."""
+        if self._batch_losses:
+            self._flush_losses()
+
+    after_cancel_fit = after_cancel_epoch  # lr_find, TerminateOnNaN: `losses` and `lrs` keep the same length
 
     def after_validate(self):
         strategy = self.learn.strategy
@@ -124,16 +139,49 @@ class Recorder(Callback):
             return {}
         return {"valid_loss": self.valid_loss.value, **{m.name: m.value for m in self.metrics}}
 
-    def plot_loss(self, skip_start: int = 5):
-        """Training loss per batch and validation loss per epoch (needs matplotlib)."""
-        import matplotlib.pyplot as plt
+    def plot_loss(self, skip_start: int = 5, with_valid: bool = True):
+        """Training loss per batch and validation loss per epoch (needs matplotlib).
 
-        fig, ax = plt.subplots()
+        >>> learn.recorder.plot_loss()
+        """
+        ax = _axes()
         ax.plot(range(skip_start, len(self.losses)), self.losses[skip_start:], label="train")
         per_epoch = len(self.losses) / max(len(self.values), 1)
         valid = [(per_epoch * (i + 1), v["valid_loss"]) for i, v in enumerate(self.values) if v.get("valid_loss") is not None]
-        if valid:
+        if with_valid and valid:
             ax.plot(*zip(*valid), label="valid")
         ax.set(xlabel="batch", ylabel="loss")
         ax.legend()
+        return ax.figure
+
+    def plot_lr(self):
+        """The learning rate of the last parameter group, per training batch (needs matplotlib)."""
+        ax = _axes()
+        ax.plot(self.lrs)
+        ax.set(xlabel="batch", ylabel="learning rate")
+        return ax.figure
+
+    def plot_sched(self, keys: list[str] | None = None):
+        """Every hyper-parameter a ParamScheduler set (lr, mom, ...), per training batch (needs matplotlib).
+
+        >>> learn.fit_one_cycle(3); learn.recorder.plot_sched()     # lr and momentum side by side
+        """
+        keys = list(self.hps) if keys is None else keys
+        if not keys:
+            raise ValueError("no schedule recorded: plot_sched shows what a ParamScheduler set "
+                             "(fit_one_cycle, fit_flat_cos, fit_sgdr or fit(cbs=ParamScheduler(...)))")
+        fig, axs = _pyplot().subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
+        for ax, key in zip(axs[0], keys):
+            ax.plot([float(np.asarray(v).reshape(-1)[-1]) for v in self.hps[key]])
+            ax.set(xlabel="batch", ylabel=key)
         return fig
+
+
+def _pyplot():
+    from .plots import pyplot
+
+    return pyplot()
+
+
+def _axes():
+    return _pyplot().subplots()[1]

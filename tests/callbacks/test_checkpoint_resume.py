@@ -91,3 +91,8 @@ def test_two_processes_killed_resume_exactly(tmp_path):
     assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
     assert_tracked_steps(tmp_path / "run", 9)
 
+    # the same 2-process checkpoint continues on one process: the rest of epoch 1 keeps its global batches of
+    # 16 (2 of 4 optimizer steps left), epoch 2 has 96 / 8 = 12 batches of 8: 6 steps; 4 + 2 + 6 = 12
+    (tmp_path / "run" / "latest").write_text("step-00000004")
+    one = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "one.st")
+    assert "STEPS 12" in one.stdout and "saved with batch 8 x 2 processes (16 per step) on 1 processes" in one.stderr

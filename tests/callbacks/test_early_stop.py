@@ -136,7 +136,7 @@ def test_terminate_on_nan_stops_at_the_first_nan_step(model, tmp_path, capsys, b
     learn = make_learner(nan_dls(bad_item), model, tmp_path)
     capture = CaptureWeights()
     learn.fit(3, cbs=[capture, TerminateOnNaN()])
-    assert learn.step == nan_step and learn.train_iter == nan_step - 1   # the cancelled batch is not counted as done
+    assert learn.step == nan_step and learn.train_iter == nan_step   # the NaN batch was seen (counted before after_batch)
     assert learn.recorder.values == []                                    # no validation after the NaN
     assert not np.isfinite(capture.losses[-1]) and len(capture.losses) == nan_step
     last = "none" if nan_step == 1 else f"{capture.losses[-2]:.6g} at step {nan_step - 1}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import re
 import struct
@@ -233,6 +234,26 @@ def test_a_new_run_never_writes_into_an_existing_run(dls, model, tmp_path):
         assert len(list((tmp_path / name).glob("events.out.tfevents.*"))) == 1
 
 
+def test_every_kind_writes_into_one_run_directory_and_hparams_hold_the_fit_lr(dls, model, tmp_path, monkeypatch):
+    seconds = iter(range(10**6))
+
+    class TickingClock:   # every reading is a new second: a run name taken per tracker would differ
+        @staticmethod
+        def now():
+            return datetime.datetime.fromtimestamp(1.8e9 + next(seconds))
+
+    monkeypatch.setattr("cadence.callbacks.tracking.base.datetime", TickingClock)
+    learn = learner(dls, model, Tracker(["tensorboard", "wandb", "csv"], project="p", dir=tmp_path), lr=1e-3)
+    learn.fit_one_cycle(1, lr_max=0.05)
+    (run_dir,) = (tmp_path / "p").iterdir()
+    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("events.out")) == [
+        "hparams.yaml", "metrics.csv", "wandb"]
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1 and list((run_dir / "wandb").glob("offline-run-*"))
+    assert yaml.safe_load((run_dir / "hparams.yaml").read_text())["lr"] == 0.05   # fit_one_cycle's lr_max, not 1e-3
+    _, hparams = read_tensorboard(run_dir)
+    assert '"lr": 0.05' in hparams
+
+
 def test_state_round_trip_continues_tensorboard_csv_and_wandb_run(dls, model, tmp_path):
     """A 'crashed' run goes on past its checkpoint (steps 5..8); the resumed run replaces those steps."""
     snapshot = Snapshot()
@@ -264,7 +285,7 @@ def test_state_round_trip_continues_tensorboard_csv_and_wandb_run(dls, model, tm
     assert_series([(int(r["step"]), float(r["train/loss"])) for r in rows if r["train/loss"]], train_loss)
     assert_series([(int(r["step"]), float(r["valid/loss"])) for r in rows if r["valid/loss"]], valid)
 
-    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))  # W&B's files in the run's one directory
     assert len(runs) == 2  # W&B offline writes one directory per process session, both with the same run id
     (id1, config1, history1), (id2, _, history2) = map(read_wandb, runs)
     assert id1 == id2 == wandb_id == resumed.tracker.state_dict()["trackers"]["wandb"]["id"]
@@ -330,7 +351,7 @@ def test_one_run_per_job_under_ddp(tmp_path):
     for tag, expected in per_epoch.items():
         assert_series([(int(r["step"]), float(r[tag])) for r in rows if r[tag]], expected)
 
-    (wandb_run,) = (tmp_path / "wandb").glob("offline-run-*")
+    (wandb_run,) = (events.parent / "wandb").glob("offline-run-*")  # one directory for the run's three trackers
     run_id, config, history = read_wandb(wandb_run)
     assert run_id == result["state"]["trackers"]["wandb"]["id"] and config["world_size"] == 2
     assert_series(series(history, "train/loss"), train_loss)

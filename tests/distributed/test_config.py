@@ -36,7 +36,8 @@ def test_accelerate_formats_are_accepted(tmp_path):
     path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\ndowncast_bf16: 'no'\n"
                     "mixed_precision: no\nnum_processes: 1\nsame_network: true\ntpu_env: []\nuse_cpu: false\n"
                     "dynamo_config: {dynamo_backend: INDUCTOR}\nenable_cpu_affinity: false\n")
-    assert load_config(path) == Config()                      # unquoted `no` is YAML's False: read as "no"
+    # unquoted `no` is YAML's False: read as "no"; dynamo_config reaches the workers (torch.compile)
+    assert load_config(path) == Config(dynamo_config={"dynamo_backend": "inductor"})
     old = from_dict(ACCELERATE_OLD, "old.yaml")
     assert (old.mixed_precision, old.distributed_type, old.num_processes) == ("fp16", "MULTI_GPU", 4)
 

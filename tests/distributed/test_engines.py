@@ -15,10 +15,15 @@ from tests.helpers import run_launch
 BLOCKS = {"transformer_layer_cls_to_wrap": "Block"}
 
 
-def train(tmp_path, name, strategy, nproc=2, flags=(), **opts) -> tuple[dict, dict]:
+def launch(tmp_path, name, strategy, nproc=2, flags=(), check=True, **opts):
     out = tmp_path / name
     out.mkdir()
-    proc = run_launch("engines.py", str(out), strategy, json.dumps(opts), nproc=nproc, flags=flags, timeout=240)
+    return out, run_launch("engines.py", str(out), strategy, json.dumps(opts), nproc=nproc, flags=flags, timeout=240,
+                           check=check)
+
+
+def train(tmp_path, name, strategy, nproc=2, flags=(), **opts) -> tuple[dict, dict]:
+    out, proc = launch(tmp_path, name, strategy, nproc, flags, **opts)
     result = json.loads((out / "result.json").read_text())
     result["stdout"] = proc.stdout
     return load_file(out / "model.safetensors"), result
@@ -69,6 +74,19 @@ def test_sharded_checkpoint_from_2_processes_resumes_on_1_and_4(tmp_path):
         assert result["valid_loss"] == saved["valid_loss"]
         moments = [torch.load(tmp_path / d / "exp_avg.pt") for d in ("two", f"on{nproc}")]
         assert torch.equal(*moments)  # the optimizer state came back too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
+    opts = dict(epochs=2, strategy_kwargs=BLOCKS if strategy == "fsdp" else {})
+    ref_w, _ = train(tmp_path, "ref", strategy, checkpoint=str(tmp_path / "ref_ckpt"), **opts)
+    ckpt = tmp_path / "ckpt"
+    _, killed = launch(tmp_path, "killed", strategy, check=False, checkpoint=str(ckpt), kill_at=7, **opts)
+    assert killed.returncode != 0 and "rank 1" in killed.stderr
+    assert json.loads((ckpt / (ckpt / "latest").read_text() / "state.json").read_text())["step"] == 5  # mid-epoch 0
+    resumed_w, _ = train(tmp_path, "resumed", strategy, checkpoint=str(ckpt), resume=True, **opts)
+    assert_weights_close(ref_w, resumed_w, rtol=0, atol=0)
 
 
 @pytest.mark.slow

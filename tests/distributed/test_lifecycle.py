@@ -117,15 +117,17 @@ def test_a_finished_run_exits_0_under_cadence_launch_and_torchrun():
 
 @pytest.mark.slow
 def test_the_hung_rank_is_named_with_its_event_step_and_line():
-    start = time.monotonic()
-    proc = run_launch("hang.py", flags=("--timeout", "5"), check=False, timeout=120)
-    elapsed = time.monotonic() - start
+    proc = run_launch("hang.py", flags=("--timeout", "5"), check=False, timeout=180)
+    ended = time.time()
     assert proc.returncode == 1
     line = next((l for l in proc.stderr.splitlines() if "stopped responding" in l), proc.stderr)
     assert re.fullmatch(r"cadence launch: rank 1 stopped responding during after_batch at step 3 \(\S*hang\.py:\d+ in "
                         r"stop_responding\); rank 0 timed out waiting for it after 5 s", line), line
     assert "rank 0 failed" not in proc.stderr
-    assert elapsed < 5 + 40, f"took {elapsed:.0f}s"       # the 2-process start alone is ~7 s on a busy machine
+    hung_at = float(re.search(r"HANGING AT ([\d.]+)", proc.stdout).group(1))
+    # the job ends soon after the 5 s timeout; the slack is for this 2-core machine under load (bench/faults.py
+    # measures the real figure: timeout + under 10 s)
+    assert ended - hung_at < 5 + 30, f"ended {ended - hung_at:.0f}s after rank 1 hung"
 
 
 # ---------------------------------------------------------------- item 3: no orphans

@@ -2,7 +2,9 @@
 
 argv: OUT_DIR STRATEGY [json options]. Options: "accum" (GradAccum steps), "clip" (GradClip max_norm),
 "precision" ("bf16"), "epochs", "strategy_kwargs" (dict for distrib_ctx), "count_comms" (count the
-gradient collectives of each micro-step), "stop_at" / "resume" (checkpoint tests).
+gradient collectives of each micro-step), "save_ckpt" / "load_ckpt" (the strategy's checkpoint methods),
+"checkpoint" (a Checkpoint callback's directory, every 5 steps), "kill_at" (rank 1 dies by SIGKILL after
+that step), "resume" (fit resumes from the Checkpoint's latest).
 Rank 0 writes OUT_DIR/weights.safetensors (the full weights after training, via save_model) and
 OUT_DIR/result.json.
 """
@@ -10,6 +12,7 @@ OUT_DIR/result.json.
 import contextlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cadence import Checkpoint, DataLoaders, GradAccum, GradClip, Learner, MixedPrecision
+from cadence import Callback, Checkpoint, DataLoaders, GradAccum, GradClip, Learner, MixedPrecision, Order
 from cadence.distributed import Strategy, get_strategy
 from cadence.distributed.env import rank
 
@@ -38,6 +41,18 @@ def make_model():
     return nn.Sequential(nn.Linear(6, 16), Block(16), Block(16), nn.Linear(16, 3))
 
 
+class KillAt(Callback):
+    """Rank 1 dies by SIGKILL right after optimizer step `at` (and its checkpoint), mid-epoch."""
+    order = Order.CHECKPOINT + 10
+
+    def __init__(self, at):
+        self.at = at
+
+    def after_batch(self):
+        if self.training and self.learn.step == self.at and rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def learner(opts, strategy=None):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, 6, generator=g)
@@ -51,6 +66,10 @@ def learner(opts, strategy=None):
         cbs.append(GradClip(opts["clip"]))
     if opts.get("precision"):
         cbs.append(MixedPrecision(opts["precision"]))
+    if opts.get("checkpoint"):
+        cbs.append(Checkpoint(opts["checkpoint"], every_n_steps=5, keep_last=2))
+    if opts.get("kill_at"):
+        cbs.append(KillAt(opts["kill_at"]))
     with strategy.init_context() if strategy is not None else contextlib.nullcontext():
         model = make_model()  # with cpu_ram_efficient_loading, only rank 0 holds real weights here
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, lr=1e-2, cbs=cbs)
@@ -98,7 +117,7 @@ def main():
         if opts.get("load_ckpt"):
             learn.strategy.load_checkpoint(Path(opts["load_ckpt"]), learn.model, learn.opt)
         if opts.get("epochs", 2):
-            learn.fit(opts.get("epochs", 2))
+            learn.fit(opts.get("epochs", 2), resume="latest" if opts.get("resume") else None)
         if opts.get("save_ckpt"):
             learn.strategy.save_checkpoint(Path(opts["save_ckpt"]), learn.model, learn.opt)
         learn.save_model(out)

@@ -38,8 +38,15 @@ def test_from_dsets_shuffles_train_only_and_keeps_kwargs():
     assert sorted(int(y) for _, yb in dls.train for y in yb) != list(range(8))  # a shuffled subset
     with pytest.raises(ValueError, match="bs"):
         DataLoaders.from_dsets(ds, bs=0)
-    with pytest.raises(TypeError, match="iterable"):
+    with pytest.raises(TypeError, match="takes a loader: a torch DataLoader or a list of batches.*got int"):
         DataLoaders(3)
+
+
+def test_dataloaders_refuses_samples_and_datasets_naming_what_it_takes():
+    with pytest.raises(TypeError, match=r"DataLoaders\(train=...\) takes a loader.*first element 1 \(int\) is a sample"):
+        DataLoaders([1, 2, 3])
+    with pytest.raises(TypeError, match=r"DataLoaders\(valid=...\).*from_dsets.*got the dataset TensorDataset"):
+        DataLoaders([(torch.ones(2), torch.ones(2))], TensorDataset(torch.ones(3)))
 
 
 def test_n_inp_splits_inputs_from_targets():

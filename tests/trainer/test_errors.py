@@ -71,6 +71,12 @@ def test_bad_epochs_and_lr_count(dls, model):
         learn.fit(1, lr=[1e-3, 1e-2])
 
 
+def test_lr_none_means_the_default(dls, model):
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), lr=None)   # None: opt_func's lr, else 1e-3
+    learn.fit(1, lr=None)                                                     # None: the Learner's lr
+    assert learn.lr == 1e-3 and learn.opt.param_groups[0]["lr"] == 1e-3 and learn.step > 0
+
+
 def test_dls_and_model_types(dls, model):
     with pytest.raises(TypeError, match="DataLoaders"):
         Learner([1, 2], model, loss_func=nn.CrossEntropyLoss())
@@ -79,18 +85,17 @@ def test_dls_and_model_types(dls, model):
 
 
 @pytest.mark.parametrize("lr, said", [("fast", "got 'fast'"), ("0.01", "the number 0.01, not a string"),
-                                      (None, "got None"), (-0.1, "got -0.1"), (float("nan"), "got nan"),
+                                      (-0.1, "got -0.1"), (float("nan"), "got nan"),
                                       (slice(1e-4, "1e-2"), "got slice"), ([1e-3, -1.0], r"got \[0.001, -1.0\]")])
 def test_bad_learning_rate_is_refused_before_training(dls, model, lr, said):
     with pytest.raises(ValueError, match=rf"learning rate must be a finite number >= 0.*{said}"):
         Learner(dls, model, loss_func=nn.CrossEntropyLoss(), lr=lr)
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss())
     before = [p.detach().clone() for p in learn.model.parameters()]
-    if lr is not None:  # fit(lr=None) means the Learner's lr
-        with pytest.raises(ValueError, match=rf"learning rate must be.*{said}"):
-            learn.fit(1, lr=lr)
-        with pytest.raises(ValueError, match=rf"learning rate must be.*{said}"):
-            learn.fit_one_cycle(1, lr_max=lr)
+    with pytest.raises(ValueError, match=rf"learning rate must be.*{said}"):
+        learn.fit(1, lr=lr)
+    with pytest.raises(ValueError, match=rf"learning rate must be.*{said}"):
+        learn.fit_one_cycle(1, lr_max=lr)
     assert all(torch.equal(a, b) for a, b in zip(before, learn.model.parameters())) and learn.step == 0
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ...serialization import atomic_path, save_weights
+from ...serialization import atomic_path, parse_size, save_weights
 
 
 def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | str = "2GB") -> Path:
@@ -23,7 +23,7 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
     >>> learn.save_model("export", max_shard_size="500MB")   # model-00001-of-00003.safetensors, ... + index
     """
     directory = Path(directory)
-    limit = _parse_size(max_shard_size)
+    limit = parse_size(max_shard_size, "max_shard_size")
     state = learn.strategy.model_state_dict(learn.model)
     if learn.strategy.is_main:
         directory.mkdir(parents=True, exist_ok=True)
@@ -45,18 +45,6 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _parse_size(size: int | str) -> int:
-    """"2GB" -> 2_000_000_000 (also KB, MB, GiB, MiB ...); ints pass through."""
-    if isinstance(size, int):
-        return size
-    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}
-    text = str(size).strip().upper()
-    for unit, factor in units.items():
-        if text.endswith(unit) and text[: -len(unit)].strip().replace(".", "", 1).isdigit():
-            return int(float(text[: -len(unit)]) * factor)
-    raise ValueError(f"max_shard_size must be bytes or a size such as '2GB' or '500MB', got {size!r}")
 
 
 def _split_shards(state: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:

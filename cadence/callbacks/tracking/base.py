@@ -22,11 +22,11 @@ import importlib
 import numbers
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ...trainer.callback import Callback, Order
 from ...trainer.metrics import batch_size
-from ...trainer.schedule import LRFinder
+from ...trainer.lr_find import LRFinder
 
 
 def require_package(module: str, extra: str) -> None:
@@ -78,6 +78,7 @@ class GeneralTracker:
         self.project, self.run_name, self.dir = project, run_name, dir
         self.config: dict[str, Any] = dict(config or {})
         self._resume: dict[str, Any] | None = None
+        self.run_dir: Path | None = None  # set by `Tracker`: the one directory of this run, shared by its trackers
 
     def start(self, step: int) -> None:
         """Open the run; `step` optimizer steps are already done (0, or the resume point)."""
@@ -118,24 +119,33 @@ class FileTracker(GeneralTracker):
     def start(self, step: int) -> None:
         resume = self._take_resume()
         self.resumed = resume is not None
-        self.log_dir = (Path(resume["dir"]) if resume else self._new_run_dir()).resolve()
+        if resume:
+            self.log_dir = Path(resume["dir"])
+        else:
+            self.log_dir = self.run_dir or new_run_dir(self.dir, self.project, self.run_name,
+                                                       lambda path: any(path.glob(self.marker)))
+        self.log_dir = self.log_dir.resolve()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-
-    def _new_run_dir(self) -> Path:
-        root = Path(self.dir if self.dir is not None else "runs") / (self.project or "")
-        name = self.run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
-        path, n = root / name, 0
-        while any(path.glob(self.marker)):
-            n += 1
-            path = root / f"{name}_{n}"
-        return path
 
     def state_dict(self) -> dict[str, Any]:
         log_dir = getattr(self, "log_dir", None)
         return {"dir": str(log_dir)} if log_dir is not None else {}
 
 
-def _make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
+def new_run_dir(dir: str | Path | None, project: str | None, run_name: str | None,
+                taken: Callable[[Path], bool]) -> Path:
+    """`dir/project/run_name` (`dir` defaults to `runs`, the name to the time), with a `_1`, `_2`, ... suffix
+    while `taken(path)` says another run already wrote there."""
+    root = Path(dir if dir is not None else "runs") / (project or "")
+    name = run_name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    path, n = root / name, 0
+    while taken(path):
+        n += 1
+        path = root / f"{name}_{n}"
+    return path
+
+
+def make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
     if isinstance(kind, GeneralTracker):
         return kind
     if isinstance(kind, type) and issubclass(kind, GeneralTracker):
@@ -158,6 +168,11 @@ class Tracker(Callback):
         project, run_name, config, dir: given to the trackers built from names. `config` (a dict)
             is stored with what the learner knows: n_epoch, lr, batch_size, optimizer, world_size.
 
+    The trackers built from names write into one directory per run, `dir/project/run_name`
+    (`run_name` defaults to the start time): event files, `metrics.csv`, `hparams.yaml` and W&B's
+    `wandb/` side by side. `lr` in the stored hyperparameters is the peak rate of the fit's
+    schedule (`lr_max` of `fit_one_cycle`).
+
     Logged per optimizer step: `train/loss` (mean loss of the step's micro-batches on the main
     process), `train/lr` (last parameter group), `train/grad_norm` (when a callback sets
     `learn.grad_norm`). Per epoch, at the epoch's last step: `train/epoch_loss`, `valid/loss`,
@@ -178,7 +193,10 @@ class Tracker(Callback):
         if not kinds:
             raise ValueError('Tracker needs at least one tracker, e.g. Tracker("tensorboard")')
         self.config = dict(config or {})
-        self.trackers: list[GeneralTracker] = [_make_tracker(k, project, run_name, self.config, dir) for k in kinds]
+        self.trackers: list[GeneralTracker] = [make_tracker(k, project, run_name, self.config, dir) for k in kinds]
+        # trackers built here from a name write into one directory per run; instances keep their own settings
+        self._named = [t for k, t in zip(kinds, self.trackers) if not isinstance(k, GeneralTracker)]
+        self.project, self.run_name, self.dir = project, run_name, dir
         names = [t.name for t in self.trackers]
         if len(set(names)) != len(names):
             raise ValueError(f"two trackers share a name in {names}; give each GeneralTracker subclass its own `name`")
@@ -194,6 +212,9 @@ class Tracker(Callback):
         hparams = {"n_epoch": learn.n_epoch, "lr": learn.opt.param_groups[-1]["lr"],
                    "batch_size": getattr(learn.dls.train, "batch_size", None), "optimizer": type(learn.opt).__name__,
                    "world_size": learn.strategy.dp_size, **self.config}
+        shared = new_run_dir(self.dir, self.project, self.run_name, lambda path: path.exists() and any(path.iterdir()))
+        for t in self._named:
+            t.run_dir = shared
         for t in self.trackers:
             t.start(learn.step)
             t.store_init_configuration(plain({**hparams, **t.config}))

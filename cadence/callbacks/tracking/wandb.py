@@ -33,7 +33,8 @@ class WandbTracker(GeneralTracker):
 
         resume = self._take_resume()
         kwargs = dict(project=self.project, name=self.run_name, **self.init_kwargs)
-        run_dir = resume.get("dir") if resume else (str(Path(self.dir).resolve()) if self.dir is not None else None)
+        own_dir = self.run_dir if self.run_dir is not None else self.dir   # Tracker's shared run directory first
+        run_dir = resume.get("dir") if resume else (str(Path(own_dir).resolve()) if own_dir is not None else None)
         if run_dir is not None:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             kwargs["dir"] = run_dir

@@ -1,0 +1,162 @@
+"""`Accelerator.save_state` / `load_state`: one checkpoint directory holding everything `prepare` returned.
+
+Layout (the Learner's checkpoint files where they overlap)::
+
+    model.safetensors, optimizer.pt   the first model and its optimizer, in the strategy's format
+    model_<i>/                        every further model (and its optimizer) the same way
+    scheduler_<i>.pt                  each prepared scheduler's state_dict
+    custom_checkpoint_<i>.pt          each object given to register_for_checkpointing
+    precision.pt                      the fp16 GradScaler's state
+    rng-rank<r>.pt                    every process's RNG states
+    state.json                        loader positions, step counter; written last: marks a complete checkpoint
+
+Like the Learner's checkpoints it is written under a temporary name and renamed once every
+process's files are in place, so a crash mid-save never leaves a half-written checkpoint behind
+and never removes the last good one. Files are read back with `weights_only=True` and safetensors.
+
+>>> save_accelerator_state(accelerator, "ckpt/epoch-3")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..callbacks.checkpoint import rng_state, set_rng_state
+from ..distributed import env
+from ..serialization import atomic_path, check_state_dict, load_torch, load_weights, save_torch, save_weights
+
+__all__ = ["save_accelerator_state", "load_accelerator_state", "automatic_checkpoint_dir", "latest_checkpoint_dir"]
+
+FORMAT = 1
+_NAME = re.compile(r"checkpoint_(\d+)$")
+
+
+def _unit_dir(root: Path, i: int) -> Path:
+    return root if i == 0 else root / f"model_{i}"
+
+
+def _numbered(root: Path) -> list[Path]:
+    found = [d for d in root.glob("checkpoint_*") if d.is_dir() and _NAME.search(d.name)]
+    return sorted(found, key=lambda d: int(_NAME.search(d.name).group(1)))
+
+
+def automatic_checkpoint_dir(project_dir: Path, iteration: int, total_limit: int | None) -> Path:
+    """`project_dir/checkpoints/checkpoint_<iteration>`, after removing the oldest beyond `total_limit - 1` (main process)."""
+    root = project_dir / "checkpoints"
+    target = root / f"checkpoint_{iteration}"
+    if target.exists():
+        raise ValueError(f"checkpoint {target} already exists; set ProjectConfiguration(iteration=...) past the "
+                         f"saved ones (the newest is {_numbered(root)[-1].name}) or choose another project_dir")
+    if total_limit is not None and env.is_main_process():
+        existing = _numbered(root)
+        for old in existing[:max(len(existing) + 1 - total_limit, 0)]:
+            shutil.rmtree(old)
+    return target
+
+
+def latest_checkpoint_dir(project_dir: Path) -> Path:
+    """The highest-numbered `checkpoint_<n>` under `project_dir/checkpoints`."""
+    found = [d for d in _numbered(project_dir / "checkpoints") if (d / "state.json").is_file()]
+    if not found:
+        raise FileNotFoundError(f"no complete checkpoint under {project_dir / 'checkpoints'}; "
+                                f"call save_state() first or pass load_state(path)")
+    return found[-1]
+
+
+def _publish(tmp: Path, directory: Path) -> None:
+    """Rename the finished `tmp` onto `directory`, replacing an older checkpoint there only now."""
+    old = directory.with_name(f".{directory.name}.old")
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_accelerator_state(acc: Any, directory: str | os.PathLike) -> Path:
+    """Write models, optimizers, schedulers, registered objects, precision, RNG and loader positions (every process calls it)."""
+    directory, main = Path(directory), acc.is_main_process
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    acc.wait_for_everyone()
+    for i, (model, opt) in enumerate(acc._units()):
+        unit = _unit_dir(tmp, i)
+        if main:
+            unit.mkdir(parents=True, exist_ok=True)
+        acc.wait_for_everyone()
+        if opt is not None:
+            acc.strategy.save_checkpoint(unit, model, opt)
+        else:
+            weights = acc.strategy.model_state_dict(model)
+            if main:
+                save_weights(weights, unit / "model.safetensors")
+    save_torch(rng_state(), tmp / f"rng-rank{acc.process_index}.pt")
+    if main:
+        for i, sched in enumerate(acc._schedulers):
+            save_torch(sched.state_dict(), tmp / f"scheduler_{i}.pt")
+        for i, obj in enumerate(acc._custom_objects):
+            save_torch(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
+        save_torch(acc.strategy.precision.state_dict(), tmp / "precision.pt")
+        state = {"format": FORMAT, "models": len(acc._models), "step": acc.step,
+                 "dataloaders": [dl.base.state_dict() for dl in acc._dataloaders],
+                 "world_size": acc.num_processes}
+        with atomic_path(tmp / "state.json") as f:
+            f.write_text(json.dumps(state, indent=1))
+    acc.wait_for_everyone()  # every process's files are in place before the rename makes the checkpoint visible
+    if main:
+        _publish(tmp, directory)
+    acc.wait_for_everyone()
+    return directory
+
+
+def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, Any]:
+    """Read what `save_accelerator_state` wrote into the prepared objects; checked against the models first."""
+    directory = Path(directory)
+    if not (directory / "state.json").is_file():
+        raise FileNotFoundError(f"no complete checkpoint at {directory} (state.json missing)")
+    state = json.loads((directory / "state.json").read_text())
+    if state.get("format") != FORMAT or state["models"] != len(acc._models):
+        raise ValueError(f"{directory} holds {state.get('models')} model(s) (format {state.get('format')}); "
+                         f"this Accelerator prepared {len(acc._models)}: prepare the same objects as the saving run")
+    _check_counts(directory, "scheduler", len(acc._schedulers))
+    _check_counts(directory, "custom_checkpoint", len(acc._custom_objects))
+    for i, (model, opt) in enumerate(acc._units()):
+        unit = _unit_dir(directory, i)
+        if opt is not None:
+            acc.strategy.load_checkpoint(unit, model, opt)
+        else:
+            weights = load_weights(unit / "model.safetensors")
+            check_state_dict(acc.strategy.unwrap(model), weights, source=str(unit))
+            acc.strategy.load_model_state_dict(model, weights)
+    for i, sched in enumerate(acc._schedulers):
+        sched.load_state_dict(load_torch(directory / f"scheduler_{i}.pt"))
+    for i, obj in enumerate(acc._custom_objects):
+        obj.load_state_dict(load_torch(directory / f"custom_checkpoint_{i}.pt"))
+    acc.strategy.precision.load_state_dict(load_torch(directory / "precision.pt"))
+    rng = directory / f"rng-rank{acc.process_index}.pt"
+    if rng.is_file():
+        set_rng_state(load_torch(rng))
+    for dl, dl_state in zip(acc._dataloaders, state["dataloaders"]):
+        _restore_position(dl, dl_state)
+    acc.step = state["step"]
+    return state
+
+
+def _check_counts(directory: Path, prefix: str, expected: int) -> None:
+    saved = len(list(directory.glob(f"{prefix}_*.pt")))
+    if saved != expected:
+        raise ValueError(f"{directory} holds {saved} {prefix} file(s) but {expected} were prepared/registered; "
+                         f"prepare and register the same objects, in the same order, as the saving run")
+
+
+def _restore_position(dl: Any, state: dict[str, Any]) -> None:
+    """Continue where the loader stood: the rest of its epoch, or the next epoch when that one was finished."""
+    complete = state.get("epoch_complete", state["batches_done"] >= len(dl))  # older states lack the flag
+    dl.base.load_state_dict({**state, "epoch_complete": complete})

@@ -1,0 +1,151 @@
+"""What `Accelerator.prepare` returns for loaders, optimizers and schedulers.
+
+- `PreparedDataLoader`: this process's `DistributedDL` shard, batches on the device; while it is
+  iterated the accelerator knows it (for `gather_for_metrics`) and whether this is the last batch.
+- `PreparedOptimizer`: steps through the strategy (GradScaler included), and does nothing, `zero_grad`
+  included, on accumulation micro-steps.
+- `PreparedScheduler`: steps once per optimizer step really taken (none on micro-steps or on an
+  fp16 step skipped for overflow).
+
+>>> model, opt, dl, sched = accelerator.prepare(model, opt, dl, sched)
+>>> for batch in dl:                              # dl.end_of_dataloader on the last batch
+...     with accelerator.accumulate(model): ...   # opt.step() / sched.step() / opt.zero_grad() every batch
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+from ..distributed.data import DistributedDL
+
+__all__ = ["PreparedDataLoader", "PreparedOptimizer", "PreparedScheduler"]
+
+
+class PreparedDataLoader:
+    """A `DistributedDL` that tells the accelerator's `GradientState` when it is iterated and on its last batch.
+
+    Everything else (`len`, `set_epoch`, `batch_size`, `dataset`, `state_dict`) is the DistributedDL's.
+    """
+
+    def __init__(self, loader: DistributedDL, gradient_state: Any):
+        self.base, self.gradient_state = loader, gradient_state
+        self.end_of_dataloader = False
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base":  # not set yet (unpickling)
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def skip_batches(self, n: int) -> None:
+        """Start the next iteration at batch `n` without loading the skipped items."""
+        self.base.skip_batches(n)
+
+    def __iter__(self) -> Iterator[Any]:
+        last = len(self.base) - 1
+        first = self.base.start_batch
+        self.gradient_state._enter(self)
+        try:
+            for i, batch in enumerate(self.base, first):
+                self.end_of_dataloader = i == last
+                yield batch
+        finally:
+            self.end_of_dataloader = False
+            self.gradient_state._leave(self)
+
+    def __repr__(self) -> str:
+        return f"PreparedDataLoader({len(self)} batches, rank {self.base.rank} of {self.base.world_size})"
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """The user's optimizer, stepped by the strategy; `step` and `zero_grad` wait for the end of an accumulation window.
+
+    `step_was_skipped` is True after a step the fp16 GradScaler skipped (inf/NaN gradients).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any):  # no super().__init__: a view
+        self.optimizer, self.accelerator = optimizer, accelerator
+        self.step_was_skipped = False
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.accelerator.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> None:
+        if closure is not None:
+            raise ValueError("a prepared optimizer steps through the strategy and takes no closure; "
+                             "compute the loss and call accelerator.backward(loss) before optimizer.step()")
+        if self.accelerator.sync_gradients:
+            self.step_was_skipped = not self.accelerator.strategy.step(self.optimizer)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"PreparedOptimizer({self.optimizer!r})"
+
+
+class PreparedScheduler:
+    """The user's LR scheduler, stepped once per optimizer step really taken.
+
+    With `step_with_optimizer=False` every `step()` call steps it (a schedule per epoch, say).
+    """
+
+    def __init__(self, scheduler: Any, optimizers: list[PreparedOptimizer], accelerator: Any,
+                 step_with_optimizer: bool = True):
+        self.scheduler, self.optimizers, self.accelerator = scheduler, optimizers, accelerator
+        self.step_with_optimizer = step_with_optimizer
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if self.step_with_optimizer:
+            if not self.accelerator.sync_gradients:
+                return
+            if any(opt.step_was_skipped for opt in self.optimizers):
+                return
+        self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)

@@ -1,0 +1,159 @@
+"""`PartialState` (which process am I, and the helpers that depend on it) and `GradientState`.
+
+Both read cadence's environment (`cadence.distributed.env`); creating a `PartialState` creates
+the process group when the launcher started several processes.
+
+>>> state = PartialState()
+>>> with state.split_between_processes(prompts) as mine:     # contiguous parts, the first ones one longer
+...     outputs = [generate(p) for p in mine]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, Callable, Iterator, TypeVar
+
+import torch
+
+from ..distributed import env, ops
+
+__all__ = ["PartialState", "GradientState"]
+
+T = TypeVar("T")
+
+
+class PartialState:
+    """This process's place in the run: index, count, device; and the main-process helpers.
+
+    >>> state = PartialState()
+    >>> state.process_index, state.num_processes, state.device
+    (0, 1, device(type='cpu'))
+    """
+
+    def __init__(self, cpu: bool = False, backend: str | None = None, timeout: timedelta | None = None):
+        env.setup_distrib(backend, timeout.total_seconds() if timeout is not None else None)
+        self.device = torch.device("cpu") if cpu else env.default_device()
+
+    @property
+    def process_index(self) -> int:
+        return env.rank()
+
+    @property
+    def local_process_index(self) -> int:
+        return env.local_rank()
+
+    @property
+    def num_processes(self) -> int:
+        return env.world_size()
+
+    @property
+    def use_distributed(self) -> bool:
+        return env.world_size() > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return env.is_main_process()
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return env.is_local_main_process()
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    def wait_for_everyone(self) -> None:
+        """Barrier over every process."""
+        ops.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on the main process first, then on the others."""
+        return ops.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on each machine's local main process first, then on the others."""
+        return ops.local_main_process_first()
+
+    def on_main_process(self, function: Callable[..., T]) -> Callable[..., T | None]:
+        """Decorator: run `function` on the main process only."""
+        return ops.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., T]) -> Callable[..., T | None]:
+        """Decorator: run `function` on each machine's local main process only."""
+        return ops.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., T]) -> Callable[..., T | None]:
+        """Decorator: run `function` on the last process only."""
+        return self.on_process(function, self.num_processes - 1)
+
+    def on_process(self, function: Callable[..., T], process_index: int) -> Callable[..., T | None]:
+        """Decorator: run `function` on process `process_index` only."""
+        return ops._only_if(lambda: self.process_index == process_index, function)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the main process only."""
+        ops.main_print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This process's contiguous part of `inputs` (a list, tuple, tensor, or a dict of them).
+
+        Parts differ by at most one item, the first processes taking the longer ones; with
+        `apply_padding` every part has the same length, the short ones repeating their last item,
+        so the results can be gathered.
+
+        >>> with PartialState().split_between_processes(["a", "b", "c"]) as part:   # 2 processes
+        ...     part            # ['a', 'b'] on process 0, ['c'] on process 1
+        """
+        yield _split(inputs, self.process_index, self.num_processes, apply_padding)
+
+    def __repr__(self) -> str:
+        return (f"PartialState(process_index={self.process_index}, num_processes={self.num_processes}, "
+                f"device={self.device})")
+
+
+def _split(inputs: Any, index: int, n: int, pad: bool) -> Any:
+    if isinstance(inputs, Mapping):
+        return type(inputs)({k: _split(v, index, n, pad) for k, v in inputs.items()})
+    if not isinstance(inputs, (list, tuple, torch.Tensor)):
+        raise TypeError(f"split_between_processes splits lists, tuples, tensors and dicts of them, "
+                        f"got {type(inputs).__name__}")
+    size, extra = divmod(len(inputs), n)
+    start = index * size + min(index, extra)
+    part = inputs[start:start + size + (index < extra)]
+    longest = math.ceil(len(inputs) / n)
+    if pad and 0 < len(part) < longest:
+        filler = part[-1:] if isinstance(part, torch.Tensor) else [part[-1]]
+        part = torch.cat([part, filler]) if isinstance(part, torch.Tensor) else type(part)([*part, *filler])
+    return part
+
+
+class GradientState:
+    """Whether this micro-step synchronises gradients, and which prepared loader is being iterated.
+
+    `active_dataloader` is the innermost prepared loader being iterated (None outside any);
+    `end_of_dataloader` is True while it yields its last batch.
+    """
+
+    def __init__(self, num_steps: int = 1):
+        self.num_steps = num_steps
+        self.sync_gradients = True
+        self._loaders: list[Any] = []
+
+    @property
+    def active_dataloader(self) -> Any:
+        return self._loaders[-1] if self._loaders else None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return bool(self._loaders) and self._loaders[-1].end_of_dataloader
+
+    def _enter(self, dl: Any) -> None:
+        self._loaders.append(dl)
+
+    def _leave(self, dl: Any) -> None:
+        if dl in self._loaders:
+            self._loaders.remove(dl)

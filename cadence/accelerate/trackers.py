@@ -1,0 +1,77 @@
+"""`Accelerator.init_trackers` / `log` / `end_training` on cadence's trackers (TensorBoard, W&B, CSV, your own).
+
+Runs open and write on the main process only; elsewhere every call does nothing.
+
+>>> accelerator = Accelerator(log_with=["tensorboard", "csv"], project_dir="runs")
+>>> accelerator.init_trackers("digits", config={"lr": 1e-3})
+>>> accelerator.log({"train/loss": loss.item()}, step=step)
+>>> accelerator.end_training()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..callbacks.tracking.base import GeneralTracker, make_tracker, new_run_dir, plain
+
+__all__ = ["TrackerSet"]
+
+
+class _NoTracker(GeneralTracker):
+    """What `get_tracker` returns off the main process: every call does nothing."""
+
+    name = "none"
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        """Nothing to log off the main process."""
+
+
+class TrackerSet:
+    """The trackers named by `log_with`, opened by `init` on the main process."""
+
+    def __init__(self, log_with: Any, logging_dir: str | None):
+        self.kinds = [] if log_with is None else list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]
+        self.logging_dir = logging_dir
+        self.trackers: list[GeneralTracker] = []
+        self.next_step = 0
+
+    def init(self, project_name: str, config: dict | None, init_kwargs: dict[str, dict], is_main: bool) -> None:
+        if not self.kinds:
+            raise ValueError("init_trackers needs trackers: Accelerator(log_with=['tensorboard', 'csv', ...])")
+        if config is not None and not isinstance(config, dict):
+            raise TypeError(f"config must be a dict of hyperparameters, got {type(config).__name__}")
+        if not is_main:
+            return
+        # trackers named here write into one run directory, as the Tracker callback's do
+        shared = new_run_dir(self.logging_dir, project_name, None, lambda path: path.exists() and any(path.iterdir()))
+        for kind in self.kinds:
+            options = init_kwargs.get(getattr(kind, "name", kind), {})
+            tracker = make_tracker(kind, project_name, options.get("run_name"), dict(config or {}), self.logging_dir)
+            if not isinstance(kind, GeneralTracker) and not options.get("run_name"):
+                tracker.run_dir = shared
+            tracker.start(0)
+            if config:
+                tracker.store_init_configuration(plain(config))
+            self.trackers.append(tracker)
+
+    def log(self, values: dict[str, Any], step: int | None) -> None:
+        step = self.next_step if step is None else step
+        self.next_step = step + 1
+        numbers = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+        for tracker in self.trackers:
+            tracker.log(numbers, step)
+
+    def get(self, name: str, unwrap: bool) -> Any:
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return (getattr(tracker, "writer", None) or getattr(tracker, "run", None) or tracker) if unwrap else tracker
+        if self.trackers:
+            raise ValueError(f"no tracker named {name!r}; the trackers are {[t.name for t in self.trackers]}")
+        return _NoTracker()
+
+    def finish(self) -> None:
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []

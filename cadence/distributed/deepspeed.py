@@ -1,0 +1,574 @@
+"""DeepSpeed: ZeRO stages 0-3, with optimizer and parameter offload, behind the Strategy interface.
+
+The engine owns backward, step, gradient accumulation, clipping and precision; GradAccum, GradClip
+and MixedPrecision configure it (the OwnsX abilities) instead of doing the work themselves. The
+config is DeepSpeed's own JSON (a dict or a file), options with Accelerate's names on top, and every
+`"auto"` is filled from the Learner: micro batch from the loader, accumulation, clipping, bf16/fp16,
+the optimizer's hyper-parameters and the scheduler's steps.
+
+>>> with learn.distrib_ctx(strategy="deepspeed", zero_stage=3, offload_optimizer_device="cpu"):
+...     learn.fit_one_cycle(3, 1e-3)
+>>> with learn.distrib_ctx(strategy="deepspeed", config="ds_config.json"): learn.fit(1)
+
+`cadence launch --use_deepspeed --zero_stage 2 train.py` (or `--deepspeed_config_file ds.json`, or an
+Accelerate config with `distributed_type: DEEPSPEED`) reaches the strategy through `$CADENCE_DEEPSPEED_CONFIG`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import env
+from .data import DistributedDL
+from .fsdp import _meta_copy
+from .precision import AutocastPrecision, FullPrecision
+from .strategy import ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy
+
+__all__ = ["DeepSpeed", "build_config"]
+
+TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
+AUTO = "auto"
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# Accelerate's deepspeed_config keys (without the `deepspeed_` prefix where it has one)
+OPTIONS = ("config_file", "zero_stage", "gradient_accumulation_steps", "gradient_clipping", "offload_optimizer_device",
+           "offload_param_device", "offload_optimizer_nvme_path", "offload_param_nvme_path", "zero3_init_flag",
+           "zero3_save_16bit_model")
+MOOT_OPTIONS = ("multinode_launcher", "hostfile", "exclusion_filter", "inclusion_filter", "moe_layer_cls_names")
+_INSTALL = ("DeepSpeed is not installed: `make setup-deepspeed`, or "
+            "`DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed>=0.19,<0.20'` after torch")
+
+
+def _launcher_options() -> dict[str, Any]:
+    """`$CADENCE_DEEPSPEED_CONFIG` (the launcher's `deepspeed_config` block), keys without the `deepspeed_` prefix."""
+    raw = json.loads(os.environ.get("CADENCE_DEEPSPEED_CONFIG") or "{}")
+    return {k.removeprefix("deepspeed_"): v for k, v in raw.items()}
+
+
+def import_deepspeed():
+    """`import deepspeed` set up for this machine: the CPU accelerator without a GPU, JIT ops cached in the venv.
+
+    DeepSpeed compiles some ops (cpu_adam for optimizer offload) on first use, ~100 s; they are cached
+    under `$TORCH_EXTENSIONS_DIR`, by default `<venv>/torch_extensions` so a rebuilt venv starts clean.
+    Its shared-memory collectives (another JIT build, a minute at every start) stay off: gloo does the work.
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if sys.prefix != sys.base_prefix:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    try:
+        import deepspeed
+        import deepspeed.ops
+    except ImportError as e:
+        raise ImportError(f"{_INSTALL} ({e})") from None
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def _read_config(config: str | os.PathLike | dict | None) -> dict:
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    path = Path(config).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"DeepSpeed config file {path} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"DeepSpeed config file {path} is not valid JSON: {e}") from None
+
+
+def build_config(config: str | os.PathLike | dict | None = None, **options: Any) -> dict:
+    """DeepSpeed's config from a user config (dict or JSON file) and Accelerate-named options on top.
+
+    Values left to the Learner stay "auto" until `fill_auto`. Clipping defaults to off (DeepSpeed's own
+    default is 1.0): GradClip switches it on.
+
+    >>> build_config(zero_stage=2, offload_optimizer_device="cpu")["zero_optimization"]
+    {'stage': 2, 'offload_optimizer': {'device': 'cpu'}}
+    """
+    unknown = sorted(set(options) - set(OPTIONS) - set(MOOT_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown DeepSpeed option(s) {unknown}; DeepSpeed takes config (a dict or JSON file) and "
+                         f"{', '.join(OPTIONS)}")
+    defaults = {"train_micro_batch_size_per_gpu": AUTO, "train_batch_size": AUTO, "gradient_accumulation_steps": AUTO,
+                "gradient_clipping": AUTO, "steps_per_print": 2**31 - 1, "zero_optimization": {"stage": 0}}
+    cfg = _deep_merge(defaults, _read_config(options.get("config_file") if config is None else config))
+    zero = cfg.setdefault("zero_optimization", {})
+    if options.get("zero_stage") is not None:
+        zero["stage"] = int(options["zero_stage"])
+    if zero.get("stage", 0) not in (0, 1, 2, 3):
+        raise ValueError(f"DeepSpeed zero_stage {zero.get('stage')!r} does not exist; choose 0, 1, 2 or 3")
+    for what, stages in (("optimizer", (1, 2, 3)), ("param", (3,))):
+        device = options.get(f"offload_{what}_device")
+        if device is None:
+            continue
+        if device not in OFFLOAD_DEVICES:
+            raise ValueError(f"DeepSpeed offload_{what}_device {device!r} does not exist; choose one of {OFFLOAD_DEVICES}")
+        if device != "none" and zero["stage"] not in stages:
+            raise ValueError(f"DeepSpeed offload_{what}_device={device!r} needs zero_stage {' or '.join(map(str, stages))}, "
+                             f"not {zero['stage']}")
+        zero[f"offload_{what}"] = {"device": device}
+        if options.get(f"offload_{what}_nvme_path"):
+            zero[f"offload_{what}"]["nvme_path"] = options[f"offload_{what}_nvme_path"]
+    for key in ("gradient_accumulation_steps", "gradient_clipping"):
+        if options.get(key) is not None:
+            cfg[key] = options[key]
+    if options.get("zero3_save_16bit_model") is not None:
+        zero["stage3_gather_16bit_weights_on_model_save"] = _flag(options["zero3_save_16bit_model"])
+    return cfg
+
+
+def _flag(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+
+
+def _is_auto(value: Any) -> bool:
+    return value == AUTO
+
+
+class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, Strategy):
+    """Train through a DeepSpeed engine (`deepspeed.initialize`) with ZeRO stage 0, 1, 2 or 3.
+
+    Args (Accelerate's `deepspeed_config` names; `$CADENCE_DEEPSPEED_CONFIG` fills what is not given):
+        config: DeepSpeed's config, a dict or a JSON file (`config_file` is the same, Accelerate's name).
+        zero_stage: 0 (data parallel), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters).
+        offload_optimizer_device / offload_param_device: "cpu" (or "nvme") keeps optimizer state (ZeRO 1-3)
+            or parameters (ZeRO 3) off the accelerator.
+        gradient_accumulation_steps, gradient_clipping: normally set by GradAccum / GradClip.
+        zero3_init_flag: build the model under `init_context()` (`deepspeed.zero.Init`): each process holds
+            only its shard from the start, so a model larger than one process's memory can be built.
+        zero3_save_16bit_model: DeepSpeed's `stage3_gather_16bit_weights_on_model_save`.
+    The Learner's torch optimizer is used unless the config names one; cadence's schedules set the
+    engine's learning rates; a config's own scheduler is honoured.
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, device: torch.device | str | None = None, config: str | os.PathLike | dict | None = None,
+                 zero_stage: int | None = None, offload_optimizer_device: str | None = None,
+                 offload_param_device: str | None = None, zero3_init_flag: bool | None = None,
+                 **more_options: Any):
+        super().__init__(device)
+        given = {k: v for k, v in dict(zero_stage=zero_stage, offload_optimizer_device=offload_optimizer_device,
+                                       offload_param_device=offload_param_device, zero3_init_flag=zero3_init_flag,
+                                       **more_options).items() if v is not None}
+        options = {**_launcher_options(), **given}
+        self.zero3_init = _flag(options.pop("zero3_init_flag", False))
+        self.config = build_config(config, **options)
+        self.stage = self.config["zero_optimization"]["stage"]
+        if self.zero3_init and self.stage != 3:
+            raise ValueError(f"DeepSpeed zero3_init_flag needs zero_stage 3, not {self.stage}")
+        self.engine = None
+        self.created_group = False
+        self._cadence_accumulates = False  # GradAccum scales the losses and marks the window ends
+        self._skeleton: nn.Module | None = None
+        self._auto_scheduler: dict | None = None
+
+    @classmethod
+    def check_launcher_config(cls, config: Any) -> None:
+        """The launcher's `deepspeed_config` block must build a DeepSpeed strategy (names, stages, no typos)."""
+        options = {k.removeprefix("deepspeed_"): v for k, v in config.deepspeed_config.items()}
+        try:
+            cls(device="cpu", **options)
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            raise ValueError(f"deepspeed_config: {e}") from None
+
+    # ------------------------------------------------------------------ lifecycle
+    def setup_environment(self) -> None:
+        """The process group (one gloo process when not launched: DeepSpeed always needs a group), then DeepSpeed's comm."""
+        import torch.distributed as dist
+
+        self.created_group = env.setup_distrib() or self.created_group
+        if not dist.is_initialized():  # one process: a group of one, and the variables DeepSpeed reads
+            for name in ("RANK", "LOCAL_RANK"):
+                os.environ.setdefault(name, "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            self.created_group = True
+        deepspeed = import_deepspeed()
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False)
+
+    def teardown(self) -> None:
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+        if self.created_group:
+            env.teardown_distrib()
+            self.created_group = False
+
+    # ------------------------------------------------------------------ model and optimizer
+    def init_context(self) -> ContextManager:
+        """With `zero3_init_flag`, build the model sharded (`deepspeed.zero.Init`); every rank must enter it.
+
+        >>> with strategy.init_context(): model = BigModel()
+        """
+        if not self.zero3_init:
+            return contextlib.nullcontext()
+        deepspeed = import_deepspeed()
+        precision = os.environ.get("CADENCE_MIXED_PRECISION", "no")
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+        return deepspeed.zero.Init(config_dict_or_path=self._engine_config(precision, micro_batch=1),
+                                   dtype=dtype, remote_device=None)
+
+    def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
+              ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Build the engine: the config's "auto" values filled, the Learner's optimizer unless the config names one."""
+        deepspeed = import_deepspeed()
+        self.precision = _engine_precision(precision or self.precision, self.device)
+        self._precision_fixed = True
+        self._skeleton = _meta_copy(model)
+        cfg = self._engine_config(self.precision.name, micro_batch=1)
+        optimizer = None
+        if "optimizer" in cfg:
+            _fill_optimizer(cfg["optimizer"], make_opt(model))
+        else:
+            optimizer = make_opt(model)
+            offloaded = cfg["zero_optimization"].get("offload_optimizer", {}).get("device", "none") != "none"
+            if offloaded:  # ZeRO-Offload steps on the CPU with DeepSpeedCPUAdam: the same hyper-parameters
+                cfg["optimizer"] = _optimizer_entry(optimizer)
+                optimizer = None
+        self._auto_scheduler = cfg.pop("scheduler", None) if _has_auto(cfg.get("scheduler")) else None
+        self.engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
+        return self.engine, opt
+
+    def _engine_config(self, precision: str, micro_batch: int) -> dict:
+        """The config DeepSpeed is built with: "auto" batch sizes, accumulation, clipping and precision filled."""
+        cfg = copy.deepcopy(self.config)
+        ga = 1 if _is_auto(cfg["gradient_accumulation_steps"]) else int(cfg["gradient_accumulation_steps"])
+        cfg["gradient_accumulation_steps"] = ga
+        cfg["train_micro_batch_size_per_gpu"] = micro_batch
+        cfg["train_batch_size"] = micro_batch * ga * env.world_size()
+        if _is_auto(cfg["gradient_clipping"]):
+            cfg["gradient_clipping"] = 0.0
+        for name in ("bf16", "fp16"):
+            section = cfg.get(name)
+            if section is not None and _is_auto(section.get("enabled", AUTO)):
+                section["enabled"] = precision == name
+            elif section is None and precision == name:
+                cfg[name] = {"enabled": True}
+        enabled = [n for n in ("bf16", "fp16") if cfg.get(n, {}).get("enabled")]
+        if enabled and enabled[0] != precision:
+            raise ValueError(f"the DeepSpeed config enables {enabled[0]} but the Learner's precision is {precision!r}: "
+                             f'set "enabled": "auto" in the config, or use learn.to_{enabled[0]}() / '
+                             f"`cadence launch --mixed_precision {enabled[0]}`")
+        return cfg
+
+    def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
+                ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """A plain module with the trained fp32 weights (gathered on every rank) and a new optimizer over it."""
+        if self.engine is None:
+            return model, opt
+        weights = self.model_state_dict(model)
+        plain = self._skeleton.to_empty(device=self.device)
+        plain.load_state_dict(weights)
+        new_opt = make_opt(plain)
+        for new, old in zip(new_opt.param_groups, opt.param_groups):
+            new.update({k: v for k, v in old.items() if k != "params"})
+        self.engine.destroy()
+        self.engine = None
+        return plain, new_opt
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside the engine."""
+        return getattr(model, "module", model) if model is self.engine else model
+
+    def shard(self, dl: DataLoader) -> DistributedDL:
+        """This rank's part of `dl` (every rank sees different data)."""
+        return DistributedDL(dl, device=self.device)
+
+    # ------------------------------------------------------------------ abilities: the Learner's callbacks configure the engine
+    def configure_accumulation(self, steps: int) -> None:
+        """GradAccum(steps): the engine accumulates; GradAccum marks window ends and scales each micro-batch's loss."""
+        configured = self.config["gradient_accumulation_steps"]
+        if not _is_auto(configured) and int(configured) != steps:
+            raise ValueError(f"the DeepSpeed config sets gradient_accumulation_steps={configured} but GradAccum asks "
+                             f"for {steps}: set it in one place (\"auto\" in the config lets GradAccum decide)")
+        self._cadence_accumulates = True
+        if self.engine is not None:
+            self.engine._config.gradient_accumulation_steps = steps
+
+    def configure_clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
+        """GradClip(max_norm): the engine clips by the global L2 norm over every shard."""
+        if norm_type != 2.0:
+            raise ValueError(f"DeepSpeed clips by the L2 norm only: use GradClip({max_norm}) without norm_type={norm_type}")
+        configured = self.config["gradient_clipping"]
+        if not _is_auto(configured) and float(configured) != max_norm:
+            raise ValueError(f"the DeepSpeed config sets gradient_clipping={configured} but GradClip asks for "
+                             f"{max_norm}: set it in one place (\"auto\" in the config lets GradClip decide)")
+        if self.engine is not None:
+            self.engine._config.gradient_clipping = max_norm
+            if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO and bf16 optimizers read their own copy
+                self.engine.optimizer.clip_grad = max_norm
+
+    def configure_fit(self, micro_batch_size: int, total_steps: int) -> None:
+        """Before training: the batch sizes checked and filled, a config scheduler's "auto" steps filled."""
+        engine = self.engine
+        ga, world = engine.gradient_accumulation_steps(), engine.dp_world_size
+        wanted = self.config["train_batch_size"]
+        if not _is_auto(wanted) and int(wanted) != micro_batch_size * ga * world:
+            raise ValueError(f"DeepSpeed train_batch_size {wanted} must equal micro batch {micro_batch_size} x gradient "
+                             f"accumulation {ga} x processes {world} = {micro_batch_size * ga * world}: set "
+                             f"train_batch_size to \"auto\" or to {micro_batch_size * ga * world}, or change the loader's "
+                             f"batch size or the accumulation")
+        micro = self.config["train_micro_batch_size_per_gpu"]
+        if not _is_auto(micro) and int(micro) != micro_batch_size:
+            raise ValueError(f"DeepSpeed train_micro_batch_size_per_gpu {micro} differs from the loader's batch size "
+                             f"{micro_batch_size}: set it to \"auto\" or {micro_batch_size}")
+        engine.set_train_micro_batch_size(micro_batch_size)
+        if self._auto_scheduler is not None:
+            self._build_scheduler(total_steps)
+
+    def _build_scheduler(self, total_steps: int) -> None:
+        """The config's scheduler with its "auto" values from the fit (steps) and the optimizer (lr)."""
+        sched = copy.deepcopy(self._auto_scheduler)
+        params = sched.setdefault("params", {})
+        lr = self.engine.optimizer.param_groups[0]["lr"]
+        fill = {"total_num_steps": total_steps, "warmup_num_steps": max(1, total_steps // 10), "warmup_max_lr": lr,
+                "warmup_min_lr": 0.0, "cycle_max_lr": lr, "cycle_min_lr": lr / 25}
+        for key, value in params.items():
+            if _is_auto(value):
+                if key not in fill:
+                    raise ValueError(f"DeepSpeed scheduler {sched.get('type')}: cadence cannot fill {key}=\"auto\"; "
+                                     f"give a number")
+                params[key] = fill[key]
+        self.engine._config.scheduler_name, self.engine._config.scheduler_params = sched["type"], params
+        self.engine.lr_scheduler = self.engine._scheduler_from_config(self.engine.optimizer)
+        self._auto_scheduler = None
+
+    # ------------------------------------------------------------------ one step
+    def forward_context(self) -> ContextManager:
+        """Autocast for bf16/fp16 (the engine holds low-precision weights; autocast casts the inputs)."""
+        return self.precision.forward_context()
+
+    def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
+        """GradAccum's window end: the engine reduces gradients and steps on the micro-batch marked True."""
+        if self.engine is not None:
+            self.engine.set_gradient_accumulation_boundary(enabled)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """The engine's backward (loss scaling for fp16); divided by the accumulation steps unless GradAccum scaled it."""
+        self.engine.backward(loss, scale_wrt_gas=not self._cadence_accumulates)
+
+    def step(self, opt: torch.optim.Optimizer) -> bool:
+        """`engine.step()` every micro-batch; True when it updated the weights (a window's end, no fp16 overflow)."""
+        self.engine.step()
+        return self.engine.was_step_applied()
+
+    def zero_grad(self, opt: torch.optim.Optimizer) -> None:
+        """Nothing: the engine drops the gradients itself after each update (and keeps them within a window)."""
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The global gradient norm of the last update, before clipping (None before the first)."""
+        return self.engine.get_global_grad_norm() if self.engine is not None else None
+
+    # ------------------------------------------------------------------ state
+    def _named_params(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        return list(self.unwrap(model).named_parameters())
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full fp32 weights on the CPU of every rank (the fp32 master copies, gathered); every rank must call it."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        module = self.unwrap(model)
+        if self.engine is None:
+            return module.state_dict()
+        state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        for name, param in self._named_params(model):
+            full = safe_get_full_fp32_param(param)
+            if full is not None:
+                state[name] = full.detach().cpu().reshape(getattr(param, "ds_shape", param.shape)).clone()
+            elif hasattr(param, "ds_id"):  # ZeRO-3 without an optimizer: gather the parameter itself
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters([param]):
+                    state[name] = param.detach().float().cpu().clone()
+            else:
+                state[name] = param.detach().float().cpu().clone()
+        return state
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Load full weights into the engine: the fp32 masters and the (possibly low-precision) working copies."""
+        import deepspeed
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        module = self.unwrap(model)
+        params = dict(self._named_params(model))
+        with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0,
+                                               enabled=self.stage == 3 and self.engine is not None):
+            for name, param in params.items():
+                with torch.no_grad():
+                    param.copy_(state[name].to(param.dtype))
+        for name, param in params.items():
+            if hasattr(param, "ds_id"):
+                _set_zero3_partition(param._z3_optimizer, param, state[name], key=None)
+            else:
+                safe_set_full_fp32_param(param, state[name].to(self.device, torch.float32))
+        buffers = {k: v for k, v in state.items() if k not in params}
+        module.load_state_dict(buffers, strict=False)
+
+    def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+        """The full optimizer state in torch's format (per parameter, gathered from the shards); every rank calls it."""
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        params = [p for _, p in self._named_params(model)]
+        base = getattr(opt, "optimizer", opt)
+        keys = sorted({k for s in base.state.values() for k, v in s.items() if torch.is_tensor(v) and v.dim() > 0})
+        if not keys or safe_get_full_optimizer_state(params[0], keys[0]) is None:
+            return opt.state_dict() if opt is base else base.state_dict()
+        step = next((s["step"] for s in base.state.values() if "step" in s), None)
+        state = {}
+        for i, p in enumerate(params):
+            entry = {k: safe_get_full_optimizer_state(p, k).detach().cpu().reshape(getattr(p, "ds_shape", p.shape))
+                     for k in keys}
+            if step is not None:
+                entry["step"] = step.detach().cpu().clone() if torch.is_tensor(step) else step
+            state[i] = entry
+        groups, start = [], 0
+        for group in base.param_groups:
+            n = len(group["params"])
+            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start, start + n))})
+            start += n
+        return {"state": state, "param_groups": groups}
+
+    def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+        """Load a full torch-format optimizer state into the engine's shards."""
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        params = [p for _, p in self._named_params(model)]
+        base = getattr(opt, "optimizer", opt)
+        if opt is base or not hasattr(params[0], "_hp_mapping") and not hasattr(params[0], "ds_id"):
+            return base.load_state_dict(state)
+        if not any(base.state.values()):  # a defaultdict: a read may have left empty entries
+            _materialize_state(opt)
+        if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):  # ZeRO 1/2 and bf16 link their views lazily
+            opt._lazy_init_hp_params_optimizer_state()
+        for i, p in enumerate(params):
+            for key, value in state["state"].get(i, {}).items():
+                if not (torch.is_tensor(value) and value.dim() > 0):
+                    continue
+                if hasattr(p, "ds_id"):
+                    _set_zero3_partition(opt, p, value, key)
+                else:
+                    safe_set_full_optimizer_state(p, value.to(self.device), key)
+        steps = [s["step"] for s in state["state"].values() if "step" in s]
+        for s in base.state.values():
+            if steps and "step" in s:
+                s["step"] = steps[0].clone() if torch.is_tensor(steps[0]) else steps[0]
+        for group, saved in zip(base.param_groups, state["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+
+    def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """DeepSpeed's own files under `directory/deepspeed/`, every rank writing its partition in parallel."""
+        self.engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+        if self.is_main:
+            (Path(directory) / TAG / "cadence.json").write_text(json.dumps({"world_size": self.dp_size,
+                                                                          "zero_stage": self.stage}))
+
+    def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Read what `save_checkpoint` wrote; a ZeRO checkpoint resumes on the number of processes that wrote it."""
+        directory = Path(directory)
+        if not (directory / TAG).is_dir():
+            return super().load_checkpoint(directory, model, opt)
+        saved = json.loads((directory / TAG / "cadence.json").read_text())
+        if saved["world_size"] != self.dp_size and saved["zero_stage"] > 0:
+            raise ValueError(f"{directory} holds a DeepSpeed ZeRO-{saved['zero_stage']} checkpoint written by "
+                             f"{saved['world_size']} processes, whose optimizer state is partitioned per process: "
+                             f"resume on {saved['world_size']} processes, or load its weights into a new run with "
+                             f"learn.load / deepspeed.utils.zero_to_fp32 (optimizer state starts fresh)")
+        if saved["zero_stage"] != self.stage:
+            raise ValueError(f"{directory} holds a ZeRO-{saved['zero_stage']} checkpoint; this run uses ZeRO-{self.stage}: "
+                             f"resume with zero_stage={saved['zero_stage']}")
+        self.engine.load_checkpoint(str(directory), tag=TAG, load_optimizer_states=True,
+                                    load_lr_scheduler_states=True)
+
+
+# ---------------------------------------------------------------------- helpers
+def _engine_precision(precision: FullPrecision, device: torch.device) -> FullPrecision:
+    """The engine scales fp16 losses itself: keep autocast, drop a GradScaler."""
+    if precision.name == "no":
+        return FullPrecision()
+    return AutocastPrecision(torch.bfloat16 if precision.name == "bf16" else torch.float16, device.type)
+
+
+def _materialize_state(opt) -> None:
+    """Create a lazily built optimizer state (Adam's moments) with one step of zero gradients at lr 0: no weight moves.
+
+    `opt` is DeepSpeed's wrapper; its torch optimizer steps over flat fp32 partitions (ZeRO-3 puts each
+    partition into its parameter group only while it steps).
+    """
+    base = opt.optimizer
+    zero3 = getattr(opt, "fp32_partitioned_groups_flat", None)
+    groups = ([(base.param_groups[opt.sub_group_to_group_id[i]], [flat]) for i, flat in enumerate(zero3)]
+              if zero3 is not None else [(g, g["params"]) for g in base.param_groups])
+    for group, flats in groups:
+        saved = group["params"], group["lr"]
+        group["params"], group["lr"] = list(flats), 0.0
+        for flat in flats:
+            flat.grad = torch.zeros_like(flat)
+        base.step()
+        for flat in flats:
+            flat.grad = None
+        group["params"], group["lr"] = saved if zero3 is not None else (group["params"], saved[1])
+
+
+def _set_zero3_partition(opt, param: nn.Parameter, value: torch.Tensor, key: str | None) -> None:
+    """This rank's part of a full fp32 weight (key None) or optimizer-state tensor into its ZeRO-3 partition.
+
+    DeepSpeed's own `safe_set_full_*` reads past the end of a parameter whose last partition is padded.
+    """
+    group, offset, n = opt.grad_position[opt.get_param_id(param)]
+    flat = opt.fp32_partitioned_groups_flat[group]
+    target = (flat if key is None else opt.optimizer.state[flat][key]).detach().narrow(0, offset, n)
+    start = n * opt._get_param_partition_rank(param)
+    part = value.flatten()[start:start + n]
+    target.zero_()
+    target[:part.numel()].copy_(part)
+
+
+def _has_auto(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_auto(v) for v in value.values())
+    return _is_auto(value)
+
+
+def _optimizer_entry(opt: torch.optim.Optimizer) -> dict:
+    """A config `optimizer` block with `opt`'s hyper-parameters (offload needs DeepSpeed's own CPU Adam)."""
+    kind = type(opt).__name__
+    if kind not in ("Adam", "AdamW"):
+        raise ValueError(f"DeepSpeed optimizer offload steps with its CPU Adam; the Learner's optimizer is {kind}: "
+                         f"use opt_func=torch.optim.AdamW (or Adam), or name an optimizer in the DeepSpeed config")
+    d = opt.defaults
+    return {"type": kind, "params": {"lr": d["lr"], "betas": list(d["betas"]), "eps": d["eps"],
+                                     "weight_decay": d["weight_decay"]}}
+
+
+def _fill_optimizer(section: dict, opt: torch.optim.Optimizer) -> None:
+    """Fill a config optimizer's "auto" hyper-parameters from the Learner's optimizer."""
+    d = opt.defaults
+    known = {"lr": d.get("lr"), "betas": list(d["betas"]) if "betas" in d else None, "eps": d.get("eps"),
+             "weight_decay": d.get("weight_decay"), "momentum": d.get("momentum")}
+    for key, value in section.setdefault("params", {}).items():
+        if _is_auto(value):
+            if known.get(key) is None:
+                raise ValueError(f"DeepSpeed optimizer {section.get('type')}: the Learner's {type(opt).__name__} has no "
+                                 f"{key} to fill \"auto\" with; give a number")
+            section["params"][key] = known[key]

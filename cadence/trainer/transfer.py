@@ -1,0 +1,108 @@
+"""Transfer learning: `freeze_to` / `freeze` / `unfreeze` over the parameter groups, `fine_tune`, `BnFreeze`.
+
+The groups are the optimizer's parameter groups, which the Learner's `splitter` made (one group
+without a splitter). Freezing sets `requires_grad=False` on the groups' parameters; torch's
+optimizers skip a parameter without a gradient, and the strategy is told (`trainable_changed`)
+because DDP fixes at wrap time which parameters it all-reduces. BatchNorm layers of frozen groups
+keep training (`train_bn=True`, as in fastai): their parameters stay trainable and their running
+statistics keep updating, unless `BnFreeze` puts them in eval mode.
+
+>>> learn = Learner(dls, model, loss_func=F.cross_entropy, splitter=lambda m: [m[:-1].parameters(), m[-1].parameters()])
+>>> learn.fine_tune(3, base_lr=2e-3)          # 1 epoch with the body frozen, then 3 with everything
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from .callback import Callback, Order
+
+if TYPE_CHECKING:
+    from .learner import Learner
+
+_BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
+
+
+def _bn_params(model: nn.Module) -> set[int]:
+    """ids of the parameters that belong to BatchNorm layers."""
+    return {id(p) for m in model.modules() if isinstance(m, _BN_TYPES) for p in m.parameters(recurse=False)}
+
+
+class TransferMethods:
+    """Mixed into `Learner`: freezing parameter groups and fastai's `fine_tune`."""
+
+    train_bn: bool = True   # Learner(train_bn=...)
+    frozen_idx: int = 0
+
+    def freeze_to(self: "Learner", n: int) -> "Learner":
+        """Freeze the first `n` parameter groups (all but the last `-n` when negative); train the rest.
+
+        >>> learn.freeze_to(-2)      # train the last two groups
+        """
+        groups = self.opt.param_groups
+        idx = (n if n >= 0 else len(groups) + n) if isinstance(n, int) else -1
+        if not 0 <= idx < len(groups):
+            raise ValueError(f"freeze_to({n!r}): the optimizer has {len(groups)} parameter group(s), so n must be "
+                             f"an int in [{-len(groups) + 1}, {len(groups) - 1}] (at least one group keeps training); "
+                             f"pass Learner(splitter=...) to split the model into groups")
+        keep = _bn_params(self.model) if self.train_bn else set()
+        for i, group in enumerate(groups):
+            for p in group["params"]:
+                p.requires_grad_(i >= idx or id(p) in keep)
+        self.frozen_idx = idx
+        self.model, self.opt = self.strategy.trainable_changed(self.model, self.opt)
+        return self
+
+    def freeze(self: "Learner") -> "Learner":
+        """Train only the last parameter group (and BatchNorm layers, unless `learn.train_bn = False`).
+
+        >>> learn.freeze(); learn.fit_one_cycle(1, 1e-2)
+        """
+        if len(self.opt.param_groups) == 1:
+            warnings.warn("freeze(): the model has one parameter group, so nothing is frozen; pass "
+                          "Learner(splitter=...) to split it into body and head", stacklevel=2)
+        return self.freeze_to(-1)
+
+    def unfreeze(self: "Learner") -> "Learner":
+        """Train every parameter group."""
+        return self.freeze_to(0)
+
+    def fine_tune(self: "Learner", epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100,
+                  pct_start: float = 0.3, div: float = 5.0, **kwargs: Any) -> None:
+        """fastai's transfer-learning recipe: `freeze_epochs` one-cycle epochs with only the head training, then
+        `epochs` with everything, at rates from `base_lr / 2 / lr_mult` (first group) to `base_lr / 2` (last).
+
+        Other keyword arguments (wd, moms, cbs, div_final) go to both `fit_one_cycle` calls.
+
+        >>> learn.fine_tune(3, base_lr=1e-3)
+        """
+        if not isinstance(epochs, int) or epochs < 1 or not isinstance(freeze_epochs, int) or freeze_epochs < 0:
+            raise ValueError(f"fine_tune needs epochs >= 1 and freeze_epochs >= 0 (ints), got {epochs!r} and "
+                             f"{freeze_epochs!r}")
+        if freeze_epochs:
+            self.freeze()
+            self.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.99, **kwargs)
+        base_lr /= 2
+        self.unfreeze()
+        self.fit_one_cycle(epochs, slice(base_lr / lr_mult, base_lr), pct_start=pct_start, div=div, **kwargs)
+
+
+class BnFreeze(Callback):
+    """Keep the running statistics of frozen BatchNorm layers fixed: they stay in eval mode while training.
+
+    A BatchNorm layer is frozen when its parameters do not require gradients, i.e. after
+    `learn.train_bn = False; learn.freeze()`.
+
+    >>> learn.train_bn = False; learn.freeze(); learn.fit(1, cbs=BnFreeze())
+    """
+
+    order = Order.DEFAULT
+
+    def before_train(self):
+        for m in self.learn.model.modules():
+            params = list(m.parameters(recurse=False)) if isinstance(m, _BN_TYPES) else []
+            if params and not any(p.requires_grad for p in params):
+                m.eval()

@@ -1,0 +1,18 @@
+"""Accelerate's own test scripts, ported with the import swapped to cadence, on 1 and 2 processes via `cadence launch`.
+
+The ports live in tests/scripts/accelerate_ports/; each says where cadence deliberately differs
+(contiguous shards, schedulers stepped once per optimizer step) and asserts cadence's behaviour.
+"""
+
+import pytest
+
+from helpers import run_launch
+
+PORTS = ["test_script", "test_ops", "test_metrics", "test_sync", "test_checkpointing"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 1])
+def test_accelerate_test_scripts_pass(tmp_path, nproc):
+    proc = run_launch("accelerate_ports.py", str(tmp_path), *PORTS, nproc=nproc, timeout=400)
+    assert [line for line in proc.stdout.splitlines() if line.endswith(" OK")] == [f"{p} OK" for p in PORTS]

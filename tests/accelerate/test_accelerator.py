@@ -1,0 +1,259 @@
+"""Accelerator on one process: accumulation, schedulers, precision, checkpoints, trackers, helpers, bad input."""
+
+import copy
+import csv
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import (Accelerator, DummyOptim, GradScalerKwargs, PartialState, ProjectConfiguration,
+                     find_executable_batch_size, set_seed)
+from cadence.callbacks.tracking.csv import CSVTracker
+from scripts.regression import RegressionDataset, RegressionModel
+
+
+def _setup(acc, length=80, bs=16, sched=False, shuffle=False):
+    set_seed(42)
+    model = RegressionModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dl = DataLoader(RegressionDataset(length=length, seed=0), batch_size=bs, shuffle=shuffle)
+    objs = [model, opt, dl] + ([torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)] if sched else [])
+    return acc.prepare(*objs)
+
+
+def test_accumulate_steps_once_per_window_and_on_the_last_batch():
+    acc = Accelerator(gradient_accumulation_steps=2)
+    model, opt, dl, sched = _setup(acc, sched=True)             # 5 batches: windows [0,1] [2,3] [4]
+    ref = copy.deepcopy(acc.unwrap_model(model))
+    syncs, lrs, ref_grads = [], [], None
+    for batch in dl:
+        with acc.accumulate(model):
+            loss = F.mse_loss(model(batch["x"]), batch["y"])
+            acc.backward(loss)
+            opt.step(); sched.step(); opt.zero_grad()
+        # a plain loop: each micro-batch's loss / 2, summed, stepped at the window's end
+        (F.mse_loss(ref(batch["x"]), batch["y"]) / 2).backward()
+        syncs.append(acc.sync_gradients)
+        lrs.append(sched.get_last_lr()[0])
+        if acc.sync_gradients:
+            with torch.no_grad():
+                for p in ref.parameters():
+                    p -= 0.1 * 0.5 ** (sum(syncs) - 1) * p.grad   # the lr of the k-th step
+                    p.grad = None
+    assert syncs == [False, True, False, True, True]
+    assert lrs == [0.1, 0.05, 0.05, 0.025, 0.0125]               # the scheduler moved once per optimizer step
+    for p, q in zip(acc.unwrap_model(model).parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_batches_as_dicts_reach_the_device_and_a_model_computing_its_own_loss():
+    class OwnLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 1)
+
+        def forward(self, x, labels):
+            out = self.lin(x)
+            return {"logits": out, "loss": F.mse_loss(out, labels)}
+
+    x = torch.randn(32, 3)
+    ds = [{"x": a, "labels": a.sum(0, keepdim=True)} for a in x]
+    acc = Accelerator()
+    model = OwnLoss()
+    model, opt, dl = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(ds, batch_size=8))
+    first = last = None
+    for _ in range(20):
+        for batch in dl:
+            loss = model(**batch)["loss"]
+            acc.backward(loss); opt.step(); opt.zero_grad()
+            first = loss.item() if first is None else first
+            last = loss.item()
+    assert last < first / 10
+
+
+def test_bf16_forward_runs_in_autocast_and_returns_fp32():
+    acc = Accelerator(mixed_precision="bf16")
+    seen = []
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))     # inside the model's forward
+    model = acc.prepare(net)
+    out = model(torch.randn(2, 4))
+    assert seen == [torch.bfloat16] and out.dtype == torch.float32
+    plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
+    assert plain(torch.randn(2, 4)).dtype == torch.float32 and seen[-1] == torch.float32
+
+
+def test_fp16_overflow_skips_the_step_and_the_scheduler():
+    acc = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=2.0**10)])
+    model, opt, dl, sched = _setup(acc, sched=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = next(iter(dl))
+    acc.backward(model(batch["x"]).sum() * float("inf"))
+    opt.step(); sched.step(); opt.zero_grad()
+    assert acc.optimizer_step_was_skipped and sched.get_last_lr() == [0.1]
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    acc.backward(F.mse_loss(model(batch["x"]), batch["y"]))
+    opt.step(); sched.step()
+    assert not acc.optimizer_step_was_skipped and sched.get_last_lr() == [0.05]
+
+
+def test_clip_grad_norm_returns_the_norm_before_clipping():
+    acc = Accelerator()
+    model, opt, dl = _setup(acc)
+    batch = next(iter(dl))
+    acc.backward(100 * F.mse_loss(model(batch["x"]), batch["y"]))
+    expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    norm = acc.clip_grad_norm_(model.parameters(), 1.0)
+    assert norm == pytest.approx(expected.item(), rel=1e-5) and norm > 1
+    clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    assert clipped == pytest.approx(1.0, rel=1e-4)
+    acc.clip_grad_value_(model.parameters(), 0.1)
+    assert max(p.grad.abs().max() for p in model.parameters()) <= 0.1
+
+
+def _train(acc, model, opt, dl, epochs, sched=None):
+    rands = []
+    for _ in range(epochs):
+        for batch in dl:
+            acc.backward(F.mse_loss(model(batch["x"]), batch["y"]))
+            opt.step(); opt.zero_grad()
+        rands.append(random.random())
+        if sched is not None:
+            sched.step()
+    return rands
+
+
+def test_save_state_load_state_resume_exactly(tmp_path):
+    """Accelerate's test_state_checkpointing: resuming gives the weights, optimizer and RNG of the uninterrupted run."""
+    config = lambda it=0: ProjectConfiguration(tmp_path, automatic_checkpoint_naming=True, iteration=it)  # noqa: E731
+    acc = Accelerator(project_config=config())
+    model, opt, dl, sched = _setup(acc, sched=True, shuffle=True)
+    acc.save_state()
+    truth = _train(acc, model, opt, dl, 3, sched)
+    a1, opt1 = [p.item() for p in model.parameters()], copy.deepcopy(opt.state_dict())
+
+    acc = Accelerator(project_config=config(1))
+    model, opt, dl, sched = _setup(acc, sched=True, shuffle=True)
+    torch.manual_seed(1234)           # a different seed: what load_state restores must not depend on it
+    acc.load_state(tmp_path / "checkpoints" / "checkpoint_0")
+    rands = _train(acc, model, opt, dl, 2, sched)
+    acc.save_state()
+    acc.load_state()                  # the newest: checkpoint_1
+    rands += _train(acc, model, opt, dl, 1, sched)
+    assert [p.item() for p in model.parameters()] == a1 and opt.state_dict() == opt1 and rands == truth
+
+
+def test_resume_mid_epoch_continues_with_the_same_batches(tmp_path):
+    acc = Accelerator()
+    *_, dl = _setup(acc, shuffle=True)
+    it = iter(dl)
+    seen = [next(it)["x"] for _ in range(2)]
+    acc.save_state(tmp_path / "mid")
+    rest = [b["x"] for b in it]
+    acc2 = Accelerator()
+    *_, dl2 = _setup(acc2, shuffle=True)
+    acc2.load_state(tmp_path / "mid")
+    again = [b["x"] for b in dl2]
+    assert len(seen) + len(rest) == len(dl) and len(again) == len(rest)
+    assert all(torch.equal(a, b) for a, b in zip(again, rest))
+
+
+def test_total_limit_keeps_the_newest(tmp_path):
+    acc = Accelerator(project_dir=tmp_path, project_config=ProjectConfiguration(automatic_checkpoint_naming=True,
+                                                                                total_limit=2))
+    acc.prepare(RegressionModel())
+    for _ in range(11):
+        acc.save_state()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_10", "checkpoint_9"]
+
+
+def test_register_for_checkpointing(tmp_path):
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, s):
+            self.n = s["n"]
+
+    acc = Accelerator()
+    with pytest.raises(ValueError, match="Item at index 0.*Item at index 1") as e:
+        acc.register_for_checkpointing(torch.ones(1), torch.ones(1), Counter())
+    assert "index 2" not in str(e.value)
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    counter.n = 7
+    acc.save_state(tmp_path / "c")
+    counter.n = 0
+    acc.load_state(tmp_path / "c")
+    assert counter.n == 7
+
+
+def test_checkpoint_from_other_objects_is_refused_before_loading(tmp_path):
+    acc = Accelerator()
+    model, opt, dl = _setup(acc)
+    acc.save_state(tmp_path / "c")
+    other = Accelerator()
+    other.prepare(RegressionModel(), torch.nn.Linear(1, 1))
+    with pytest.raises(ValueError, match="holds 1 model"):
+        other.load_state(tmp_path / "c")
+
+
+def test_bad_input_is_refused_with_what_to_change(tmp_path):
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        Accelerator(gradient_accumulation_steps=-1)
+    with pytest.raises(TypeError, match="kwargs_handlers"):
+        Accelerator(kwargs_handlers=[{"find_unused_parameters": True}])
+    with pytest.raises(ValueError, match="precision"):
+        Accelerator(mixed_precision="fp8")
+    acc = Accelerator()
+    with pytest.raises(ValueError, match="output_dir"):
+        acc.save_state()
+    model = RegressionModel()
+    with pytest.raises(ValueError, match="DeepSpeed"):
+        acc.prepare(model, DummyOptim(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="total_limit"):
+        ProjectConfiguration(total_limit=0)
+
+
+def test_find_executable_batch_size_halves_on_a_real_allocation_failure():
+    tried = []
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def allocate(batch_size):
+        tried.append(batch_size)
+        return torch.empty(2**60 if batch_size > 8 else batch_size, dtype=torch.uint8).numel()
+
+    assert allocate() == 8 and tried == [64, 32, 16, 8]
+
+
+def test_helpers_on_one_process(capsys):
+    acc = Accelerator()
+    assert (acc.process_index, acc.num_processes, acc.is_main_process, acc.device.type) == (0, 1, True, "cpu")
+    with acc.split_between_processes({"a": [1, 2, 3], "t": torch.arange(3)}) as part:
+        assert part["a"] == [1, 2, 3] and part["t"].tolist() == [0, 1, 2]
+    assert acc.check_trigger() is False
+    acc.set_trigger()
+    assert acc.check_trigger() is True and acc.check_trigger() is False
+    assert acc.reduce(torch.tensor([1.0, 2.0]), "sum", scale=2.0).tolist() == [2.0, 4.0]
+    acc.print("hello")
+    assert capsys.readouterr().out == "hello\n"
+    assert PartialState().num_processes == 1
+    model, opt = acc.prepare(RegressionModel(), torch.optim.SGD(RegressionModel().parameters(), lr=1))
+    assert acc.free_memory(model, opt) == [None, None] and acc._models == []
+
+
+def test_trackers_log_to_csv(tmp_path):
+    acc = Accelerator(log_with=CSVTracker(run_name="r", dir=tmp_path))
+    acc.init_trackers("proj", config={"lr": 0.1})
+    acc.log({"loss": torch.tensor(0.5)})
+    acc.log({"loss": 0.25}, step=5)
+    assert acc.get_tracker("csv").name == "csv"
+    acc.end_training()
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    assert [(r["step"], float(r["loss"])) for r in rows] == [("0", 0.5), ("5", 0.25)]

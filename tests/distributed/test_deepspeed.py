@@ -1,0 +1,171 @@
+"""DeepSpeed ZeRO 0-3 behind the Strategy interface: real DeepSpeed engines on 2 CPU processes over gloo.
+
+Each launch trains several Learners in sequence (tests/scripts/deepspeed_runs.py), so the slow
+start of a DeepSpeed launch is paid once; the tests compare the exported full weights.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cadence.distributed.deepspeed import DeepSpeed, build_config
+from tests.helpers import run_launch
+
+pytest.importorskip("deepspeed")
+
+
+def launch(tmp_path, runs, flags=(), timeout=480):
+    proc = run_launch("deepspeed_runs.py", str(tmp_path), json.dumps(runs), flags=flags, timeout=timeout)
+    results = json.loads((tmp_path / "results.json").read_text())
+    weights = {r["name"]: load_file(tmp_path / r["name"] / "model.safetensors") for r in runs
+               if not r.get("expect_error")}
+    return results, weights, proc
+
+
+def assert_weights_close(a: dict, b: dict, **tol) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], msg=lambda m: f"{k}: {m}", **tol)
+
+
+@pytest.mark.slow
+def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_size(tmp_path):
+    z = lambda stage, **extra: {"strategy": "deepspeed", "kwargs": {"zero_stage": stage}, **extra}
+    runs = [{"name": "ddp", "strategy": "ddp"}, {"name": "z0", **z(0)}, {"name": "z1", **z(1)},
+            {"name": "z2", **z(2)}, {"name": "z3", **z(3)},
+            {"name": "ddp_big", "strategy": "ddp", "bs": 16}, {"name": "z2_accum", **z(2), "accum": 4},
+            {"name": "ddp_clip", "strategy": "ddp", "clip": 0.05}, {"name": "z2_clip", **z(2), "clip": 0.05},
+            {"name": "z3_clip", **z(3), "clip": 0.05}, {"name": "z2_bf16", **z(2), "precision": "bf16"},
+            {"name": "bad_tbs", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": {"train_batch_size": 7}},
+             "expect_error": True}]
+    results, w, _ = launch(tmp_path, runs)
+    for name in ("z0", "z1", "z2", "z3"):  # fp32, clipping off: the same updates as DDP
+        assert results[name]["engine"] == "DeepSpeedEngine" and results[name]["released"] == "Sequential"
+        assert_weights_close(w["ddp"], w[name], rtol=1e-4, atol=1e-5)
+        assert results[name]["step"] == results["ddp"]["step"] == 24  # 12 batches per rank and epoch, 2 epochs
+    # GradAccum(4) with batches of 4 is one step of batch 16: the engine accumulates, GradAccum marks the windows
+    assert results["z2_accum"]["step"] == results["ddp_big"]["step"] == 6
+    assert_weights_close(w["ddp_big"], w["z2_accum"], rtol=1e-4, atol=1e-5)
+    # clipping by the engine (off by default, DeepSpeed's own default is 1.0) matches DDP's clipping
+    assert results["ddp_clip"]["valid_loss"] != pytest.approx(results["ddp"]["valid_loss"], rel=1e-3)
+    for name in ("z2_clip", "z3_clip"):
+        assert_weights_close(w["ddp_clip"], w[name], rtol=1e-4, atol=1e-5)
+    bf16 = results["z2_bf16"]
+    assert bf16["valid_loss"] < 0.5 * bf16["untrained"]
+    assert all(t.dtype == torch.float32 for t in w["z2_bf16"].values())  # the fp32 masters are exported
+    error = results["bad_tbs"]["error"]
+    assert "train_batch_size 7" in error and "micro batch 4" in error and "accumulation 1" in error
+    assert "processes 2" in error and results["bad_tbs"]["step"] == 0
+
+
+def test_config_from_options_and_file(tmp_path):
+    cfg = build_config(zero_stage=3, offload_optimizer_device="cpu", offload_param_device="cpu",
+                       zero3_save_16bit_model=True)
+    assert cfg["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                        "offload_param": {"device": "cpu"},
+                                        "stage3_gather_16bit_weights_on_model_save": True}
+    assert cfg["gradient_clipping"] == "auto"  # filled with 0 unless GradClip: DeepSpeed's own default would clip at 1
+    file = tmp_path / "ds.json"
+    file.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_accumulation_steps": 2}))
+    from_file = build_config(config_file=str(file), zero_stage=2)  # an option overrides the file
+    assert from_file["zero_optimization"]["stage"] == 2 and from_file["gradient_accumulation_steps"] == 2
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"zero_stage": 4}, "zero_stage 4 does not exist"),
+    ({"zero_stage": 1, "offload_param_device": "cpu"}, "offload_param_device='cpu' needs zero_stage 3"),
+    ({"zero_stage": 0, "offload_optimizer_device": "cpu"}, "needs zero_stage 1 or 2 or 3"),
+    ({"zero_stage": 2, "offload_optimizer_device": "disk"}, "offload_optimizer_device 'disk' does not exist"),
+    ({"zero_stag": 2}, "unknown DeepSpeed option(s) ['zero_stag']"),
+    ({"zero_stage": 2, "zero3_init_flag": True}, "zero3_init_flag needs zero_stage 3"),
+    ({"config": "/nonexistent/ds.json"}, "does not exist"),
+])
+def test_bad_options_are_refused_naming_the_value(options, message):
+    with pytest.raises((ValueError, FileNotFoundError)) as e:
+        DeepSpeed(device="cpu", **options)
+    assert message in str(e.value)
+
+
+# Accelerate's DeepSpeed example config (its docs' `accelerate config` output for ZeRO-2)
+ACCELERATE_DEEPSPEED_YAML = """\
+compute_environment: LOCAL_MACHINE
+deepspeed_config:
+  gradient_accumulation_steps: 2
+  gradient_clipping: 1.0
+  offload_optimizer_device: none
+  offload_param_device: none
+  zero3_init_flag: false
+  zero3_save_16bit_model: false
+  zero_stage: 2
+  deepspeed_multinode_launcher: standard
+distributed_type: DEEPSPEED
+downcast_bf16: 'no'
+machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+use_cpu: true
+"""
+
+
+def _resolved(argv):
+    import argparse
+
+    from cadence.distributed.launch import add_launch_args, launch_env, resolve_config
+
+    p = argparse.ArgumentParser()
+    add_launch_args(p)
+    config = resolve_config(p.parse_args([*argv, "train.py"]))
+    return config, launch_env(config)
+
+
+def test_launcher_flags_and_an_accelerate_config_reach_the_strategy(tmp_path, monkeypatch):
+    config, variables = _resolved(["--cpu", "--num_processes", "2", "--use_deepspeed", "--zero_stage", "3",
+                                   "--offload_param_device", "cpu", "--zero3_init_flag", "true"])
+    assert variables["CADENCE_STRATEGY"] == "deepspeed"
+    monkeypatch.setenv("CADENCE_DEEPSPEED_CONFIG", variables["CADENCE_DEEPSPEED_CONFIG"])
+    strategy = DeepSpeed(device="cpu")  # what a worker builds from the launcher's variables
+    assert strategy.stage == 3 and strategy.zero3_init
+    assert strategy.config["zero_optimization"]["offload_param"] == {"device": "cpu"}
+    file = tmp_path / "accelerate.yaml"
+    file.write_text(ACCELERATE_DEEPSPEED_YAML)
+    config, variables = _resolved(["--config_file", str(file)])
+    assert variables["CADENCE_STRATEGY"] == "deepspeed"
+    assert variables["CADENCE_GRADIENT_ACCUMULATION_STEPS"] == "2"  # the block's accumulation becomes GradAccum(2)
+    with pytest.raises(ValueError, match="deepspeed_config: DeepSpeed zero_stage 7 does not exist"):
+        _resolved(["--config_file", str(file), "--zero_stage", "7"])  # refused before any worker starts
+
+
+def resume_launch(tmp_path, out, stages, *extra):
+    return run_launch("deepspeed_resume.py", str(tmp_path / "ckpt"), str(out), stages, *extra, timeout=480,
+                      check=not extra or extra[0] != "--kill-at")
+
+
+@pytest.mark.slow
+def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ref.mkdir(), run.mkdir()
+    run_launch("deepspeed_resume.py", str(tmp_path / "ref_ckpt"), str(ref), "2,3", timeout=480)
+    for stage in (2, 3):  # SIGKILL every rank after step 4, mid-epoch 2, right after its checkpoint
+        killed = resume_launch(tmp_path, run, str(stage), "--kill-at", "4")
+        assert killed.returncode != 0
+        assert (tmp_path / "ckpt" / f"zero{stage}" / "latest").read_text() == "step-00000004"
+        state = json.loads((tmp_path / "ckpt" / f"zero{stage}" / "step-00000004" / "state.json").read_text())
+        assert not state["epoch_complete"]
+    done = resume_launch(tmp_path, run, "2,3", "--resume")
+    assert "ZERO2 STEPS 6" in done.stdout and "ZERO3 STEPS 6" in done.stdout
+    for stage in (2, 3):
+        a, b = load_file(ref / f"zero{stage}.safetensors"), load_file(run / f"zero{stage}.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage
+
+
+def test_a_zero_checkpoint_from_another_world_size_is_refused_clearly(tmp_path):
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "cadence.json").write_text(json.dumps({"world_size": 4, "zero_stage": 2}))
+    with pytest.raises(ValueError, match="written by 4 processes.*resume on 4 processes"):
+        DeepSpeed(device="cpu", zero_stage=2).load_checkpoint(tmp_path, None, None)

@@ -1,0 +1,70 @@
+"""Train with DeepSpeed (shuffling, dropout, GradAccum(2), AdamW, one-cycle), checkpointing; optionally die or resume.
+
+Launched on 2 processes by tests/distributed/test_deepspeed.py:
+  deepspeed_resume.py CKPT_ROOT OUT_DIR STAGES [--kill-at STEP] [--resume]
+STAGES: comma-separated ZeRO stages, trained one after the other (each with its own checkpoints under
+CKPT_ROOT/zero<stage>). --kill-at: SIGKILL every rank right after optimizer step STEP (after its
+checkpoint), mid-epoch. Rank 0 writes OUT_DIR/zero<stage>.safetensors (the final fp32 weights).
+"""
+
+import argparse
+import os
+import signal
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import Callback, Checkpoint, DataLoaders, GradAccum, Learner, Order
+from cadence.distributed.env import is_main_process, setup_distrib
+
+
+class KillAt(Callback):
+    order = Order.CHECKPOINT + 10  # after the checkpoint of this step was written
+
+    def __init__(self, step):
+        self.at = step
+
+    def after_batch(self):
+        if self.training and self.learn.step == self.at and self.learn.iter % 2 == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def train(stage, args):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
+                      DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+    cbs = [GradAccum(steps=2), Checkpoint(Path(args.ckpt) / f"zero{stage}", every_n_steps=2)]
+    if args.kill_at:
+        cbs.append(KillAt(args.kill_at))
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, cbs=cbs)
+    learn.remove_cb(learn.progress)
+    with learn.distrib_ctx(strategy="deepspeed", zero_stage=stage):
+        learn.fit_one_cycle(2, lr_max=1e-2, resume="latest" if args.resume else None)
+        weights = learn.strategy.model_state_dict(learn.model)
+    if is_main_process():
+        save_file({k: v.contiguous() for k, v in weights.items()}, Path(args.out) / f"zero{stage}.safetensors")
+        print(f"ZERO{stage} STEPS {learn.step}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("ckpt")
+    p.add_argument("out")
+    p.add_argument("stages")
+    p.add_argument("--kill-at", type=int)
+    p.add_argument("--resume", action="store_true")
+    args = p.parse_args()
+    setup_distrib()
+    for stage in map(int, args.stages.split(",")):
+        train(stage, args)
+
+
+if __name__ == "__main__":
+    main()

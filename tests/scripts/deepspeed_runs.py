@@ -1,0 +1,78 @@
+"""Launched on 2 processes by tests/distributed/test_deepspeed.py: several trainings in one launch.
+
+argv: OUT_DIR RUNS_JSON. RUNS_JSON is a list of runs, each a dict: "name", "strategy" ("ddp" or
+"deepspeed"), "kwargs" (for distrib_ctx), "accum", "clip", "precision", "bs" (batch size, default 4),
+"epochs" (default 2), "expect_error" (the run must raise ValueError before training: its message is
+written instead). Each run writes OUT_DIR/<name>/model.safetensors (save_model: full fp32 weights) and
+rank 0 writes OUT_DIR/results.json with every run's validation loss, steps and errors.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import DataLoaders, GradAccum, GradClip, Learner, MixedPrecision
+from cadence.distributed.env import rank, setup_distrib
+
+N = 96
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.lin, self.norm = nn.Linear(width, width), nn.LayerNorm(width)
+
+    def forward(self, x):
+        return x + torch.relu(self.norm(self.lin(x)))
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), Block(16), Block(16), nn.Linear(16, 3))
+
+
+def learner(run):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=run.get("bs", 4)),
+                      DataLoader(TensorDataset(x, y), batch_size=8), device="cpu")
+    cbs = [GradAccum(steps=run["accum"])] if run.get("accum") else []
+    cbs += [GradClip(run["clip"])] if run.get("clip") else []
+    cbs += [MixedPrecision(run["precision"])] if run.get("precision") else []
+    learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, lr=1e-2, cbs=cbs)
+    learn.remove_cb(learn.progress)
+    return learn
+
+
+def train(run, out):
+    learn = learner(run)
+    untrained = learn.validate()["valid_loss"]
+    with learn.distrib_ctx(strategy=run["strategy"], **run.get("kwargs", {})):
+        try:
+            learn.fit(run.get("epochs", 2))
+        except ValueError as e:
+            if not run.get("expect_error"):
+                raise
+            return {"error": str(e), "step": learn.step}
+        learn.save_model(out / run["name"])
+        valid = learn.validate()["valid_loss"]
+        engine = type(learn.model).__name__
+    return {"valid_loss": valid, "untrained": untrained, "step": learn.step, "engine": engine,
+            "released": type(learn.model).__name__}
+
+
+def main():
+    out, runs = Path(sys.argv[1]), json.loads(sys.argv[2])
+    setup_distrib()  # one group for every run
+    results = {run["name"]: train(run, out) for run in runs}
+    if rank() == 0:
+        (out / "results.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
