@@ -190,7 +190,7 @@ class SaveModel(MonitorCallback):
             super().before_fit()
 
     def _save(self, name: str) -> None:
-        """Write on the main process, then wait so every process can read the file."""
+        """Write on the main process (`learn.load` at the end waits for it on every process)."""
         self.learn.save(name, with_opt=self.with_opt)  # every rank: sharded engines gather; the main process writes
 
     def after_epoch(self):

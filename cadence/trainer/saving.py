@@ -23,7 +23,7 @@ MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.pt"
 
 
 def save(learn: Any, name: str | Path, with_opt: bool = True) -> Path:
-    """Write `path/model_dir/<name>/` (every rank calls it: sharded engines gather; the main process writes)."""
+    """Write `path/model_dir/<name>/` (the main process writes; under a sharded engine every rank must call it)."""
     target = _target(learn, name)
     strategy = learn.strategy
     weights = strategy.model_state_dict(learn.model)
@@ -35,12 +35,14 @@ def save(learn: Any, name: str | Path, with_opt: bool = True) -> Path:
         if opt_state is not None:
             save_torch(opt_state, staged / OPTIMIZER_FILE)
         commit_dir(staged, target)
-    strategy.barrier()
-    return target
+    return target  # no barrier: under DDP a save called on the main process alone must not wait; `load` waits
 
 
 def load(learn: Any, name: str | Path, with_opt: bool = True, strict: bool = True) -> None:
-    """Read what `save` wrote (or the 0.1 file pair); both files are read and checked before anything is loaded."""
+    """Read what `save` wrote (or the 0.1 file pair); both files are read and checked before anything is loaded.
+
+    Every process calls it: they wait for the main one, which first finishes or drops a save that was killed.
+    """
     strategy = learn.strategy
     target = _target(learn, name)
     if strategy.is_main:

@@ -60,7 +60,7 @@ def test_signal_saves_at_the_next_step_exits_with_requeue_status_and_resumes_exa
         assert torch.equal(a, b)
 
 
-def test_handlers_are_restored_when_fit_raises(dls, tmp_path, previous_handler):
+def test_handlers_and_loader_are_restored_when_fit_raises(dls, tmp_path, previous_handler):
     handler, _ = previous_handler
 
     class Boom(Callback):
@@ -70,9 +70,11 @@ def test_handlers_are_restored_when_fit_raises(dls, tmp_path, previous_handler):
 
     before_term = signal.getsignal(signal.SIGTERM)
     learn = make_learner(dls, tmp_path, [Checkpoint(), Boom()])
+    loader = learn.dls.train
     with pytest.raises(RuntimeError, match="boom"):
         learn.fit(1)
     assert signal.getsignal(signal.SIGUSR1) is handler and signal.getsignal(signal.SIGTERM) is before_term
+    assert learn.dls.train is loader          # the resumable wrapper Checkpoint put in place is gone
 
 
 def test_a_signal_that_came_too_late_to_act_on_goes_to_the_previous_handler(dls, tmp_path, previous_handler):

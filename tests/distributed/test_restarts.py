@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from cadence.callbacks.checkpoint import read_state
 from helpers import REPO, SCRIPTS, cadence_env, run_launch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two or three 2-process launches each, one restarted
 
 
 @pytest.fixture(scope="module")

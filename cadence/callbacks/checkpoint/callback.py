@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from ...distributed.ops import main_print
 from ...trainer.callback import Callback, Order
-from .preemption import PreemptionWatch, parse_signals
+from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
 from .state import load_state, make_resumable, save_state
 from .store import BEST, LATEST, CheckpointStore, resolve
 
@@ -44,7 +46,7 @@ class Checkpoint(Callback):
 
     def __init__(self, dir: str | os.PathLike = "checkpoints", every_n_steps: int | None = None,
                  every_epoch: bool = True, keep_last: int | None = None, monitor: str | None = None,
-                 mode: str = "min", preempt_on: Any = ("SIGTERM", "SIGUSR1")):
+                 mode: str = "min", preempt_on: Any = DEFAULT_SIGNALS):
         if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
             raise ValueError(f"every_n_steps must be a positive int or None, got {every_n_steps!r}")
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
@@ -68,10 +70,18 @@ class Checkpoint(Callback):
         return self.dir if self.dir.is_absolute() else self.learn.path / self.dir
 
     # ------------------------------------------------------------------ around the fit
-    def fit_context(self):
-        """Preemption signals are handled for the duration of the fit (the Learner enters this around it)."""
+    @contextlib.contextmanager
+    def fit_context(self) -> Iterator[None]:
+        """Around the whole fit (the Learner enters it), whatever ends it: the preemption signals are
+        handled, and the user's train loader is given back afterwards."""
         self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
-        return self._watch.installed()
+        try:
+            with self._watch.installed():
+                yield
+        finally:
+            if self._replaced is not None:
+                self.learn.dls.train, self._replaced = self._replaced, None
+            self.resumed_from = None
 
     def prepare(self) -> None:
         """Before a resume or the first `before_fit`: drop what a killed save left, make the train loader resumable."""
@@ -121,10 +131,6 @@ class Checkpoint(Callback):
                    f"later point of an interrupted run or from another run")
         warnings.warn(f"{self.root} holds checkpoints this run did not write ({listed}); {why}. They are kept and "
                       f"never pruned by this run; `latest` will name this run's checkpoints.", stacklevel=2)
-
-    def after_fit(self):
-        if self._replaced is not None:
-            self.learn.dls.train, self._replaced = self._replaced, None
 
     # ------------------------------------------------------------------ when to save
     def after_batch(self):

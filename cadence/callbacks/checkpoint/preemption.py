@@ -23,10 +23,18 @@ import torch
 from ...distributed.flag import AgreedFlag
 
 
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")   # what schedulers send before they kill (SLURM: --signal=USR1)
+
+
 def parse_signals(signals: Iterable[str | int] | str | None) -> tuple[signal.Signals, ...]:
-    """("SIGTERM", "USR1", 10) -> the signals; ValueError naming any that this system does not have."""
+    """("SIGTERM", "USR1", 10) -> the signals; ValueError naming any that this system does not have.
+
+    The default keeps those of DEFAULT_SIGNALS this system has (Windows has no SIGUSR1).
+    """
     if signals is None:
         return ()
+    if signals == DEFAULT_SIGNALS:
+        signals = [s for s in DEFAULT_SIGNALS if hasattr(signal, s)]
     out = []
     for s in [signals] if isinstance(signals, (str, int)) else signals:
         try:

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from ... import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.env import rank, world_size
-from ...serialization import atomic_path, commit_dir, load_torch, recover_dir, save_torch, sibling, staging_dir, STAGED
+from ...serialization import STAGED, atomic_path, commit_dir, load_torch, recover_dir, save_torch, sibling, staging_dir
 from .rng import rng_state, set_rng_state
 from .store import STATE_FILE
 
