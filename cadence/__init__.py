@@ -24,8 +24,12 @@ from .trainer.events import (CancelBackwardException, CancelBatchException, Canc
                              CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
                              CancelValidException, Event)
 from .trainer.learner import Learner
-from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, rmse,
-                              sum_metric, top_k_accuracy)
+from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, sum_metric,
+                              top_k_accuracy)
+from .trainer.metrics_classification import (BalancedAccuracy, Dice, F1Score, MatthewsCorrCoef, Precision, Recall, RocAuc,
+                                             RocAucBinary, RocAucMulti, accuracy_multi, skm_to_cadence)
+from .trainer.metrics_regression import (PearsonCorrCoef, Perplexity, SpearmanCorrCoef, exp_rmspe, mae, mse, msle,
+                                         rmse)
 from .trainer.recorder import Recorder
 from .trainer.lr_find import LRFinder, SuggestedLRs, minimum, slide, steep, valley
 from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SchedPoly, combine_scheds,
@@ -37,7 +41,9 @@ __all__ = [
     "CancelException", "CancelFitException", "CancelEpochException", "CancelTrainException", "CancelValidateException",
     "CancelValidException", "CancelBatchException", "CancelBackwardException", "CancelStepException",
     "Metric", "SumMetric", "AccumMetric", "AvgLoss", "AvgSmoothLoss", "sum_metric",
-    "accuracy", "error_rate", "top_k_accuracy", "rmse",
+    "accuracy", "error_rate", "top_k_accuracy", "rmse", "mse", "mae", "msle", "exp_rmspe", "Perplexity",
+    "PearsonCorrCoef", "SpearmanCorrCoef", "accuracy_multi", "F1Score", "Precision", "Recall", "RocAuc", "RocAucBinary",
+    "RocAucMulti", "MatthewsCorrCoef", "BalancedAccuracy", "Dice", "skm_to_cadence",
     "ParamScheduler", "LRFinder", "SuggestedLRs", "SchedLin", "SchedCos", "SchedNo", "SchedExp", "SchedPoly",
     "combine_scheds", "combined_cos", "valley", "slide", "minimum", "steep", "BnFreeze",
     "DistributedTrainer", "DistributedDL", "rank", "world_size", "local_rank", "is_main_process",
