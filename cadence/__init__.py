@@ -9,7 +9,7 @@
 __version__ = "0.1.0"
 
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
-                        MixedPrecision, MonitorCallback, ProgressCallback, SaveModel, TensorBoardTracker,
+                        MixedPrecision, MonitorCallback, ProgressCallback, ReduceLROnPlateau, SaveModel, TensorBoardTracker,
                         TerminateOnNaN, Tracker, WandbTracker)
 from .distributed.data import DistributedDL
 from .distributed.env import (is_distributed, is_local_main_process, is_main_process, local_rank, rank, setup_distrib,
@@ -52,5 +52,5 @@ __all__ = [
     "main_print", "main_process_first", "on_local_main_process", "on_main_process", "pad_across_processes",
     "rank0_first", "reduce", "wait_for_everyone",
     "Checkpoint", "CSVTracker", "EarlyStopping", "GeneralTracker", "GradAccum", "GradClip", "MixedPrecision",
-    "MonitorCallback", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
+    "MonitorCallback", "ReduceLROnPlateau", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
 ]

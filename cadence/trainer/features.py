@@ -104,6 +104,15 @@ class FeatureMethods:
         return save_model(self, directory, max_shard_size)
 
     # ------------------------------------------------------------------ output
+    def summary(self) -> str:
+        """Layers with output shapes and parameter counts, totals, frozen groups and callbacks (fastai's summary).
+
+        >>> print(learn.summary())
+        """
+        from .summary import summary
+
+        return summary(self)
+
     @contextlib.contextmanager
     def no_bar(self):
         """Train without the progress display for the duration of a `with` block."""

@@ -1,14 +1,16 @@
 """Transfer learning: freeze / freeze_to / unfreeze, BatchNorm of frozen groups, BnFreeze, fine_tune, under DDP and FSDP2."""
 
 import copy
+import sys
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
-from cadence import BnFreeze, Callback, Learner
+from cadence import BnFreeze, Callback, DataLoaders, Learner, accuracy
 
-from helpers import run_launch
+from helpers import REPO, run_launch
 
 
 def bn_model():
@@ -89,6 +91,46 @@ def test_fine_tune_uses_fastais_rates_and_freezing(dls):
     assert seen[0][0] == pytest.approx([0.002, 0.002, 0.02])           # slice(base_lr): body at base_lr / 10
     assert seen[1][0] == pytest.approx([0.0001, 0.001, 0.01])          # base_lr / 2 / lr_mult ... base_lr / 2
     assert learn.epoch == 1 and len(learn.recorder.values) == 2
+
+
+def digits_split():
+    sys.path.insert(0, str(REPO / "examples"))
+    from train_digits import get_dsets, get_model
+
+    train, valid = get_dsets()
+    return get_model, train.tensors, valid.tensors
+
+
+@pytest.mark.slow
+def test_fine_tune_beats_plain_fit_from_the_same_pretrained_weights():
+    """Pretrain the digits CNN on digits 0-4, then learn 5-9 from 64 images with a new head, at a rate too high for
+    the pretrained body: fine_tune keeps the body's rate 200 times lower (plain fit: 0.36 vs fine_tune 0.79 here;
+    other seeds gave 0.60 vs 0.80 and 0.53 vs 0.81)."""
+    get_model, (x, y), (xv, yv) = digits_split()
+    torch.manual_seed(0)
+    pretrained = get_model()
+    old = y < 5
+    pre = Learner(DataLoaders.from_dsets(TensorDataset(x[old], y[old]), bs=64, device="cpu"), pretrained,
+                  loss_func=nn.CrossEntropyLoss())
+    with pre.no_bar():
+        pre.fit_one_cycle(2, 1e-2)
+    new = torch.nonzero(~old).squeeze(1)[:64]
+
+    def transfer(how):
+        torch.manual_seed(1)
+        model = copy.deepcopy(pretrained)
+        model[-1].reset_parameters()
+        dls = DataLoaders.from_dsets(TensorDataset(x[new], y[new]), TensorDataset(xv[yv >= 5], yv[yv >= 5]), bs=8,
+                                     device="cpu", generator=torch.Generator().manual_seed(1))
+        learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy,
+                        splitter=lambda m: [list(m[:-1].parameters()), list(m[-1].parameters())])
+        with learn.no_bar():
+            how(learn)
+        return learn.validate()["accuracy"]
+
+    tuned = transfer(lambda learn: learn.fine_tune(3, base_lr=0.3))
+    plain = transfer(lambda learn: learn.fit(4, lr=0.3))
+    assert tuned > plain + 0.1, (tuned, plain)
 
 
 @pytest.mark.slow
