@@ -23,6 +23,7 @@ from .trainer.data import DataLoaders, to_device
 from .trainer.events import (CancelBackwardException, CancelBatchException, CancelEpochException, CancelException,
                              CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
                              CancelValidException, Event)
+from .trainer.export import load_learner
 from .trainer.learner import Learner
 from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, sum_metric,
                               top_k_accuracy)
@@ -37,7 +38,7 @@ from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, Sch
 from .trainer.transfer import BnFreeze
 
 __all__ = [
-    "__version__", "Learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
+    "__version__", "Learner", "load_learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
     "CancelException", "CancelFitException", "CancelEpochException", "CancelTrainException", "CancelValidateException",
     "CancelValidException", "CancelBatchException", "CancelBackwardException", "CancelStepException",
     "Metric", "SumMetric", "AccumMetric", "AvgLoss", "AvgSmoothLoss", "sum_metric",
