@@ -1,6 +1,7 @@
-"""Launched on 2 processes by tests/trainer/test_transfer.py: freezing under DDP and FSDP2.
+"""Launched on 2 processes by tests/trainer/test_transfer.py: freezing and discriminative rates under DDP and FSDP2.
 
-For each engine: one epoch with the body frozen, then one with everything trainable, plain SGD,
+For each engine: one epoch with the body frozen, then one with everything trainable at rates
+slice(LR / 10, LR) (body, head), plain SGD,
 against a hand-written single-process loop over the same samples (rank 0's and rank 1's batch k
 make one batch of 2*BS). Prints `CHECK <engine>_<name> ok` on rank 0 per passed check.
 """
@@ -33,7 +34,7 @@ def body_and_head(m):
 
 
 def reference(x, y):
-    """Epoch 1 trains the head only, epoch 2 everything: the update a 2-process run must equal."""
+    """Epoch 1 trains the head only, epoch 2 everything (the body at LR / 10): what a 2-process run must equal."""
     model = make_model()
     body, head = body_and_head(model)
     opt = torch.optim.SGD([{"params": body}, {"params": head}], lr=LR)
@@ -41,6 +42,7 @@ def reference(x, y):
     for frozen in (True, False):
         for p in body:
             p.requires_grad_(not frozen)
+        opt.param_groups[0]["lr"] = LR if frozen else LR / 10
         for k in range(half // BS):
             idx = torch.cat([torch.arange(k * BS, (k + 1) * BS), torch.arange(half + k * BS, half + (k + 1) * BS)])
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
@@ -64,8 +66,8 @@ def check(engine, x, y, ref):
             assert moved == [False] * 4 + [True] * 2, moved   # body frozen, head trained
             print_ok(engine, "frozen_body_unchanged")
         learn.unfreeze()
-        learn.fit(1, lr=slice(LR, LR))
-        assert [g["lr"] for g in learn.opt.param_groups] == [LR, LR]
+        learn.fit(1, lr=slice(LR / 10, LR))
+        assert [g["lr"] for g in learn.opt.param_groups] == [LR / 10, LR]
     for a, b in zip(ref.parameters(), learn.model.parameters()):   # after distrib_ctx: the full module, every rank
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     print_ok(engine, "equals_single_process_loop")
