@@ -14,7 +14,7 @@ from .accelerate import (Accelerator, DistributedDataParallelKwargs, DummyOptim,
 from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
                            load_checkpoint_and_dispatch)
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
-                        MixedPrecision, MonitorCallback, ProgressCallback, SaveModel, TensorBoardTracker,
+                        MixedPrecision, MonitorCallback, ProgressCallback, ReduceLROnPlateau, SaveModel, TensorBoardTracker,
                         TerminateOnNaN, Tracker, WandbTracker)
 from .distributed.data import DistributedDL
 from .distributed.env import (is_distributed, is_local_main_process, is_main_process, local_rank, rank, setup_distrib,
@@ -28,9 +28,14 @@ from .trainer.data import DataLoaders, to_device
 from .trainer.events import (CancelBackwardException, CancelBatchException, CancelEpochException, CancelException,
                              CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
                              CancelValidException, Event)
+from .trainer.export import load_learner
 from .trainer.learner import Learner
-from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, rmse,
-                              sum_metric, top_k_accuracy)
+from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, sum_metric,
+                              top_k_accuracy)
+from .trainer.metrics_classification import (BalancedAccuracy, Dice, F1Score, MatthewsCorrCoef, Precision, Recall, RocAuc,
+                                             RocAucBinary, RocAucMulti, accuracy_multi, skm_to_cadence)
+from .trainer.metrics_regression import (PearsonCorrCoef, Perplexity, SpearmanCorrCoef, exp_rmspe, mae, mse, msle,
+                                         rmse)
 from .trainer.recorder import Recorder
 from .trainer.lr_find import LRFinder, SuggestedLRs, minimum, slide, steep, valley
 from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SchedPoly, combine_scheds,
@@ -38,11 +43,13 @@ from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, Sch
 from .trainer.transfer import BnFreeze
 
 __all__ = [
-    "__version__", "Learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
+    "__version__", "Learner", "load_learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
     "CancelException", "CancelFitException", "CancelEpochException", "CancelTrainException", "CancelValidateException",
     "CancelValidException", "CancelBatchException", "CancelBackwardException", "CancelStepException",
     "Metric", "SumMetric", "AccumMetric", "AvgLoss", "AvgSmoothLoss", "sum_metric",
-    "accuracy", "error_rate", "top_k_accuracy", "rmse",
+    "accuracy", "error_rate", "top_k_accuracy", "rmse", "mse", "mae", "msle", "exp_rmspe", "Perplexity",
+    "PearsonCorrCoef", "SpearmanCorrCoef", "accuracy_multi", "F1Score", "Precision", "Recall", "RocAuc", "RocAucBinary",
+    "RocAucMulti", "MatthewsCorrCoef", "BalancedAccuracy", "Dice", "skm_to_cadence",
     "ParamScheduler", "LRFinder", "SuggestedLRs", "SchedLin", "SchedCos", "SchedNo", "SchedExp", "SchedPoly",
     "combine_scheds", "combined_cos", "valley", "slide", "minimum", "steep", "BnFreeze",
     "DistributedTrainer", "DistributedDL", "rank", "world_size", "local_rank", "is_main_process",
@@ -51,7 +58,7 @@ __all__ = [
     "main_print", "main_process_first", "on_local_main_process", "on_main_process", "pad_across_processes",
     "rank0_first", "reduce", "wait_for_everyone",
     "Checkpoint", "CSVTracker", "EarlyStopping", "GeneralTracker", "GradAccum", "GradClip", "MixedPrecision",
-    "MonitorCallback", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
+    "MonitorCallback", "ReduceLROnPlateau", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
     "Accelerator", "PartialState", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
     "ProjectConfiguration", "DummyOptim", "DummyScheduler", "find_executable_batch_size", "set_seed",
     "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",

@@ -7,11 +7,11 @@ from .accumulate import GradAccum
 from .checkpoint import Checkpoint
 from .clip import GradClip
 from .distributed import DistributedTrainer
-from .early_stop import EarlyStopping, MonitorCallback, SaveModel, TerminateOnNaN
+from .early_stop import EarlyStopping, MonitorCallback, ReduceLROnPlateau, SaveModel, TerminateOnNaN
 from .precision import MixedPrecision
 from .progress import ProgressCallback
 from .tracking import CSVTracker, GeneralTracker, TensorBoardTracker, Tracker, WandbTracker
 
-__all__ = ["GradAccum", "Checkpoint", "GradClip", "DistributedTrainer", "EarlyStopping", "MonitorCallback", "SaveModel",
+__all__ = ["GradAccum", "Checkpoint", "GradClip", "DistributedTrainer", "EarlyStopping", "MonitorCallback", "ReduceLROnPlateau", "SaveModel",
            "TerminateOnNaN", "MixedPrecision", "ProgressCallback", "CSVTracker", "GeneralTracker", "TensorBoardTracker",
            "Tracker", "WandbTracker"]

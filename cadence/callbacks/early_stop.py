@@ -1,6 +1,6 @@
-"""Stop or keep the best model by watching a value: EarlyStopping, SaveModel, TerminateOnNaN.
+"""Stop, slow down or keep the best model by watching a value: EarlyStopping, ReduceLROnPlateau, SaveModel, TerminateOnNaN.
 
-`EarlyStopping` and `SaveModel` watch one column of the Recorder's per-epoch results
+`EarlyStopping`, `ReduceLROnPlateau` and `SaveModel` watch one column of the Recorder's per-epoch results
 (`learn.recorder.metric_names`), which under distribution is already combined over processes,
 so every rank takes the same decision at the same epoch. `TerminateOnNaN` combines the
 per-rank finiteness of the loss with one tiny `all_sum` per training batch, so every rank
@@ -120,17 +120,13 @@ class MonitorCallback(Callback):
         return f"{type(self).__name__}(monitor={self.monitor!r}, mode={self.mode!r}, min_delta={self.min_delta})"
 
 
-class EarlyStopping(MonitorCallback):
-    """Stop training when `monitor` has not improved for `patience` epochs (fastai's EarlyStoppingCallback).
-
-    >>> learn.fit(50, cbs=EarlyStopping("valid_loss", min_delta=1e-3, patience=3))
-    >>> learn.fit(50, cbs=EarlyStopping("accuracy", mode="max"))
-    """
+class _Patient(MonitorCallback):
+    """A MonitorCallback that acts once `monitor` has not improved for `patience` epochs in a row."""
 
     _state_attrs = (*MonitorCallback._state_attrs, "wait")
 
-    def __init__(self, monitor: str = "valid_loss", comp: Callable | None = None, min_delta: float = 0.0,
-                 patience: int = 1, reset_on_fit: bool = True, mode: str | None = None):
+    def __init__(self, monitor: str, comp: Callable | None, min_delta: float, patience: int, reset_on_fit: bool,
+                 mode: str | None):
         if not isinstance(patience, int) or patience < 1:
             raise ValueError(f"patience must be a positive int (epochs without improvement), got {patience!r}")
         super().__init__(monitor, mode=mode, min_delta=min_delta, reset_on_fit=reset_on_fit, comp=comp)
@@ -140,16 +136,60 @@ class EarlyStopping(MonitorCallback):
         super().reset()
         self.wait = 0
 
+    def out_of_patience(self) -> bool:
+        """Count this epoch (after `MonitorCallback.after_epoch`); True when the wait reached `patience`."""
+        self.wait = 0 if self.new_best else self.wait + 1
+        return self.wait >= self.patience
+
+
+class EarlyStopping(_Patient):
+    """Stop training when `monitor` has not improved for `patience` epochs (fastai's EarlyStoppingCallback).
+
+    >>> learn.fit(50, cbs=EarlyStopping("valid_loss", min_delta=1e-3, patience=3))
+    >>> learn.fit(50, cbs=EarlyStopping("accuracy", mode="max"))
+    """
+
+    def __init__(self, monitor: str = "valid_loss", comp: Callable | None = None, min_delta: float = 0.0,
+                 patience: int = 1, reset_on_fit: bool = True, mode: str | None = None):
+        super().__init__(monitor, comp, min_delta, patience, reset_on_fit, mode)
+
     def after_epoch(self):
         super().after_epoch()
-        if not self.active:
-            return
-        self.wait = 0 if self.new_best else self.wait + 1
-        if self.wait >= self.patience:
+        if self.active and self.out_of_patience():
             since = "the start" if self.best_epoch is None else f"epoch {self.best_epoch} ({self.monitor}={self.best:.6g})"
             main_print(f"EarlyStopping: no improvement in {self.monitor} for {self.wait} epoch(s) since {since}; "
                        f"stopping after epoch {self.learn.epoch}")
             raise CancelFitException()
+
+
+class ReduceLROnPlateau(_Patient):
+    """Divide the learning rate of every parameter group by `factor` (not below `min_lr`) when `monitor` has not
+    improved for `patience` epochs (fastai's ReduceLROnPlateau). Every rank reads the same combined value, so
+    every rank changes its rate at the same epoch.
+
+    >>> learn.fit(20, lr=1e-2, cbs=ReduceLROnPlateau("valid_loss", patience=2, factor=10, min_lr=1e-5))
+    """
+
+    def __init__(self, monitor: str = "valid_loss", comp: Callable | None = None, min_delta: float = 0.0,
+                 patience: int = 1, factor: float = 10.0, min_lr: float = 0.0, reset_on_fit: bool = True,
+                 mode: str | None = None):
+        if not factor > 1:
+            raise ValueError(f"factor divides the learning rate, so it must be > 1, got {factor!r}")
+        super().__init__(monitor, comp, min_delta, patience, reset_on_fit, mode)
+        self.factor, self.min_lr = float(factor), float(min_lr)
+
+    def after_epoch(self):
+        super().after_epoch()
+        if not (self.active and self.out_of_patience()):
+            return
+        groups = self.learn.opt.param_groups
+        old = groups[-1]["lr"]
+        for g in groups:
+            g["lr"] = max(g["lr"] / self.factor, self.min_lr)
+        self.wait = 0
+        if groups[-1]["lr"] < old:
+            main_print(f"ReduceLROnPlateau: no improvement in {self.monitor} for {self.patience} epoch(s); "
+                       f"lr reduced to {groups[-1]['lr']:.6g} after epoch {self.learn.epoch}")
 
 
 class SaveModel(MonitorCallback):

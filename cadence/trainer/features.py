@@ -132,7 +132,25 @@ class FeatureMethods:
 
         return save_model(self, directory, max_shard_size)
 
+    def export(self, fname: str | Path = "export") -> Path:
+        """Write the Learner for inference to `path/fname/`: weights as safetensors, the structure pickled.
+
+        >>> learn.export(); learn = load_learner("export", trust_pickle=True)
+        """
+        from .export import export
+
+        return export(self, fname)
+
     # ------------------------------------------------------------------ output
+    def summary(self) -> str:
+        """Layers with output shapes and parameter counts, totals, frozen groups and callbacks (fastai's summary).
+
+        >>> print(learn.summary())
+        """
+        from .summary import summary
+
+        return summary(self)
+
     @contextlib.contextmanager
     def no_bar(self):
         """Train without the progress display for the duration of a `with` block."""

@@ -4,6 +4,7 @@ Pass plain functions (`accuracy`, `rmse`, any `fn(preds, targs)`) or Metric obje
 `Learner(metrics=...)`. Built-in metrics keep running sums, so the value equals a direct
 computation over the whole validation set; any other function sees all predictions and
 targets at once (`AccumMetric`). Under distribution `sync` combines the state of every rank.
+More metrics: metrics_classification.py (F1Score, RocAuc, ...) and metrics_regression.py (mse, ...).
 
 >>> learn = Learner(dls, model, loss_func=F.cross_entropy, metrics=[accuracy, top_k_accuracy, my_f1])
 >>> accuracy(torch.tensor([[0.1, 0.9]]), torch.tensor([1]))
@@ -71,37 +72,92 @@ class SumMetric(Metric):
             self.sums = all_sum(self.sums)
 
 
+_ACTIVATIONS = (None, "no", "sigmoid", "softmax", "binarysoftmax")
+
+
 class AccumMetric(Metric):
     """Any `func(preds, targs)`, computed once on all predictions and targets of the pass.
 
+    Under distribution every rank's predictions are gathered first, so the value is exactly the
+    one over the whole set. fastai's options shape what is kept per batch:
+
+    - `activation`: "sigmoid", "softmax" (over `dim_argmax`, default -1) or "binarysoftmax"
+      (softmax, then the last column: the positive class's probability); None/"no" keeps `pred`.
+    - `dim_argmax`: without an activation, keep `pred.argmax(dim_argmax)` (the predicted class).
+    - `thresh`: then keep `pred >= thresh` (multi-label decisions).
+    - `flatten`: flatten predictions and targets to 1-d (False by default: any plain function
+      passed as a metric becomes an AccumMetric and sees the model's output as it is).
+    - `to_np`: pass numpy arrays; `invert_arg`: call `func(targs, preds)` (scikit-learn's order).
+    Other keyword arguments go to `func`.
+
     >>> from sklearn.metrics import f1_score
-    >>> AccumMetric(lambda p, t: f1_score(t, p.argmax(-1), average="macro"), name="f1")
+    >>> AccumMetric(f1_score, dim_argmax=-1, flatten=True, to_np=True, invert_arg=True, average="macro")
+    >>> AccumMetric(lambda p, t: (p == t).float().mean(), name="acc", dim_argmax=-1)
     """
 
-    def __init__(self, func: Callable[..., Any], name: str | None = None):
+    def __init__(self, func: Callable[..., Any], name: str | None = None, *, dim_argmax: int | None = None,
+                 activation: str | None = None, thresh: float | None = None, flatten: bool = False,
+                 to_np: bool = False, invert_arg: bool = False, **kwargs: Any):
         if not callable(func):
             raise TypeError(f"a metric must be callable as func(preds, targs), got {func!r}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"AccumMetric's second argument is the metric's name, got {name!r}; "
+                            f"pass dim_argmax=, activation=, thresh= by keyword")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {_ACTIVATIONS[1:]} or None, got {activation!r}")
         self.func, self.name = func, name or _func_name(func)
+        self.dim_argmax, self.activation, self.thresh, self.flatten = dim_argmax, activation, thresh, flatten
+        self.to_np, self.invert_arg, self.kwargs = to_np, invert_arg, kwargs
         self.preds: list[Tensor] = []
         self.targs: list[Tensor] = []
 
     def reset(self) -> None:
         self.preds, self.targs = [], []
 
+    def transform(self, pred: Tensor, targ: Tensor) -> tuple[Tensor, Tensor]:
+        """What is kept of one batch: the prediction after activation / argmax / threshold, maybe flattened."""
+        dim = -1 if self.dim_argmax is None else self.dim_argmax
+        if self.activation in ("softmax", "binarysoftmax"):
+            pred = torch.softmax(pred.float(), dim=dim)
+            if self.activation == "binarysoftmax":
+                pred = pred[:, -1]
+        elif self.activation == "sigmoid":
+            pred = torch.sigmoid(pred.float())
+        elif self.dim_argmax is not None:
+            pred = pred.argmax(dim=self.dim_argmax)
+        if self.thresh is not None:
+            pred = pred >= self.thresh
+        if self.flatten:
+            pred, targ = pred.reshape(-1), targ.reshape(-1)
+            if len(pred) != len(targ):
+                raise ValueError(f"metric {self.name}: {len(pred)} predictions but {len(targ)} targets after "
+                                 f"flattening; check dim_argmax / activation against the model's output")
+        return pred, targ
+
     def accumulate(self, learn: Any) -> None:
-        self.preds.append(learn.pred.detach())
-        self.targs.append(learn.yb[0].detach())
+        pred, targ = self.transform(learn.pred.detach(), learn.yb[0].detach())
+        self.preds.append(pred)
+        self.targs.append(targ)
 
     @property
     def value(self) -> float | None:
         if not self.preds:
             return None
-        out = self.func(torch.cat(self.preds), torch.cat(self.targs))
+        preds, targs = torch.cat(self.preds), torch.cat(self.targs)
+        if self.to_np:
+            preds, targs = preds.cpu().numpy(), targs.cpu().numpy()
+        out = self.func(targs, preds, **self.kwargs) if self.invert_arg else self.func(preds, targs, **self.kwargs)
         return out.item() if isinstance(out, Tensor) else float(out)
 
     def sync(self, all_sum: Reducer, all_gather: Reducer) -> None:
         if self.preds:
-            self.preds, self.targs = [all_gather(torch.cat(self.preds))], [all_gather(torch.cat(self.targs))]
+            self.preds, self.targs = [_gather(all_gather, self.preds)], [_gather(all_gather, self.targs)]
+
+
+def _gather(all_gather: Reducer, chunks: list[Tensor]) -> Tensor:
+    """Every rank's chunks, concatenated in rank order (booleans travel as bytes: not every backend sends bool)."""
+    t = torch.cat(chunks)
+    return all_gather(t.to(torch.uint8)).bool() if t.dtype == torch.bool else all_gather(t)
 
 
 class AvgLoss(SumMetric):
@@ -177,10 +233,6 @@ def _topk_count(pred: Tensor, targ: Tensor, k: int = 5, axis: int = -1) -> Tenso
     return _with_count((topk == targ.unsqueeze(axis)).any(dim=axis).sum(), targ)
 
 
-def _sq_err(pred: Tensor, targ: Tensor) -> Tensor:
-    return _with_count((pred.reshape(targ.shape).double() - targ.double()).pow(2).sum(), targ)
-
-
 @sum_metric(_correct_count, _ratio)
 def accuracy(pred: Tensor, targ: Tensor, axis: int = -1) -> Tensor:
     """Fraction of samples whose arg-max prediction equals the target."""
@@ -197,12 +249,6 @@ def error_rate(pred: Tensor, targ: Tensor, axis: int = -1) -> Tensor:
 def top_k_accuracy(pred: Tensor, targ: Tensor, k: int = 5, axis: int = -1) -> Tensor:
     """Fraction of samples whose target is among the k highest predictions (`partial(top_k_accuracy, k=3)`)."""
     return _ratio(_topk_count(pred, targ, k, axis)).float()
-
-
-@sum_metric(_sq_err, lambda s: torch.sqrt(s[0] / s[1]))
-def rmse(pred: Tensor, targ: Tensor) -> Tensor:
-    """Root mean squared error."""
-    return torch.sqrt(_ratio(_sq_err(pred, targ))).float()
 
 
 def as_metric(m: Any) -> Metric:

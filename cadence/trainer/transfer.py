@@ -46,7 +46,7 @@ class TransferMethods:
         idx = (n if n >= 0 else len(groups) + n) if isinstance(n, int) else -1
         if not 0 <= idx < len(groups):
             raise ValueError(f"freeze_to({n!r}): the optimizer has {len(groups)} parameter group(s), so n must be "
-                             f"an int in [{-len(groups) + 1}, {len(groups) - 1}] (at least one group keeps training); "
+                             f"an int in [{-len(groups)}, {len(groups) - 1}] (at least one group keeps training); "
                              f"pass Learner(splitter=...) to split the model into groups")
         keep = _bn_params(self.model) if self.train_bn else set()
         for i, group in enumerate(groups):

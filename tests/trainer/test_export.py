@@ -1,0 +1,98 @@
+"""learn.export / load_learner: safetensors weights, the pickled structure unpickled only when the caller trusts it."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from cadence import Learner, load_learner
+
+UNPICKLED = []
+
+
+class MarkedLoss(nn.CrossEntropyLoss):
+    """A loss whose unpickling leaves a trace: shows when load_learner unpickled the export."""
+
+    def __setstate__(self, state):
+        UNPICKLED.append(type(self).__name__)
+        super().__setstate__(state)
+
+
+class WithScale(nn.Module):
+    """A model with a non-persistent buffer (not in the weights file: the structure must carry it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.register_buffer("scale", torch.full((3,), 2.0), persistent=False)
+
+    def forward(self, x):
+        return self.body(x) * self.scale
+
+
+@pytest.fixture
+def trained(dls, tmp_path):
+    torch.manual_seed(0)
+    learn = Learner(dls, WithScale(), loss_func=MarkedLoss(), path=tmp_path)
+    with learn.no_bar():
+        learn.fit(1, lr=1e-2)
+    UNPICKLED.clear()
+    return learn
+
+
+def test_export_then_load_with_trust_predicts_the_same(trained, tmp_path):
+    out = trained.export()
+    assert out == tmp_path / "export"
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "learner.pkl", "model.safetensors"]
+    weights = load_file(str(out / "model.safetensors"))
+    assert sorted(weights) == sorted(trained.model.state_dict())
+    assert all(torch.equal(weights[k], v) for k, v in trained.model.state_dict().items())
+    assert json.loads((out / "export.json").read_text())["model_class"].endswith("WithScale")
+
+    loaded = load_learner(out, trust_pickle=True)
+    assert UNPICKLED == ["MarkedLoss"] and isinstance(loaded.loss_func, MarkedLoss)
+    assert torch.equal(loaded.model.scale, torch.full((3,), 2.0))
+    preds, targs = trained.get_preds()
+    again, _ = loaded.get_preds(dl=trained.dls.valid)
+    assert torch.equal(preds, again)
+    x = trained.dls.valid.dataset[0][0]
+    torch.testing.assert_close(loaded.predict(x), preds[0])
+
+
+def test_without_trust_nothing_is_unpickled_and_the_message_says_why(trained):
+    out = trained.export()
+    with pytest.raises(ValueError, match=r"unpickling runs whatever code the file names.*trust_pickle=True.*"
+                                         r"model=MyModel\(\), loss_func=...\) reads only the safetensors weights"):
+        load_learner(out)
+    assert UNPICKLED == []
+
+
+def test_load_into_your_own_model_reads_only_the_weights(trained):
+    out = trained.export()
+    loaded = load_learner(out, model=WithScale())
+    assert UNPICKLED == []
+    x = trained.dls.valid.dataset[:5][0]
+    torch.testing.assert_close(loaded.model(x), trained.model(x))
+    with pytest.raises(ValueError, match="without a loss function"):
+        loaded.loss_func(x, x)
+    with pytest.raises(ValueError, match="(?s)does not fit this model.*missing keys: 0.bias, 0.weight"):
+        load_learner(out, model=nn.Sequential(nn.Linear(8, 3)))
+
+
+def test_export_refuses_what_cannot_be_pickled_and_writes_nothing(dls, model, tmp_path):
+    learn = Learner(dls, model, loss_func=lambda p, y: nn.functional.cross_entropy(p, y), path=tmp_path)
+    with pytest.raises(TypeError, match="export could not pickle the model or the loss function .*not lambdas"):
+        learn.export()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_export_replaces_the_old_one_whole(trained, tmp_path):
+    trained.export()
+    with trained.no_bar():
+        trained.fit(1, lr=1e-2)
+    trained.export()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]   # no temporary or old directory left
+    weights = load_file(str(tmp_path / "export" / "model.safetensors"))
+    assert torch.equal(weights["body.0.weight"], trained.model.body[0].weight)
