@@ -238,7 +238,7 @@ class Accelerator:
         return prepared
 
     def _prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
-        mine = [o for o in self._optimizers if o.optimizer is scheduler.optimizer]
+        mine = [o for o in self._optimizers if scheduler.optimizer in (o, o.optimizer)]  # built before or after prepare
         prepared = PreparedScheduler(scheduler, mine, self, self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
         return prepared

@@ -257,3 +257,12 @@ def test_trackers_log_to_csv(tmp_path):
     acc.end_training()
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
     assert [(r["step"], float(r["loss"])) for r in rows] == [("0", 0.5), ("5", 0.25)]
+
+
+def test_scheduler_built_over_the_prepared_optimizer_skips_with_it():
+    acc = Accelerator(mixed_precision="fp16")
+    model, opt, dl = _setup(acc)
+    sched = acc.prepare(torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))
+    acc.backward(model(next(iter(dl))["x"]).sum() * float("inf"))
+    opt.step(); sched.step()
+    assert acc.optimizer_step_was_skipped and sched.get_last_lr() == [0.1]
