@@ -129,8 +129,9 @@ def fastai_fit(model, data):
     return lambda: learn.fit(1)
 
 
-def accelerate_loop(model, data):
-    from accelerate import Accelerator
+def accelerator_loop(model, data, module="accelerate"):
+    """A hand-written loop on an Accelerator: Accelerate's, or cadence's (`module="cadence"`, the one import changed)."""
+    Accelerator = __import__(module).Accelerator
 
     acc = Accelerator(cpu=True)
     model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR))
@@ -145,21 +146,7 @@ def accelerate_loop(model, data):
     return run
 
 
-def cadence_accelerator_loop(model, data):
-    """accelerate_loop's hand-written loop with one import changed: cadence's Accelerator."""
-    from cadence import Accelerator
-
-    acc = Accelerator(cpu=True)
-    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=LR))
-
-    def run():
-        model.train()
-        for xb, yb in data:
-            loss = F.cross_entropy(model(xb), yb)
-            acc.backward(loss)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    return run
+cadence_accelerator_loop = partial(accelerator_loop, module="cadence")
 
 
 def lightning_fit(model, data):
@@ -190,7 +177,8 @@ def ignite_run(model, data):
 
 
 RUNNERS = {"raw loop": raw_loop, "cadence": cadence_fit, "cadence, live bar": partial(cadence_fit, live_bar=True),
-           "cadence accel": cadence_accelerator_loop, "fastai": fastai_fit, "accelerate": accelerate_loop, "lightning": lightning_fit, "ignite": ignite_run}
+           "cadence accel": cadence_accelerator_loop, "fastai": fastai_fit, "accelerate": accelerator_loop,
+           "lightning": lightning_fit, "ignite": ignite_run}
 
 
 @contextlib.contextmanager
