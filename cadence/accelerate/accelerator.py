@@ -307,7 +307,8 @@ class Accelerator:
         return module
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The full (unsharded) state dict of a prepared model; every process must call it."""
+        """The full (unsharded) state dict of a prepared model, complete on the main process (sharded engines
+        gather it there); every process must call it."""
         return self.strategy.model_state_dict(model)
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",

@@ -16,3 +16,12 @@ PORTS = ["test_script", "test_ops", "test_metrics", "test_sync", "test_checkpoin
 def test_accelerate_test_scripts_pass(tmp_path, nproc):
     proc = run_launch("accelerate_ports.py", str(tmp_path), *PORTS, nproc=nproc, timeout=400)
     assert [line for line in proc.stdout.splitlines() if line.endswith(" OK")] == [f"{p} OK" for p in PORTS]
+
+
+@pytest.mark.slow
+def test_checkpointing_port_resumes_exactly_under_fsdp(tmp_path):
+    """save_state writes FSDP's sharded format; load_state on 2 processes gives the uninterrupted run's weights and Adam state."""
+    proc = run_launch("accelerate_ports.py", str(tmp_path), "test_checkpointing", nproc=2, flags=("--use_fsdp",),
+                      timeout=300)
+    assert proc.stdout.count("test_checkpointing OK") == 1, proc.stdout
+    assert (tmp_path / "test_checkpointing" / "run0" / "checkpoints" / "checkpoint_1" / "sharded").is_dir()
