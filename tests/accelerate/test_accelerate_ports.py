@@ -25,3 +25,10 @@ def test_checkpointing_port_resumes_exactly_under_fsdp(tmp_path):
                       timeout=300)
     assert proc.stdout.count("test_checkpointing OK") == 1, proc.stdout
     assert (tmp_path / "test_checkpointing" / "run0" / "checkpoints" / "checkpoint_1" / "sharded").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
+def test_optimizer_prepared_before_its_model_steps_the_wrapped_parameters(flags):
+    proc = run_launch("accelerator_prepare_order.py", nproc=2, flags=flags, timeout=300)
+    assert proc.stdout.count("ORDER OK") == 1, proc.stdout
