@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from cadence import (Accelerator, DummyOptim, GradScalerKwargs, PartialState, ProjectConfiguration,
                      find_executable_batch_size, set_seed)
@@ -28,7 +28,7 @@ def test_accumulate_steps_once_per_window_and_on_the_last_batch():
     acc = Accelerator(gradient_accumulation_steps=2)
     model, opt, dl, sched = _setup(acc, sched=True)             # 5 batches: windows [0,1] [2,3] [4]
     ref = copy.deepcopy(acc.unwrap_model(model))
-    syncs, lrs, ref_grads = [], [], None
+    syncs, lrs = [], []
     for batch in dl:
         with acc.accumulate(model):
             loss = F.mse_loss(model(batch["x"]), batch["y"])
@@ -205,8 +205,9 @@ def test_checkpoint_from_other_objects_is_refused_before_loading(tmp_path):
 
 
 def test_bad_input_is_refused_with_what_to_change(tmp_path):
-    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
-        Accelerator(gradient_accumulation_steps=-1)
+    for steps in (-1, 0, 1.5):
+        with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+            Accelerator(gradient_accumulation_steps=steps)
     with pytest.raises(TypeError, match="kwargs_handlers"):
         Accelerator(kwargs_handlers=[{"find_unused_parameters": True}])
     with pytest.raises(ValueError, match="precision"):
