@@ -11,6 +11,7 @@ thousand steps, whose timing would otherwise add noise).
 
     .venv/bin/python bench/instructions.py                            # tiny, 100 and 500 steps: ~6 min on 2 cores
     .venv/bin/python bench/instructions.py --size mlp --steps 20 60   # MLP: ~8 min
+    .venv/bin/python bench/instructions.py --runner accelerator       # the loop on cadence.Accelerator instead
 
 Needs valgrind, its headers (valgrind/callgrind.h) and a C compiler.
 """
@@ -42,13 +43,14 @@ def child(mode: str, size: str, n: int, helper: str) -> None:
 
     import torch
 
-    from overhead import cadence_fit, make_batches, make_model, raw_loop
+    from overhead import cadence_accelerator_loop, cadence_fit, make_batches, make_model, raw_loop
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cg = ctypes.CDLL(helper)
     data = make_batches(size, 5)
-    run = (raw_loop if mode == "raw" else cadence_fit)(make_model(size), data)
+    runner = {"raw": raw_loop, "cadence": cadence_fit, "accelerator": cadence_accelerator_loop}[mode]
+    run = runner(make_model(size), data)
     with contextlib.redirect_stdout(io.StringIO()):
         run()  # first-step work (lazy imports, optimizer state) stays out of the count
         data[:] = make_batches(size, n)  # both runners read this list when they run
@@ -88,6 +90,8 @@ def main() -> None:
     p.add_argument("--size", choices=["tiny", "mlp", "both"], default="tiny")
     p.add_argument("--steps", type=int, nargs=2, default=[100, 500], metavar=("N1", "N2"),
                    help="batches of the two counted epochs (default 100 500)")
+    p.add_argument("--runner", choices=["cadence", "accelerator"], default="cadence",
+                   help="cadence: Learner.fit; accelerator: overhead.py's hand-written loop on cadence.Accelerator")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -98,13 +102,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         helper = build_helper(workdir)
-        jobs = [(mode, size, n) for size in sizes for mode in ("raw", "cadence") for n in (n1, n2)]
+        jobs = [(mode, size, n) for size in sizes for mode in ("raw", args.runner) for n in (n1, n2)]
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             counts = dict(zip(jobs, pool.map(lambda job: count(*job, helper, workdir), jobs)))
     print(f"instructions per step (callgrind; epochs of {n1} and {n2} batches; gc paused while counting)")
-    print(f"{'':8}{'raw loop':>14}{'cadence':>14}{'extra':>10}{'ratio':>8}")
+    print(f"{'':8}{'raw loop':>14}{args.runner:>14}{'extra':>10}{'ratio':>8}")
     for size in sizes:
-        raw, cad = ((counts[(m, size, n2)] - counts[(m, size, n1)]) / (n2 - n1) for m in ("raw", "cadence"))
+        raw, cad = ((counts[(m, size, n2)] - counts[(m, size, n1)]) / (n2 - n1) for m in ("raw", args.runner))
         print(f"{size:8}{raw:>14,.0f}{cad:>14,.0f}{cad - raw:>10,.0f}{cad / raw:>8.4f}")
 
 

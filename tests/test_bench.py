@@ -20,6 +20,7 @@ def test_overhead_bench_prints_a_row_per_framework():
     assert len(rows["raw loop"]) == 5 and rows["raw loop"][1] == "1.00"  # µs, ratio, µs, ratio, start
     assert len(rows["cadence"]) == 6 and all(v.endswith("s") for v in rows["cadence"][4:])  # + start, import
     assert float(rows["cadence"][0]) > 0 and len(rows["cadence, live bar"]) == 4
+    assert float(rows["cadence accel"][0]) > 0 and len(rows["cadence accel"]) == 4   # the Accelerator loop
     assert "after the shared imports" in out.stdout
 
 

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import inspect
 import os
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
@@ -36,19 +34,17 @@ from ..compile import check_compile_options, compile_model, options_from_env
 from ..distributed import ops
 from ..distributed.data import DistributedDL
 from ..distributed.precision import make_precision
-from ..distributed.registry import get_strategy, strategy_class
 from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, load_accelerator_state,
                             save_accelerator_state)
 from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                        InitProcessGroupKwargs, ProjectConfiguration)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
+from .preparation import (all_tensors, autocast_forward, make_strategy, optimizes, owns_parameters, restore_forward,
+                          retarget, sort_handlers, split_loader)
 from .state import GradientState, PartialState
 from .trackers import TrackerSet
 
 __all__ = ["Accelerator"]
-
-_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs)
-
 
 class Accelerator:
     """Accelerate's `Accelerator`: prepare your objects, then write the training loop yourself.
@@ -75,8 +71,9 @@ class Accelerator:
                  project_dir: str | os.PathLike | None = None, project_config: ProjectConfiguration | None = None,
                  kwargs_handlers: list | None = None, dynamo_backend: str | None = None,
                  step_scheduler_with_optimizer: bool = True, strategy: Any = None):
-        handlers = _handlers(kwargs_handlers)
-        steps = gradient_accumulation_steps or int(os.environ.get("CADENCE_GRADIENT_ACCUMULATION_STEPS", "1"))
+        handlers = sort_handlers(kwargs_handlers)
+        steps = (gradient_accumulation_steps if gradient_accumulation_steps is not None
+                 else int(os.environ.get("CADENCE_GRADIENT_ACCUMULATION_STEPS", "1")))
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be a positive int, got {gradient_accumulation_steps!r}")
         self.mixed_precision = mixed_precision or os.environ.get("CADENCE_MIXED_PRECISION", "no")
@@ -90,7 +87,7 @@ class Accelerator:
         self.dynamo_backend = (self.compile_options or {}).get("backend", "no")
         pg = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         self.state = PartialState(cpu=cpu, backend=pg.backend, timeout=pg.timeout)
-        self.strategy = _make_strategy(strategy, cpu, handlers.get(DistributedDataParallelKwargs))
+        self.strategy = make_strategy(strategy, cpu, handlers.get(DistributedDataParallelKwargs))
         self.strategy.setup_environment()
         scaler = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs() if self.mixed_precision == "fp16" else {}
         self.strategy.set_precision(make_precision(self.mixed_precision, self.strategy.device, **scaler))
@@ -180,7 +177,7 @@ class Accelerator:
         prepared_opts: dict[int, PreparedOptimizer] = {}
         for i, arg in enumerate(args):
             if isinstance(arg, nn.Module):
-                mine = [o for o in opts if _optimizes(o, arg)]
+                mine = [o for o in opts if optimizes(o, arg)]
                 out[i] = self._prepare_model(arg, mine)
                 prepared_opts.update({id(o): PreparedOptimizer(o, self) for o in mine})
         for i, arg in enumerate(args):
@@ -200,13 +197,13 @@ class Accelerator:
         if any(model is m for m in self._models):
             return model
         if self.strategy.precision.name != "no":
-            _autocast_forward(model, self.strategy.forward_context)
+            autocast_forward(model, self.strategy.forward_context)
         names = {id(p): n for n, p in model.named_parameters()}
 
         def make_opt(wrapped: nn.Module) -> Any:
             params = dict(self.strategy.unwrap(wrapped).named_parameters())
             for opt in opts:
-                _retarget(opt, names, params)
+                retarget(opt, names, params)
             return opts[0] if opts else None
         wrapped, opt = self.strategy.setup(model, make_opt, self.strategy.precision)
         self._refuse_dummy(opt)
@@ -230,7 +227,7 @@ class Accelerator:
 
     def _prepare_loader(self, dl: DataLoader, placement: bool) -> PreparedDataLoader:
         if self.split_batches:
-            dl = _split_loader(dl, self.num_processes)
+            dl = split_loader(dl, self.num_processes)
         sharded = self.strategy.shard(dl)
         if not isinstance(sharded, DistributedDL):  # one device: a one-process shard, resumable and device-placing
             sharded = DistributedDL(dl, rank=0, world_size=1, device=self.device)
@@ -240,7 +237,7 @@ class Accelerator:
         return prepared
 
     def _prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
-        mine = [o for o in self._optimizers if o.optimizer is scheduler.optimizer]
+        mine = [o for o in self._optimizers if scheduler.optimizer in (o, o.optimizer)]  # built before or after prepare
         prepared = PreparedScheduler(scheduler, mine, self, self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
         return prepared
@@ -288,7 +285,7 @@ class Accelerator:
         """Unscale (fp16), then clip the gradients of the prepared model owning `parameters`; the norm before clipping."""
         params = list(parameters)
         for model, opt in self._units():
-            if opt is not None and _owns(model, params, self.strategy):
+            if opt is not None and owns_parameters(model, params, self.strategy):
                 return self.strategy.clip_grad_norm(model, opt, max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
 
@@ -296,7 +293,7 @@ class Accelerator:
         """Unscale (fp16), then clamp every gradient element of the owning prepared model to [-clip_value, clip_value]."""
         params = list(parameters)
         for model, opt in self._units():
-            if opt is not None and _owns(model, params, self.strategy):
+            if opt is not None and owns_parameters(model, params, self.strategy):
                 return self.strategy.clip_grad_value(model, opt, clip_value)
         torch.nn.utils.clip_grad_value_(params, clip_value)
 
@@ -305,11 +302,12 @@ class Accelerator:
         """The user's module inside what `prepare` returned (without the autocast forward unless `keep_fp32_wrapper`)."""
         module = self.strategy.unwrap(model)
         if not keep_fp32_wrapper:
-            _restore_forward(module)
+            restore_forward(module)
         return module
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The full (unsharded) state dict of a prepared model; every process must call it."""
+        """The full (unsharded) state dict of a prepared model, complete on the main process (sharded engines
+        gather it there); every process must call it."""
         return self.strategy.model_state_dict(model)
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
@@ -388,7 +386,7 @@ class Accelerator:
         >>> preds, refs = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
         """
         dl = self.gradient_state.active_dataloader
-        if use_gather_object or not _all_tensors(input_data):
+        if use_gather_object or not all_tensors(input_data):
             return self._gather_objects_for_metrics(input_data, dl)
         if dl is None:
             return ops.gather(input_data)
@@ -490,97 +488,6 @@ class Accelerator:
     def __repr__(self) -> str:
         return (f"Accelerator(strategy={self.strategy.name!r}, mixed_precision={self.mixed_precision!r}, "
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps}, {self.state!r})")
-
-
-def _handlers(kwargs_handlers: list | None) -> dict[type, Any]:
-    found: dict[type, Any] = {}
-    for h in kwargs_handlers or []:
-        if not isinstance(h, _HANDLERS):
-            raise TypeError(f"kwargs_handlers takes {[c.__name__ for c in _HANDLERS]} instances, got {h!r}")
-        if type(h) in found:
-            raise ValueError(f"two {type(h).__name__} in kwargs_handlers; merge them into one")
-        found[type(h)] = h
-    return found
-
-
-def _make_strategy(name: Any, cpu: bool, ddp: DistributedDataParallelKwargs | None) -> Any:
-    """The registry's strategy; DDP's options go to an engine whose constructor takes them, with a warning otherwise."""
-    options = dict(ddp.to_kwargs()) if ddp is not None else {}
-    if cpu:
-        options["device"] = "cpu"
-    cls = strategy_class(name)
-    if cls is not None:
-        params = inspect.signature(cls).parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        dropped = [k for k in options if k not in params and not takes_any]
-        if dropped:
-            warnings.warn(f"strategy {cls.__name__} takes no {dropped}; DistributedDataParallelKwargs options "
-                          f"are DDP's and are ignored here", stacklevel=3)
-        options = {k: v for k, v in options.items() if k not in dropped}
-    elif options:
-        raise ValueError("give a Strategy instance its options yourself, not through kwargs_handlers/cpu")
-    return get_strategy(name, **options)
-
-
-def _optimizes(opt: Any, model: nn.Module) -> bool:
-    """Does `opt` (a torch optimizer or a DummyOptim) hold parameters of `model`?"""
-    groups = opt.param_groups if not isinstance(opt, DummyOptim) else (
-        opt.params if opt.params and isinstance(opt.params[0], dict) else [{"params": opt.params}])
-    mine = {id(p) for p in model.parameters()}
-    return any(id(p) in mine for g in groups for p in g["params"])
-
-
-def _retarget(opt: Any, names: dict[int, str], params: dict[str, nn.Parameter]) -> None:
-    """Point `opt`'s parameter groups at the wrapped model's parameters (FSDP replaces them by sharded ones)."""
-    if isinstance(opt, DummyOptim):
-        return
-    for group in opt.param_groups:
-        group["params"] = [params.get(names.get(id(p)), p) for p in group["params"]]
-
-
-def _owns(model: nn.Module, params: list, strategy: Any) -> bool:
-    mine = {id(p) for p in strategy.unwrap(model).parameters()}
-    return bool(params) and id(params[0]) in mine
-
-
-def _autocast_forward(module: nn.Module, context: Callable[[], Any]) -> None:
-    """Run `module`'s forward in the precision context, outputs back in fp32 (Accelerate does the same)."""
-    if "_cadence_plain_forward" in module.__dict__:
-        return
-    plain = module.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with context():
-            out = plain(*args, **kwargs)
-        return ops.map_tensors(lambda t: t.float() if t.dtype in (torch.float16, torch.bfloat16) else t, out)
-    module._cadence_plain_forward = plain
-    module.forward = forward
-
-
-def _restore_forward(module: nn.Module) -> None:
-    plain = module.__dict__.pop("_cadence_plain_forward", None)
-    if plain is not None:
-        module.forward = plain
-
-
-def _all_tensors(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, dict):
-        return all(_all_tensors(v) for v in data.values())
-    if isinstance(data, (list, tuple)):
-        return all(_all_tensors(v) for v in data)
-    return False
-
-
-def _split_loader(dl: DataLoader, n: int) -> DataLoader:
-    """`split_batches=True`: the loader's batch size is the global batch; each process takes 1/n of it."""
-    if not dl.batch_size or dl.batch_size % n:
-        raise ValueError(f"split_batches=True needs a batch size divisible by the {n} processes, "
-                         f"got {dl.batch_size}; use a multiple of {n}")
-    shuffle = isinstance(dl.sampler, torch.utils.data.RandomSampler)
-    return DataLoader(dl.dataset, batch_size=dl.batch_size // n, shuffle=shuffle, collate_fn=dl.collate_fn,
-                      drop_last=dl.drop_last, num_workers=dl.num_workers, pin_memory=dl.pin_memory)
 
 
 def _compile_options(dynamo_backend: str | None) -> dict[str, Any] | None:

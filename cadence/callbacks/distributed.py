@@ -22,9 +22,11 @@ from torch.utils.data import DataLoader
 
 from ..compile import uncompile
 from ..distributed.data import DistributedDL
+from ..distributed.ops import map_tensors
 from ..distributed.registry import get_strategy, strategy_class
 from ..distributed.strategy import ConfiguredAtFit
 from ..trainer.callback import Callback, Order
+from ..trainer.learner import model_loss
 from .accumulate import GradAccum
 from .precision import MixedPrecision
 
@@ -68,10 +70,16 @@ class DistributedTrainer(Callback):
         keep = dl.real_mask(dl.rank, *dl.last_batch)
         if bool(keep.all()):
             return
-        keep = keep.to(learn.pred.device)
-        learn.pred = learn.pred[keep]
-        learn.xb = tuple(x[keep] if isinstance(x, torch.Tensor) else x for x in learn.xb)
-        learn.yb = tuple(y[keep] if isinstance(y, torch.Tensor) else y for y in learn.yb)
+        def real(t: torch.Tensor) -> torch.Tensor:
+            return t[keep.to(t.device)]
+        learn.xb, learn.yb = map_tensors(real, learn.xb), map_tensors(real, learn.yb)  # tuples or dicts of tensors
+        if learn.loss_func is None:  # the model computes its loss: run it again on the real samples
+            with learn._forward_context():
+                out = learn.model(*learn.xb) if type(learn.xb) is tuple else learn.model(**learn.xb)
+            learn.pred, loss = model_loss(out, training=False)
+            learn.loss = loss.detach() if loss is not None and bool(keep.any()) else None
+            return
+        learn.pred = map_tensors(real, learn.pred)
         learn.loss = learn.loss_func(learn.pred, *learn.yb).detach() if learn.yb and bool(keep.any()) else None
 
 

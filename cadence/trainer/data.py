@@ -87,25 +87,29 @@ class DataLoaders:
 
     Any iterable with `len()` works as a loader (a torch DataLoader, a list of batches).
     `n_inp` is how many leading elements of a batch go to the model (the rest are targets);
-    by default all but the last.
+    by default all but the last. A batch may also be a dict (Hugging Face style): the model gets
+    it as keyword arguments, and `target_keys` (default "labels") name the targets.
 
     >>> dls = DataLoaders(train_dl, valid_dl)
     >>> dls.train, dls.valid, dls.device
     """
 
     def __init__(self, train: Iterable, valid: Iterable | None = None, device: torch.device | str | None = None,
-                 n_inp: int | None = None):
+                 n_inp: int | None = None, target_keys: Iterable[str] = ("labels",)):
         _check_loader("train", train)
         _check_loader("valid", valid)
         if n_inp is not None and (not isinstance(n_inp, int) or n_inp < 1):
             raise ValueError(f"n_inp must be a positive int (how many leading batch elements are inputs), got {n_inp!r}")
-        self.train, self.valid, self.n_inp = train, valid, n_inp
+        target_keys = (target_keys,) if isinstance(target_keys, str) else tuple(target_keys)
+        if not target_keys:
+            raise ValueError("target_keys must name at least one key of the dict batches, e.g. target_keys=['labels']")
+        self.train, self.valid, self.n_inp, self.target_keys = train, valid, n_inp, target_keys
         self.device = torch.device(device) if device is not None else _default_device()
 
     @classmethod
     def from_dsets(cls, train_ds: Dataset, valid_ds: Dataset | None = None, bs: int = 64, val_bs: int | None = None,
                    shuffle: bool = True, device: torch.device | str | None = None, n_inp: int | None = None,
-                   **kwargs) -> "DataLoaders":
+                   target_keys: Iterable[str] = ("labels",), **kwargs) -> "DataLoaders":
         """Build torch DataLoaders: the train one shuffled, the valid one in order.
 
         Extra keyword arguments (num_workers, collate_fn, drop_last, ...) go to both loaders.
@@ -120,7 +124,7 @@ class DataLoaders:
         if valid_ds is not None:
             valid_kwargs = {k: v for k, v in kwargs.items() if k != "drop_last"}
             valid = DataLoader(valid_ds, batch_size=val_bs or bs, shuffle=False, pin_memory=pin, **valid_kwargs)
-        return cls(train, valid, device=device, n_inp=n_inp)
+        return cls(train, valid, device=device, n_inp=n_inp, target_keys=target_keys)
 
     def __getitem__(self, i: int) -> Iterable:
         return (self.train, self.valid)[i]

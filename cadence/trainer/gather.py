@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -10,14 +11,18 @@ from .callback import Callback, Order
 
 
 def _cat(chunks: list[Any]) -> Any:
-    """Concatenate a list of batches (tensors, or tuples of tensors) along dim 0."""
+    """Concatenate a list of batches (tensors, or tuples or dicts of tensors) along dim 0."""
     first = chunks[0]
     if isinstance(first, (tuple, list)):
         return type(first)(_cat([c[i] for c in chunks]) for i in range(len(first)))
+    if isinstance(first, Mapping):
+        return {k: _cat([c[k] for c in chunks]) for k in first}
     return torch.cat(chunks)
 
 
 def _map(f: Callable, x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _map(f, v) for k, v in x.items()}
     return type(x)(_map(f, v) for v in x) if isinstance(x, (tuple, list)) else f(x)
 
 
@@ -52,7 +57,7 @@ class GatherPreds(Callback):
         if learn.yb:
             self.targs.append(learn.yb[0] if len(learn.yb) == 1 else learn.yb)
         if self.with_input:
-            self.inputs.append(learn.xb[0] if len(learn.xb) == 1 else learn.xb)
+            self.inputs.append(learn.xb[0] if type(learn.xb) is tuple and len(learn.xb) == 1 else learn.xb)
         if self.with_loss:
             self.losses.append(per_item_loss(learn.loss_func, learn.pred, learn.yb).detach())
 

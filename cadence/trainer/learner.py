@@ -16,7 +16,7 @@ import contextlib
 import functools
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,10 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
     Args:
         dls: a `DataLoaders` (train and optional valid loader).
         model: any `nn.Module`; batches are split into inputs (`xb`, passed as `model(*xb)`)
-            and targets (`yb`, passed as `loss_func(pred, *yb)`).
-        loss_func: `loss_func(pred, *yb)` -> scalar tensor.
+            and targets (`yb`, passed as `loss_func(pred, *yb)`). A dict batch (Hugging Face
+            style) goes in as `model(**xb)`, its `dls.target_keys` (default "labels") as targets.
+        loss_func: `loss_func(pred, *yb)` -> scalar tensor; None when the model computes its own
+            loss (`model(**batch).loss`, labels included): `learn.pred` is then its `logits`.
         opt_func: any callable `opt_func(params, lr=lr)` returning a `torch.optim.Optimizer`.
         lr: default learning rate (a float, or a `slice` / list for discriminative rates); by default
             the `lr` bound in `opt_func=partial(torch.optim.Adam, lr=...)` if there is one, else 1e-3.
@@ -84,9 +86,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
                             f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if loss_func is None:
-            raise ValueError("Learner needs a loss_func, e.g. Learner(dls, model, loss_func=nn.CrossEntropyLoss())")
-        if not callable(loss_func):
+        if loss_func is not None and not callable(loss_func):
             raise TypeError(f"loss_func must be callable as loss_func(pred, target), got {loss_func!r}")
         _check_opt_func(opt_func)
         if strategy is None:
@@ -358,6 +358,8 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
                 b = tuple(b)
             n = self.dls.n_inp or len(b) - 1 or 1
             self.xb, self.yb = b[:n], b[n:]
+        elif isinstance(b, Mapping):
+            self.xb, self.yb = self._split_named(b)
         else:
             self.xb, self.yb = (b,), ()
         # a training batch counts as seen before any callback's after_batch (fastai's order), cancelled or not
@@ -366,6 +368,17 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
 
     def _count_batch(self) -> None:
         self.train_iter += 1
+
+    def _split_named(self, b: Mapping) -> tuple[dict, tuple]:
+        """A dict batch: the targets are its `dls.target_keys`; the model gets the rest (all of it when it computes its loss)."""
+        keys = self.dls.target_keys
+        yb = tuple(b[k] for k in keys if k in b)
+        if self.loss_func is None:
+            return dict(b), yb
+        if not yb:
+            raise ValueError(f"the batch has none of the target keys {list(keys)} (its keys: {list(b)}): "
+                             f"set DataLoaders(..., target_keys=[...]), or loss_func=None if the model computes its loss")
+        return {k: v for k, v in b.items() if k not in keys}, yb
 
     def _do_one_batch(self) -> None:
         if self._forward_cbs:
@@ -382,7 +395,10 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
         self.strategy.zero_grad(self.opt)
 
     def _pred_and_loss(self) -> None:
-        self.pred = self.model(*self.xb)
+        xb = self.xb
+        self.pred = self.model(*xb) if type(xb) is tuple else self.model(**xb)
+        if self.loss_func is None:
+            return self._own_loss()
         if self._handlers["after_pred"]:
             self._fire("after_pred")
         if not self.yb:
@@ -398,6 +414,17 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
                              f"Check the model's output size and the targets.") from e
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
             raise ValueError(f"loss_func must return a scalar tensor, got {_describe(loss)}; use a reduction such as 'mean'")
+        self.loss_grad = self._loss = loss
+
+    def _own_loss(self) -> None:
+        """A model computing its own loss (loss_func=None): `pred` is its `logits`, the loss its `loss`."""
+        self.pred, loss = model_loss(self.pred, self.training)
+        if self._handlers["after_pred"]:
+            self._fire("after_pred")
+        if loss is None:  # validation or inference without labels
+            return
+        if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+            raise ValueError(f"the model's `loss` must be a scalar tensor, got {_describe(loss)}")
         self.loss_grad = self._loss = loss
 
     @property
@@ -544,11 +571,27 @@ def _check_lr(lr: Any) -> None:
                      f"or a list of rates, got {lr!r}; pass e.g. lr=1e-3 ({hint})")
 
 
+def model_loss(out: Any, training: bool) -> tuple[Any, torch.Tensor | None]:
+    """(prediction, loss) from the output of a model that computes its own loss: its `logits` and `loss`.
+
+    >>> pred, loss = model_loss(model(**batch), training=True)     # a Hugging Face ModelOutput, or a dict
+    """
+    get = out.get if isinstance(out, Mapping) else lambda k: getattr(out, k, None)
+    loss, logits = get("loss"), get("logits")
+    if loss is None and training:
+        raise ValueError(f"loss_func=None, so the model must compute its loss, but its output ({_describe(out)}) has "
+                         f"no `loss`: give a loss_func, e.g. Learner(dls, model, loss_func=nn.CrossEntropyLoss()), "
+                         f"or pass the labels in the batch (Hugging Face models need them)")
+    return (out if logits is None else logits), loss
+
+
 def _describe(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return f"tensor of shape {tuple(x.shape)} ({x.dtype})"
     if isinstance(x, (list, tuple)):
         return "(" + ", ".join(_describe(v) for v in x) + ")"
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in x.items()) + "}"
     return type(x).__name__
 
 

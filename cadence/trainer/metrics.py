@@ -14,6 +14,7 @@ tensor(1.)
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -195,10 +196,15 @@ class AvgSmoothLoss(Metric):
 
 
 def batch_size(b: Any) -> int:
-    """Number of samples in a batch: the length of its first tensor."""
-    while isinstance(b, (list, tuple)):
-        b = b[0]
-    return b.shape[0] if isinstance(b, torch.Tensor) else len(b)  # Tensor.__len__ is a Python call
+    """Number of samples in a batch: the length of its first tensor (in tuples, lists and dicts)."""
+    while not isinstance(b, torch.Tensor):
+        if isinstance(b, (list, tuple)):
+            b = b[0]
+        elif isinstance(b, Mapping):  # a dict batch: its first entry
+            b = next(iter(b.values()))
+        else:
+            return len(b)
+    return b.shape[0]  # Tensor.__len__ is a Python call
 
 
 def _func_name(func: Callable) -> str:

@@ -89,7 +89,8 @@ class Recorder(Callback):
         if loss is None:  # batch cancelled before its loss
             return
         if learn.training:
-            first = (learn.yb or learn.xb)[0]
+            b = learn.yb or learn.xb
+            first = b[0] if type(b) is tuple else b  # xb is a dict for dict batches without targets
             self._batch_losses.append(loss.item() if self._float_losses else loss.detach())
             self._batch_sizes.append(first.shape[0] if type(first) is torch.Tensor else batch_size(first))
             self.lrs.append(learn.opt.param_groups[-1]["lr"])

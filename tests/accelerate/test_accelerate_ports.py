@@ -8,7 +8,7 @@ import pytest
 
 from helpers import run_launch
 
-PORTS = ["test_script", "test_ops", "test_metrics", "test_sync", "test_checkpointing"]
+PORTS = ["port_test_script", "port_test_ops", "port_test_metrics", "port_test_sync", "port_test_checkpointing"]
 
 
 @pytest.mark.slow
@@ -16,3 +16,19 @@ PORTS = ["test_script", "test_ops", "test_metrics", "test_sync", "test_checkpoin
 def test_accelerate_test_scripts_pass(tmp_path, nproc):
     proc = run_launch("accelerate_ports.py", str(tmp_path), *PORTS, nproc=nproc, timeout=400)
     assert [line for line in proc.stdout.splitlines() if line.endswith(" OK")] == [f"{p} OK" for p in PORTS]
+
+
+@pytest.mark.slow
+def test_checkpointing_port_resumes_exactly_under_fsdp(tmp_path):
+    """save_state writes FSDP's sharded format; load_state on 2 processes gives the uninterrupted run's weights and Adam state."""
+    proc = run_launch("accelerate_ports.py", str(tmp_path), "port_test_checkpointing", nproc=2, flags=("--use_fsdp",),
+                      timeout=300)
+    assert proc.stdout.count("port_test_checkpointing OK") == 1, proc.stdout
+    assert (tmp_path / "port_test_checkpointing" / "run0" / "checkpoints" / "checkpoint_1" / "sharded").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
+def test_optimizer_prepared_before_its_model_steps_the_wrapped_parameters(flags):
+    proc = run_launch("accelerator_prepare_order.py", nproc=2, flags=flags, timeout=300)
+    assert proc.stdout.count("ORDER OK") == 1, proc.stdout

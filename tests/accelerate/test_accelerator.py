@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from cadence import (Accelerator, DummyOptim, GradScalerKwargs, PartialState, ProjectConfiguration,
                      find_executable_batch_size, set_seed)
@@ -28,7 +28,7 @@ def test_accumulate_steps_once_per_window_and_on_the_last_batch():
     acc = Accelerator(gradient_accumulation_steps=2)
     model, opt, dl, sched = _setup(acc, sched=True)             # 5 batches: windows [0,1] [2,3] [4]
     ref = copy.deepcopy(acc.unwrap_model(model))
-    syncs, lrs, ref_grads = [], [], None
+    syncs, lrs = [], []
     for batch in dl:
         with acc.accumulate(model):
             loss = F.mse_loss(model(batch["x"]), batch["y"])
@@ -205,8 +205,9 @@ def test_checkpoint_from_other_objects_is_refused_before_loading(tmp_path):
 
 
 def test_bad_input_is_refused_with_what_to_change(tmp_path):
-    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
-        Accelerator(gradient_accumulation_steps=-1)
+    for steps in (-1, 0, 1.5):
+        with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+            Accelerator(gradient_accumulation_steps=steps)
     with pytest.raises(TypeError, match="kwargs_handlers"):
         Accelerator(kwargs_handlers=[{"find_unused_parameters": True}])
     with pytest.raises(ValueError, match="precision"):
@@ -257,3 +258,12 @@ def test_trackers_log_to_csv(tmp_path):
     acc.end_training()
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
     assert [(r["step"], float(r["loss"])) for r in rows] == [("0", 0.5), ("5", 0.25)]
+
+
+def test_scheduler_built_over_the_prepared_optimizer_skips_with_it():
+    acc = Accelerator(mixed_precision="fp16")
+    model, opt, dl = _setup(acc)
+    sched = acc.prepare(torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))
+    acc.backward(model(next(iter(dl))["x"]).sum() * float("inf"))
+    opt.step(); sched.step()
+    assert acc.optimizer_step_was_skipped and sched.get_last_lr() == [0.1]

@@ -27,7 +27,7 @@ def test_collectives_are_identity_in_one_process():
 
 def test_bad_input_messages():
     with pytest.raises(ValueError, match="one of"):
-        ops.reduce(torch.ones(1), op="max")
+        ops.reduce(torch.ones(1), op="median")
     with pytest.raises(TypeError, match="gather_object"):
         ops.gather({"x": torch.ones(1), "name": "a"})
 

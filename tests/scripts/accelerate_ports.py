@@ -1,6 +1,7 @@
 """Runs the ports of Accelerate's test scripts (tests/scripts/accelerate_ports/) on however many processes were launched.
 
-Usage: accelerate_ports.py TMPDIR NAME... (test_script, test_ops, test_metrics, test_sync, test_checkpointing).
+Usage: accelerate_ports.py TMPDIR NAME... (port_test_script, port_test_ops, port_test_metrics, port_test_sync,
+port_test_checkpointing: Accelerate's test_script.py etc.; named port_* so that pytest does not collect them).
 Prints "<NAME> OK" on the main process after each passes.
 """
 

@@ -8,8 +8,12 @@ from cadence import Callback, DataLoaders, Learner
 
 
 def test_no_loss_function(dls, model):
-    with pytest.raises(ValueError, match="loss_func=nn.CrossEntropyLoss"):
-        Learner(dls, model)
+    """Without loss_func the model must compute its loss; a plain model fails on its first batch, before any step."""
+    learn = Learner(dls, model)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"loss_func=nn.CrossEntropyLoss\(\)"):
+        learn.fit(1)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
 def test_metric_not_callable(dls, model):

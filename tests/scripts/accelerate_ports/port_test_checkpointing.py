@@ -1,6 +1,7 @@
 """Port of Accelerate's tests/test_state_checkpointing.py on N processes (the import swapped to cadence).
 
-Resuming from save_state gives the weights, Adam state, scheduler and RNG of the uninterrupted run;
+Resuming from save_state gives the weights, Adam state, scheduler and RNG of the uninterrupted run
+(under DDP, and under FSDP with its sharded checkpoint);
 automatic naming counts checkpoint_<n>; total_limit keeps the newest.
 """
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from cadence import Accelerator, ProjectConfiguration, set_seed   # was: from accelerate import ...
+from cadence import Accelerator, ProjectConfiguration, broadcast, set_seed   # was: from accelerate import ...
 
 
 class DummyModel(torch.nn.Module):
@@ -56,8 +57,21 @@ def setup(tmpdir, iteration=0):
 
 
 def weights(accelerator, model):
-    plain = accelerator.unwrap_model(model)     # DDP's wrapper on several processes
-    return plain.a.item(), plain.b.item()
+    full = accelerator.get_state_dict(model)    # whole tensors on the main process, under DDP and FSDP alike
+    return broadcast((full["a"].item(), full["b"].item()) if accelerator.is_main_process else None)
+
+
+def opt_state(optimizer):
+    """The optimizer state with FSDP's sharded tensors gathered (a collective: every process calls it)."""
+    full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t  # noqa: E731
+    state = optimizer.state_dict()
+    return {**state, "state": {k: {n: full(v) for n, v in s.items()} for k, s in state["state"].items()}}
+
+
+def same(a, b):
+    return all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+               for k in a["state"] for x, y in zip(a["state"][k].values(), b["state"][k].values())) \
+        and a["param_groups"] == b["param_groups"]
 
 
 def test_can_resume_training(tmpdir):
@@ -65,7 +79,7 @@ def test_can_resume_training(tmpdir):
     accelerator.save_state()
     a, b = weights(accelerator, model)
     ground_truth = train(3, model, dl, optimizer, accelerator, scheduler)
-    (a1, b1), opt_state1 = weights(accelerator, model), optimizer.state_dict()
+    (a1, b1), opt_state1 = weights(accelerator, model), opt_state(optimizer)
 
     accelerator, model, optimizer, dl, scheduler = setup(tmpdir, iteration=1)
     accelerator.load_state(os.path.join(tmpdir, "checkpoints", "checkpoint_0"))
@@ -75,7 +89,7 @@ def test_can_resume_training(tmpdir):
     accelerator.load_state()            # the newest: checkpoint_1
     test_rands += train(1, model, dl, optimizer, accelerator, scheduler)
     assert weights(accelerator, model) == (a1, b1)
-    assert optimizer.state_dict() == opt_state1 and test_rands == ground_truth
+    assert same(opt_state(optimizer), opt_state1) and test_rands == ground_truth
     assert sorted(os.listdir(os.path.join(tmpdir, "checkpoints"))) == ["checkpoint_0", "checkpoint_1"]
 
 

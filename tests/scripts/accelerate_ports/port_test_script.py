@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from cadence import Accelerator, PartialState, set_seed   # was: from accelerate import Accelerator, ...
+from cadence import Accelerator, DistributedDataParallelKwargs, PartialState, set_seed   # was: from accelerate import ...
 from regression import RegressionDataset, RegressionModel
 
 
@@ -103,6 +103,11 @@ def training_check():
     model, optimizer, dl = accelerator.prepare(model, optimizer, dl)
     assert dl.batch_size == batch_size and len(dl) == 4
     accelerator.print("split_batches splits the global batch.")
+
+    # cadence addition: the kwargs handler reaches DistributedDataParallel
+    accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    model = accelerator.prepare(RegressionModel())
+    assert n == 1 or model.find_unused_parameters is True
 
 
 def test_split_between_processes():
