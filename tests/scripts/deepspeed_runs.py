@@ -3,10 +3,13 @@
 argv: OUT_DIR RUNS_JSON. RUNS_JSON is a list of runs, each a dict: "name", "strategy" ("ddp" or
 "deepspeed"), "kwargs" (for distrib_ctx), "accum", "clip", "precision", "bs" (batch size, default 4),
 "epochs" (default 2), "expect_error" (the run must raise ValueError before training: its message is
-written instead). Each run writes OUT_DIR/<name>/model.safetensors (save_model: full fp32 weights) and
-rank 0 writes OUT_DIR/results.json with every run's validation loss, steps and errors.
+written instead), "native_ckpt" (train one epoch, save the engine's own checkpoint, then a new Learner
+loads it and trains the remaining epochs). Each run writes OUT_DIR/<name>/model.safetensors (save_model:
+full fp32 weights) and OUT_DIR/<name>/preds.pt (get_preds on the validation set, under the engine); rank 0
+writes OUT_DIR/results.json with every run's validation loss, steps and errors.
 """
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -49,19 +52,41 @@ def learner(run):
     return learn
 
 
-def train(run, out):
+def fit(run, out, stack):
+    """The Learner after training inside its distrib_ctx (entered on `stack`), and its untrained loss."""
+    ctx = lambda learn: stack.enter_context(learn.distrib_ctx(strategy=run["strategy"], **run.get("kwargs", {})))
     learn = learner(run)
     untrained = learn.validate()["valid_loss"]
+    if not run.get("native_ckpt"):
+        ctx(learn)
+        learn.fit(run.get("epochs", 2))
+        return learn, untrained
+    # one epoch and the engine's own checkpoint; a new Learner loads it and trains the other epochs
+    ckpt = out / run["name"] / "native"
     with learn.distrib_ctx(strategy=run["strategy"], **run.get("kwargs", {})):
+        learn.fit(1)
+        learn.strategy.save_checkpoint(ckpt, learn.model, learn.opt)
+    learn = learner(run)
+    ctx(learn)
+    learn.strategy.load_checkpoint(ckpt, learn.model, learn.opt)
+    learn.fit(run.get("epochs", 2) - 1)
+    return learn, untrained
+
+
+def train(run, out):
+    with contextlib.ExitStack() as stack:
         try:
-            learn.fit(run.get("epochs", 2))
+            learn, untrained = fit(run, out, stack)
         except ValueError as e:
             if not run.get("expect_error"):
                 raise
-            return {"error": str(e), "step": learn.step}
+            return {"error": str(e)}
         learn.save_model(out / run["name"])
         valid = learn.validate()["valid_loss"]
+        preds = learn.get_preds()[0]
         engine = type(learn.model).__name__
+    if rank() == 0:
+        torch.save(preds, out / run["name"] / "preds.pt")
     return {"valid_loss": valid, "untrained": untrained, "step": learn.step, "engine": engine,
             "released": type(learn.model).__name__}
 
