@@ -98,8 +98,8 @@ def _read_config(config: str | os.PathLike | dict | None) -> dict:
 def build_config(config: str | os.PathLike | dict | None = None, **options: Any) -> dict:
     """DeepSpeed's config from a user config (dict or JSON file) and Accelerate-named options on top.
 
-    Values left to the Learner stay "auto" until `fill_auto`. Clipping defaults to off (DeepSpeed's own
-    default is 1.0): GradClip switches it on.
+    Values left to the Learner stay "auto" until the engine is built (`setup`) or the fit starts
+    (`configure_fit`). Clipping defaults to off (DeepSpeed's own default is 1.0): GradClip switches it on.
 
     >>> build_config(zero_stage=2, offload_optimizer_device="cpu")["zero_optimization"]
     {'stage': 2, 'offload_optimizer': {'device': 'cpu'}}
@@ -109,7 +109,8 @@ def build_config(config: str | os.PathLike | dict | None = None, **options: Any)
         raise ValueError(f"unknown DeepSpeed option(s) {unknown}; DeepSpeed takes config (a dict or JSON file) and "
                          f"{', '.join(OPTIONS)}")
     defaults = {"train_micro_batch_size_per_gpu": AUTO, "train_batch_size": AUTO, "gradient_accumulation_steps": AUTO,
-                "gradient_clipping": AUTO, "steps_per_print": 2**31 - 1, "zero_optimization": {"stage": 0}}
+                "gradient_clipping": AUTO, "steps_per_print": 2**31 - 1, "zero_optimization": {"stage": 0},
+                "zero_allow_untested_optimizer": True}  # the Learner's optimizer, whichever it is
     cfg = _deep_merge(defaults, _read_config(options.get("config_file") if config is None else config))
     zero = cfg.setdefault("zero_optimization", {})
     if options.get("zero_stage") is not None:
@@ -222,6 +223,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         """
         if not self.zero3_init:
             return contextlib.nullcontext()
+        self.setup_environment()  # zero.Init partitions over the process group as parameters are created
         deepspeed = import_deepspeed()
         precision = os.environ.get("CADENCE_MIXED_PRECISION", "no")
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
@@ -318,9 +320,13 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO and bf16 optimizers read their own copy
                 self.engine.optimizer.clip_grad = max_norm
 
-    def configure_fit(self, micro_batch_size: int, total_steps: int) -> None:
+    def configure_fit(self, micro_batch_size: int | None, total_steps: int) -> None:
         """Before training: the batch sizes checked and filled, a config scheduler's "auto" steps filled."""
         engine = self.engine
+        if self._auto_scheduler is not None:
+            self._build_scheduler(total_steps)
+        if micro_batch_size is None:  # a loader without batch_size (a list of batches): nothing to check
+            return
         ga, world = engine.gradient_accumulation_steps(), engine.dp_world_size
         wanted = self.config["train_batch_size"]
         if not _is_auto(wanted) and int(wanted) != micro_batch_size * ga * world:
@@ -333,8 +339,6 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             raise ValueError(f"DeepSpeed train_micro_batch_size_per_gpu {micro} differs from the loader's batch size "
                              f"{micro_batch_size}: set it to \"auto\" or {micro_batch_size}")
         engine.set_train_micro_batch_size(micro_batch_size)
-        if self._auto_scheduler is not None:
-            self._build_scheduler(total_steps)
 
     def _build_scheduler(self, total_steps: int) -> None:
         """The config's scheduler with its "auto" values from the fit (steps) and the optimizer (lr)."""

@@ -231,6 +231,7 @@ class ConfiguredAtFit:
     `before_fit` (GradAccum, GradClip) have configured the engine.
     """
 
-    def configure_fit(self, micro_batch_size: int, total_steps: int) -> None:
+    def configure_fit(self, micro_batch_size: int | None, total_steps: int) -> None:
+        """`micro_batch_size`: the training loader's batch size per process (None when the loader has none)."""
         raise NotImplementedError
 

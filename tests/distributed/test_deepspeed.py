@@ -68,8 +68,8 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
         model, (x, _) = script["make_model"](), script["learner"]({}).dls.valid.dataset.tensors
         model.load_state_dict(w[name])
         engine_preds = torch.load(tmp_path / name / "preds.pt")
-        torch.testing.assert_close(model(x).detach(), engine_preds, **({} if name != "z2_bf16" else
-                                                                         dict(rtol=0.05, atol=0.05)))
+        bf16 = name == "z2_bf16"  # the engine predicted with bf16 weights: the fp32 export agrees to bf16's precision
+        torch.testing.assert_close(model(x).detach(), engine_preds.float(), **(dict(rtol=0.02, atol=0.05) if bf16 else {}))
 
 
 def test_config_from_options_and_file(tmp_path):
@@ -181,3 +181,23 @@ def test_a_zero_checkpoint_from_another_world_size_is_refused_clearly(tmp_path):
     (tmp_path / "deepspeed" / "cadence.json").write_text(json.dumps({"world_size": 4, "zero_stage": 2}))
     with pytest.raises(ValueError, match="written by 4 processes.*resume on 4 processes"):
         DeepSpeed(device="cpu", zero_stage=2).load_checkpoint(tmp_path, None, None)
+
+
+@pytest.mark.slow
+def test_accelerate_config_launches_and_offload_and_zero3_init_train(tmp_path):
+    """One launch from Accelerate's DEEPSPEED config (ZeRO-2, accumulation 2, clipping 1.0); in it, ZeRO-3 with the
+    optimizer and parameters offloaded to the CPU (DeepSpeed's CPU Adam, compiled once and cached in the venv) and
+    ZeRO-3 with the model built sharded (zero3_init_flag), each against the config's own run."""
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(ACCELERATE_DEEPSPEED_YAML)
+    offload = {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}
+    runs = [{"name": "launcher", "strategy": None}, {"name": "offload", "strategy": "deepspeed", "kwargs": offload},
+            {"name": "init", "strategy": "deepspeed", "kwargs": {"zero_stage": 3, "zero3_init_flag": True}}]
+    results, w, _ = launch(tmp_path, runs, flags=("--config_file", str(config)), timeout=900)
+    launched = results["launcher"]
+    assert launched["engine"] == "DeepSpeedEngine" and launched["step"] == 12  # 24 batches, GradAccum(2) from the block
+    assert launched["valid_loss"] < 0.5 * launched["untrained"]
+    assert results["offload"]["step"] == 12
+    assert_weights_close(w["launcher"], w["offload"], rtol=1e-3, atol=1e-4)  # CPU Adam steps like torch's AdamW
+    assert results["init"]["untrained"]["partition_numel"] == 6 * 16 // 2  # the first Linear, half on each rank
+    assert_weights_close(w["launcher"], w["init"], rtol=1e-4, atol=1e-5)
