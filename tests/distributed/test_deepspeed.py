@@ -4,14 +4,15 @@ Each launch trains several Learners in sequence (tests/scripts/deepspeed_runs.py
 start of a DeepSpeed launch is paid once; the tests compare the exported full weights.
 """
 
+import importlib
 import json
-import runpy
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from cadence.distributed.deepspeed import DeepSpeed, build_config
+from tests.distributed.test_engines import assert_weights_close
 from tests.helpers import SCRIPTS, run_launch
 
 pytest.importorskip("deepspeed")
@@ -25,14 +26,8 @@ def launch(tmp_path, runs, flags=(), timeout=480):
     return results, weights, proc
 
 
-def assert_weights_close(a: dict, b: dict, **tol) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], msg=lambda m: f"{k}: {m}", **tol)
-
-
 @pytest.mark.slow
-def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_size(tmp_path):
+def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_size(tmp_path, monkeypatch):
     z = lambda stage, **extra: {"strategy": "deepspeed", "kwargs": {"zero_stage": stage}, **extra}
     runs = [{"name": "ddp", "strategy": "ddp"}, {"name": "z0", **z(0)}, {"name": "z1", **z(1)},
             {"name": "z2", **z(2)}, {"name": "z3", **z(3)},
@@ -63,9 +58,10 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
     # the engine's own checkpoint after epoch 1, loaded by a new Learner: epoch 2 ends where the 2-epoch run did
     assert_weights_close(w["z3"], w["z3_native"], rtol=0, atol=0)
     # the exported weights load into a plain module that predicts what the engine predicted
-    script = runpy.run_path(str(SCRIPTS / "deepspeed_runs.py"))
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    script = importlib.import_module("deepspeed_runs")
     for name in ("z2", "z3", "z2_bf16"):
-        model, (x, _) = script["make_model"](), script["learner"]({}).dls.valid.dataset.tensors
+        model, (x, _) = script.make_model(), script.learner({}).dls.valid.dataset.tensors
         model.load_state_dict(w[name])
         engine_preds = torch.load(tmp_path / name / "preds.pt")
         bf16 = name == "z2_bf16"  # the engine predicted with bf16 weights: the fp32 export agrees to bf16's precision

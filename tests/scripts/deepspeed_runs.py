@@ -23,22 +23,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from cadence import DataLoaders, GradAccum, GradClip, Learner, MixedPrecision
 from cadence.distributed import get_strategy
 from cadence.distributed.env import rank, setup_distrib
+from engines import make_model  # the model tests/distributed/test_engines.py trains
 
 N = 96
-
-
-class Block(nn.Module):
-    def __init__(self, width):
-        super().__init__()
-        self.lin, self.norm = nn.Linear(width, width), nn.LayerNorm(width)
-
-    def forward(self, x):
-        return x + torch.relu(self.norm(self.lin(x)))
-
-
-def make_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 16), Block(16), Block(16), nn.Linear(16, 3))
 
 
 def learner(run, strategy=None):
