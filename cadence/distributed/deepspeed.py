@@ -65,6 +65,7 @@ def import_deepspeed():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if sys.prefix != sys.base_prefix:
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    _drop_stale_build_locks()
     try:
         import deepspeed
         import deepspeed.ops
@@ -72,6 +73,22 @@ def import_deepspeed():
         raise ImportError(f"{_INSTALL} ({e})") from None
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return deepspeed
+
+
+STALE_LOCK_S = 30 * 60
+
+
+def _drop_stale_build_locks() -> None:
+    """A build killed mid-way leaves torch's `lock` file, and every later build waits on it forever: drop old ones."""
+    import time
+    import warnings
+
+    cache = os.environ.get("TORCH_EXTENSIONS_DIR")
+    for lock in Path(cache).glob("*/lock") if cache else ():
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            warnings.warn(f"removing {lock}, left by an interrupted build of a DeepSpeed op {STALE_LOCK_S // 60}+ "
+                          f"minutes ago; the op is rebuilt", stacklevel=3)
+            lock.unlink(missing_ok=True)
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
@@ -379,10 +396,10 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
     def zero_grad(self, opt: torch.optim.Optimizer) -> None:
         """Nothing: the engine drops the gradients itself after each update (and keeps them within a window)."""
 
-    @property
-    def grad_norm(self) -> float | None:
+    def last_grad_norm(self) -> float | None:
         """The global gradient norm of the last update, before clipping (None before the first)."""
-        return self.engine.get_global_grad_norm() if self.engine is not None else None
+        norm = self.engine.get_global_grad_norm() if self.engine is not None else None
+        return float(norm) if norm is not None else None
 
     # ------------------------------------------------------------------ state
     def _named_params(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -576,3 +593,21 @@ def _fill_optimizer(section: dict, opt: torch.optim.Optimizer) -> None:
                 raise ValueError(f"DeepSpeed optimizer {section.get('type')}: the Learner's {type(opt).__name__} has no "
                                  f"{key} to fill \"auto\" with; give a number")
             section["params"][key] = known[key]
+
+
+def build_ops() -> None:
+    """Compile the DeepSpeed ops cadence uses (CPU Adam, for optimizer offload) into the cache, once (~100 s).
+
+    `make setup-deepspeed` runs it (`python -m cadence.distributed.deepspeed --build-ops`), so the first
+    offloaded fit does not pay for it; a build already cached loads in a second.
+    """
+    import_deepspeed()
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    CPUAdamBuilder().load(verbose=False)
+    print(f"DeepSpeed ops built in {os.environ.get('TORCH_EXTENSIONS_DIR', 'the torch extensions cache')}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--build-ops"]:
+    build_ops()
+

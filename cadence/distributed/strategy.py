@@ -223,6 +223,10 @@ class OwnsClipping:
     def configure_clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
         raise NotImplementedError
 
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm before clipping at the last update (None before the first)."""
+        raise NotImplementedError
+
 
 class ConfiguredAtFit:
     """An engine whose config needs facts of the fit (DeepSpeed's "auto" batch sizes and scheduler steps).

@@ -26,7 +26,16 @@ def launch(tmp_path, runs, flags=(), timeout=480):
     return results, weights, proc
 
 
+# DeepSpeed's optimizer and scheduler, with the values the Learner knows left to it
+CONFIG_OPTIMIZER = {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                              "weight_decay": "auto", "torch_adam": True}},
+                    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": "auto",
+                                                                      "warmup_num_steps": "auto",
+                                                                      "total_num_steps": "auto"}}}
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # one launch, a dozen engines: minutes on a loaded 2-core machine
 def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_size(tmp_path, monkeypatch):
     z = lambda stage, **extra: {"strategy": "deepspeed", "kwargs": {"zero_stage": stage}, **extra}
     runs = [{"name": "ddp", "strategy": "ddp"}, {"name": "z0", **z(0)}, {"name": "z1", **z(1)},
@@ -35,6 +44,7 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
             {"name": "ddp_clip", "strategy": "ddp", "clip": 0.05}, {"name": "z2_clip", **z(2), "clip": 0.05},
             {"name": "z3_clip", **z(3), "clip": 0.05}, {"name": "z2_bf16", **z(2), "precision": "bf16"},
             {"name": "z3_native", **z(3), "native_ckpt": True},
+            {"name": "z2_config_opt", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": CONFIG_OPTIMIZER}},
             {"name": "bad_tbs", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": {"train_batch_size": 7}},
              "expect_error": True}]
     results, w, _ = launch(tmp_path, runs)
@@ -49,12 +59,16 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
     assert results["ddp_clip"]["valid_loss"] != pytest.approx(results["ddp"]["valid_loss"], rel=1e-3)
     for name in ("z2_clip", "z3_clip"):
         assert_weights_close(w["ddp_clip"], w[name], rtol=1e-4, atol=1e-5)
+        assert results[name]["grad_norm"] == pytest.approx(results["ddp_clip"]["grad_norm"], rel=1e-4)  # before clipping
     bf16 = results["z2_bf16"]
     assert bf16["valid_loss"] < 0.5 * bf16["untrained"]
     assert all(t.dtype == torch.float32 for t in w["z2_bf16"].values())  # the fp32 masters are exported
     error = results["bad_tbs"]["error"]
     assert "train_batch_size 7" in error and "micro batch 4" in error and "accumulation 1" in error
     assert "processes 2" in error
+    # a config naming its own optimizer and scheduler, "auto" filled: it trains, and the scheduler decayed the lr
+    assert results["z2_config_opt"]["valid_loss"] < 0.5 * results["z2_config_opt"]["untrained"]
+    assert results["z2_config_opt"]["lr"] < 1e-3 < results["z2"]["lr"] == 1e-2  # decayed over the fit's 24 steps
     # the engine's own checkpoint after epoch 1, loaded by a new Learner: epoch 2 ends where the 2-epoch run did
     assert_weights_close(w["z3"], w["z3_native"], rtol=0, atol=0)
     # the exported weights load into a plain module that predicts what the engine predicted
@@ -155,6 +169,7 @@ def resume_launch(tmp_path, out, stages, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # four launches
 def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
     ref.mkdir(), run.mkdir()
@@ -180,6 +195,7 @@ def test_a_zero_checkpoint_from_another_world_size_is_refused_clearly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # + DeepSpeed's CPU Adam, compiled by `make setup-deepspeed` (else here, ~100 s)
 def test_accelerate_config_launches_and_offload_and_zero3_init_train(tmp_path):
     """One launch from Accelerate's DEEPSPEED config (ZeRO-2, accumulation 2, clipping 1.0); in it, ZeRO-3 with the
     optimizer and parameters offloaded to the CPU (DeepSpeed's CPU Adam, compiled once and cached in the venv) and

@@ -87,7 +87,8 @@ def train(run, out):
     if rank() == 0:
         torch.save(preds, out / run["name"] / "preds.pt")
     return {"valid_loss": valid, "untrained": untrained, "step": learn.step, "engine": engine,
-            "released": type(learn.model).__name__}
+            "released": type(learn.model).__name__, "grad_norm": getattr(learn, "grad_norm", None),
+            "lr": learn.opt.param_groups[0]["lr"]}
 
 
 def main():
