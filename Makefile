@@ -25,6 +25,7 @@ setup-dev: setup setup-deepspeed
 setup-deepspeed: setup
 	$(PY) -c "import deepspeed" 2>/dev/null || { $(PY) -m pip install setuptools wheel ninja && \
 		DS_BUILD_OPS=0 $(PY) -m pip install --no-build-isolation "$(DEEPSPEED_SPEC)"; }
+	$(PY) -m cadence.distributed.deepspeed --build-ops
 
 demo: setup
 	$(PY) examples/train_digits.py

@@ -1,4 +1,4 @@
-"""Step time of cadence's DDP and FSDP2 against hand-written loops on the same engines (2 CPU processes).
+"""Step time of cadence's DDP, FSDP2 and DeepSpeed against hand-written loops on the same engines (2 CPU processes).
 
 Model: 3 x (Linear(1024, 1024), ReLU) and Linear(1024, 10); batch 64 per rank; SGD; one torch
 thread per process; the batches are built in memory beforehand (no loader cost on either side).
@@ -7,12 +7,15 @@ thread per process; the batches are built in memory beforehand (no loader cost o
 - **cadence DDP**: `Learner.fit` inside `learn.distrib_ctx()` (cadence's DDP defaults).
 - **raw FSDP2**: `fully_shard` on each Linear, then on the root; the same step.
 - **cadence FSDP2**: `learn.distrib_ctx(strategy="fsdp", transformer_layer_cls_to_wrap="Linear")`.
+- **raw DeepSpeed**: `deepspeed.initialize(model, optimizer=SGD, config=ZeRO-2)`, then `engine(x)`, loss,
+  `engine.backward(loss)`, `engine.step()` (DeepSpeed's documented loop); gradient clipping off.
+- **cadence DeepSpeed**: `learn.distrib_ctx(strategy="deepspeed", zero_stage=2)` (only when deepspeed is installed).
 
 Each round runs every loop once for `--steps` steps after `--warmup` steps, in a rotating order;
 time is wall time between barriers (communication included), on rank 0. The ratio is the median
 over rounds of (loop time / its raw loop's time in the same round).
 
-    .venv/bin/python bench/ddp.py                 # ~4 min on 2 cores
+    .venv/bin/python bench/ddp.py                 # ~4 min on 2 cores (~8 with DeepSpeed)
     .venv/bin/python bench/ddp.py --smoke         # one short round: the script runs
 """
 
@@ -73,6 +76,26 @@ def fsdp_wrap(model):
     return fully_shard(model)
 
 
+DEEPSPEED_CONFIG = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+                    "zero_optimization": {"stage": 2}, "steps_per_print": 2**31 - 1, "zero_allow_untested_optimizer": True}
+
+
+def raw_deepspeed(batches):
+    import torch
+    import torch.nn.functional as F
+
+    from cadence.distributed.deepspeed import import_deepspeed  # the CPU accelerator, as any script here needs
+
+    deepspeed, model = import_deepspeed(), make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    config = {**DEEPSPEED_CONFIG, "train_batch_size": BATCH * torch.distributed.get_world_size()}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    for x, y in batches:
+        engine.backward(F.cross_entropy(engine(x), y))
+        engine.step()
+    engine.destroy()
+
+
 def cadence_loop(strategy, **kwargs):
     def run(batches):
         import torch
@@ -90,7 +113,14 @@ def cadence_loop(strategy, **kwargs):
 
 LOOPS = {"raw DDP": raw_loop(ddp_wrap), "cadence DDP": cadence_loop("ddp"),
          "raw FSDP2": raw_loop(fsdp_wrap), "cadence FSDP2": cadence_loop("fsdp", transformer_layer_cls_to_wrap="Linear")}
-BASELINE = {"cadence DDP": "raw DDP", "cadence FSDP2": "raw FSDP2"}
+BASELINE = {"cadence DDP": "raw DDP", "cadence FSDP2": "raw FSDP2", "cadence DeepSpeed": "raw DeepSpeed"}
+
+
+def _add_deepspeed() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        LOOPS.update({"raw DeepSpeed": raw_deepspeed, "cadence DeepSpeed": cadence_loop("deepspeed", zero_stage=2)})
 
 
 def timed(run, warmup, batches) -> float:
@@ -112,6 +142,7 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     setup_distrib()
+    _add_deepspeed()
     batches, warmup = make_batches(args.steps, rank()), make_batches(args.warmup, rank())
     names = list(LOOPS)
     times = {n: [] for n in names}

@@ -1,10 +1,13 @@
 """Model-state memory per rank: parameters + gradients + optimizer state, by engine and process count.
 
-Model: 6 x Linear(512, 512) and Linear(512, 10) (~1.58 M parameters), AdamW, fp32. At the second
-step, after backward and before the optimizer runs (gradients held, optimizer state built), each
-rank sums the bytes of the tensors it holds (local shards for FSDP, each
-storage counted once, so DDP's gradient-bucket views are not counted twice); the table shows the
-largest rank. FULL_SHARD's target: at most 1/N of DDP's + 5%.
+Model: 6 x Linear(512, 512) and Linear(512, 10) (~1.58 M parameters), AdamW, fp32 (and bf16 for
+DeepSpeed, whose mixed precision keeps bf16 weights). At the second step, after backward and before
+the optimizer runs (gradients held, optimizer state built), each rank sums the bytes of the tensors it
+holds (local shards for FSDP, ZeRO-3's partitions, each storage counted once, so DDP's gradient-bucket
+views are not counted twice); the table shows the largest rank. For DeepSpeed "optimizer" is every
+tensor its ZeRO optimizer holds: fp32 master partitions, Adam's moments, and its gradient partitions
+and buckets. "estimate" is `cadence estimate-memory`'s model-state accounting for the same engine.
+Targets: FSDP FULL_SHARD and ZeRO-3 at most 1/N of DDP's + 5%.
 
     .venv/bin/python bench/memory.py               # 2 and 4 processes (~1 min)
     .venv/bin/python bench/memory.py --nproc 2     # one size
@@ -17,9 +20,14 @@ import argparse
 from launched import is_worker, relaunch
 
 WIDTH, DEPTH = 512, 6
-ENGINES = {"DDP": ("ddp", {}),
-           "FSDP FULL_SHARD": ("fsdp", {"sharding_strategy": "FULL_SHARD", "transformer_layer_cls_to_wrap": "Linear"}),
-           "FSDP SHARD_GRAD_OP": ("fsdp", {"sharding_strategy": "SHARD_GRAD_OP", "transformer_layer_cls_to_wrap": "Linear"})}
+# name: (strategy, options, precision, the engine's name in cadence.distributed.estimate)
+ENGINES = {"DDP": ("ddp", {}, "no", "DDP"),
+           "FSDP FULL_SHARD": ("fsdp", {"sharding_strategy": "FULL_SHARD", "transformer_layer_cls_to_wrap": "Linear"},
+                               "no", "FSDP"),
+           "FSDP SHARD_GRAD_OP": ("fsdp", {"sharding_strategy": "SHARD_GRAD_OP", "transformer_layer_cls_to_wrap": "Linear"},
+                                  "no", None)}
+DEEPSPEED_ENGINES = {f"ZeRO-{k}{' bf16' if p == 'bf16' else ''}": ("deepspeed", {"zero_stage": k}, p, f"ZeRO-{k}")
+                     for p in ("no", "bf16") for k in (1, 2, 3)}
 
 
 def make_model():
@@ -36,6 +44,27 @@ def local(t):
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def held_tensors(obj, depth: int = 6, visited: set | None = None):
+    """Every tensor reachable from a DeepSpeed optimizer's attributes (lists, dicts, its torch optimizer)."""
+    import torch
+    from torch import nn
+
+    visited = set() if visited is None else visited
+    if id(obj) in visited or depth < 0 or isinstance(obj, nn.Module):
+        return
+    visited.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from held_tensors(v, depth - 1, visited)
+    elif isinstance(obj, (list, tuple, set)):
+        for v in obj:
+            yield from held_tensors(v, depth - 1, visited)
+    elif type(obj).__module__.startswith(("deepspeed", "torch.optim", "collections")) and hasattr(obj, "__dict__"):
+        yield from held_tensors(vars(obj), depth - 1, visited)
+
+
 def state_bytes(model, opt) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state this rank holds, each storage once."""
     seen: set[int] = set()
@@ -44,22 +73,25 @@ def state_bytes(model, opt) -> dict[str, int]:
         total = 0
         for t in map(local, tensors):
             ptr = t.untyped_storage().data_ptr()
-            if ptr not in seen:
+            if ptr not in seen and t.untyped_storage().nbytes():
                 seen.add(ptr)
                 total += t.untyped_storage().nbytes()
         return total
     params = list(model.parameters())
-    return {"params": size(params), "grads": size(p.grad for p in params if p.grad is not None),
-            "optimizer": size(v for s in opt.state.values() for v in s.values() if hasattr(v, "untyped_storage")
-                              and v.dim() > 0)}
+    held = {"params": size([*params, *(p.ds_tensor for p in params if hasattr(p, "ds_tensor"))]),
+            "grads": size(p.grad for p in params if p.grad is not None)}
+    if hasattr(opt, "optimizer"):  # a DeepSpeed ZeRO optimizer: masters, moments, gradient partitions, buckets
+        return {**held, "optimizer": size(t for t in held_tensors(opt) if t.dim() > 0)}
+    return {**held, "optimizer": size(v for s in opt.state.values() for v in s.values() if hasattr(v, "untyped_storage")
+                                      and v.dim() > 0)}
 
 
-def measure(strategy: str, kwargs: dict) -> dict[str, int]:
+def measure(strategy: str, kwargs: dict, precision: str) -> dict[str, int]:
     """Model state at the second step, just before the optimizer runs: gradients held, optimizer state built."""
     import torch
     import torch.nn.functional as F
 
-    from cadence import Callback, DataLoaders, Learner
+    from cadence import Callback, DataLoaders, Learner, MixedPrecision
 
     class Measure(Callback):
         def before_step(self):
@@ -68,7 +100,8 @@ def measure(strategy: str, kwargs: dict) -> dict[str, int]:
 
     x, y = torch.randn(8, WIDTH), torch.randint(0, 10, (8,))
     probe = Measure()
-    learn = Learner(DataLoaders([(x, y)] * 2, None, device="cpu"), make_model(), loss_func=F.cross_entropy, cbs=probe)
+    cbs = [probe] + ([MixedPrecision(precision)] if precision != "no" else [])
+    learn = Learner(DataLoaders([(x, y)] * 2, None, device="cpu"), make_model(), loss_func=F.cross_entropy, cbs=cbs)
     learn.remove_cb(learn.progress)
     with learn.distrib_ctx(strategy=strategy, **kwargs):
         learn.fit(1)
@@ -76,20 +109,27 @@ def measure(strategy: str, kwargs: dict) -> dict[str, int]:
 
 
 def worker() -> None:
+    import importlib.util
+
     from cadence.distributed.env import rank, setup_distrib, world_size
+    from cadence.distributed.estimate import model_state_bytes
     from cadence.distributed.ops import gather_object
 
     setup_distrib()
+    engines = {**ENGINES, **(DEEPSPEED_ENGINES if importlib.util.find_spec("deepspeed") else {})}
     rows = {}
-    for name, (strategy, kwargs) in ENGINES.items():
-        per_rank = gather_object(measure(strategy, kwargs))
+    for name, (strategy, kwargs, precision, _) in engines.items():
+        per_rank = gather_object(measure(strategy, kwargs, precision))
         rows[name] = max(per_rank, key=lambda r: sum(r.values()))
     if rank() == 0:
         ddp = sum(rows["DDP"].values())
+        n_params = sum(p.numel() for p in make_model().parameters())
         for name, r in rows.items():
-            total = sum(r.values())
+            total, (_, _, precision, kind) = sum(r.values()), engines[name]
+            estimate = (f"{model_state_bytes(n_params, kind, world_size(), mixed=precision != 'no').device / 2**20:.2f}"
+                        if kind else "")
             print(f"| {world_size()} | {name} | {r['params'] / 2**20:.2f} | {r['grads'] / 2**20:.2f} | "
-                  f"{r['optimizer'] / 2**20:.2f} | {total / 2**20:.2f} | {total / ddp:.3f} |")
+                  f"{r['optimizer'] / 2**20:.2f} | {total / 2**20:.2f} | {estimate} | {total / ddp:.3f} |")
 
 
 def main() -> None:
@@ -99,8 +139,8 @@ def main() -> None:
     args = p.parse_args()
     if is_worker():
         return worker()
-    print("| processes | engine | params MiB | grads MiB | optimizer MiB | total MiB | of DDP |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| processes | engine | params MiB | grads MiB | optimizer MiB | total MiB | estimate MiB | of DDP |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in args.nproc:
         print(relaunch(n, __file__, []), end="")
 

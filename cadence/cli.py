@@ -5,6 +5,7 @@
     cadence config [default|update] [--num_processes 2 --mixed_precision bf16 ...]
     cadence launch --num_processes 2 train.py --epochs 3
     cadence test --cpu --num_processes 2
+    cadence estimate-memory 7B --num_processes 8
 """
 
 from __future__ import annotations
@@ -41,7 +42,30 @@ def build_parser() -> argparse.ArgumentParser:
     launch_mod.add_launch_args(sub.add_parser("launch", help="run a script on N processes", allow_abbrev=False))
     launch_mod.add_launch_options(sub.add_parser("test", help="run a short distributed check with the config",
                                                  allow_abbrev=False))
+    estimate = sub.add_parser("estimate-memory", allow_abbrev=False,
+                              help="model-state memory per process for DDP, FSDP, ZeRO 1-3, with and without offload")
+    estimate.add_argument("model", help="a parameter count (7B, 350M, 1e9) or module:function returning an nn.Module "
+                                        "(built on the meta device: no memory)")
+    estimate.add_argument("--num_processes", type=int, nargs="+", default=[8], help="processes in total (several: one table each)")
+    estimate.add_argument("--num_machines", type=int, default=1, help="machines (DeepSpeed's CPU estimate is per machine)")
     return parser
+
+
+def estimate_memory(args: argparse.Namespace) -> int:
+    """`cadence estimate-memory`: print the model-state table for each process count.
+
+    >>> estimate_memory(build_parser().parse_args(["estimate-memory", "1B"]))     # doctest: +SKIP
+    Model states for 1,000,000,000 parameters on 8 processes ...
+    0
+    """
+    from cadence.distributed import estimate
+
+    total, largest = estimate.model_sizes(args.model)
+    for n in args.num_processes:
+        if n < 1 or n % args.num_machines:
+            raise ValueError(f"--num_processes {n} must be a positive multiple of --num_machines {args.num_machines}")
+        print(estimate.table(total, n, largest, args.num_machines), end="\n\n")
+    return 0
 
 
 def configure(args: argparse.Namespace) -> int:
@@ -122,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.exit(2, f"cadence {args.command}: error: {unknown_flags_message(parser, args.command, unknown)}\n")
     commands = {"env": lambda a: print(cfg_mod.environment_report(a.config_file)) or 0,
-                "config": configure, "launch": launch_mod.launch, "test": self_test}
+                "config": configure, "launch": launch_mod.launch, "test": self_test, "estimate-memory": estimate_memory}
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as e:

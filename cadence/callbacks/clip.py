@@ -37,6 +37,10 @@ class GradClip(Callback):
                 raise ValueError(f"{strategy.name} clips by norm only: use GradClip(max_norm)")
             strategy.configure_clipping(self.max_norm, self.norm_type)
 
+    def after_step(self):
+        if self.engine_owned:
+            self.learn.grad_norm = self.learn.strategy.last_grad_norm()
+
     def before_step(self):
         learn = self.learn
         if self.engine_owned:

@@ -49,7 +49,7 @@ class DistributedTrainer(Callback):
         """Once per fit, after every callback's before_fit: an engine that needs the fit's facts gets them."""
         learn = self.learn
         if isinstance(self.strategy, ConfiguredAtFit) and not self._fit_configured:
-            self.strategy.configure_fit(micro_batch_size=learn.dls.train.batch_size,
+            self.strategy.configure_fit(micro_batch_size=getattr(learn.dls.train, "batch_size", None),
                                         total_steps=learn.n_epoch * learn.steps_per_epoch)
             self._fit_configured = True
 

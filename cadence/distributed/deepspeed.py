@@ -65,6 +65,7 @@ def import_deepspeed():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if sys.prefix != sys.base_prefix:
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    _drop_stale_build_locks()
     try:
         import deepspeed
         import deepspeed.ops
@@ -72,6 +73,22 @@ def import_deepspeed():
         raise ImportError(f"{_INSTALL} ({e})") from None
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     return deepspeed
+
+
+STALE_LOCK_S = 30 * 60
+
+
+def _drop_stale_build_locks() -> None:
+    """A build killed mid-way leaves torch's `lock` file, and every later build waits on it forever: drop old ones."""
+    import time
+    import warnings
+
+    cache = os.environ.get("TORCH_EXTENSIONS_DIR")
+    for lock in Path(cache).glob("*/lock") if cache else ():
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            warnings.warn(f"removing {lock}, left by an interrupted build of a DeepSpeed op {STALE_LOCK_S // 60}+ "
+                          f"minutes ago; the op is rebuilt", stacklevel=3)
+            lock.unlink(missing_ok=True)
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:
@@ -98,8 +115,8 @@ def _read_config(config: str | os.PathLike | dict | None) -> dict:
 def build_config(config: str | os.PathLike | dict | None = None, **options: Any) -> dict:
     """DeepSpeed's config from a user config (dict or JSON file) and Accelerate-named options on top.
 
-    Values left to the Learner stay "auto" until `fill_auto`. Clipping defaults to off (DeepSpeed's own
-    default is 1.0): GradClip switches it on.
+    Values left to the Learner stay "auto" until the engine is built (`setup`) or the fit starts
+    (`configure_fit`). Clipping defaults to off (DeepSpeed's own default is 1.0): GradClip switches it on.
 
     >>> build_config(zero_stage=2, offload_optimizer_device="cpu")["zero_optimization"]
     {'stage': 2, 'offload_optimizer': {'device': 'cpu'}}
@@ -109,7 +126,8 @@ def build_config(config: str | os.PathLike | dict | None = None, **options: Any)
         raise ValueError(f"unknown DeepSpeed option(s) {unknown}; DeepSpeed takes config (a dict or JSON file) and "
                          f"{', '.join(OPTIONS)}")
     defaults = {"train_micro_batch_size_per_gpu": AUTO, "train_batch_size": AUTO, "gradient_accumulation_steps": AUTO,
-                "gradient_clipping": AUTO, "steps_per_print": 2**31 - 1, "zero_optimization": {"stage": 0}}
+                "gradient_clipping": AUTO, "steps_per_print": 2**31 - 1, "zero_optimization": {"stage": 0},
+                "zero_allow_untested_optimizer": True}  # the Learner's optimizer, whichever it is
     cfg = _deep_merge(defaults, _read_config(options.get("config_file") if config is None else config))
     zero = cfg.setdefault("zero_optimization", {})
     if options.get("zero_stage") is not None:
@@ -222,6 +240,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         """
         if not self.zero3_init:
             return contextlib.nullcontext()
+        self.setup_environment()  # zero.Init partitions over the process group as parameters are created
         deepspeed = import_deepspeed()
         precision = os.environ.get("CADENCE_MIXED_PRECISION", "no")
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
@@ -318,9 +337,13 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO and bf16 optimizers read their own copy
                 self.engine.optimizer.clip_grad = max_norm
 
-    def configure_fit(self, micro_batch_size: int, total_steps: int) -> None:
+    def configure_fit(self, micro_batch_size: int | None, total_steps: int) -> None:
         """Before training: the batch sizes checked and filled, a config scheduler's "auto" steps filled."""
         engine = self.engine
+        if self._auto_scheduler is not None:
+            self._build_scheduler(total_steps)
+        if micro_batch_size is None:  # a loader without batch_size (a list of batches): nothing to check
+            return
         ga, world = engine.gradient_accumulation_steps(), engine.dp_world_size
         wanted = self.config["train_batch_size"]
         if not _is_auto(wanted) and int(wanted) != micro_batch_size * ga * world:
@@ -333,8 +356,6 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             raise ValueError(f"DeepSpeed train_micro_batch_size_per_gpu {micro} differs from the loader's batch size "
                              f"{micro_batch_size}: set it to \"auto\" or {micro_batch_size}")
         engine.set_train_micro_batch_size(micro_batch_size)
-        if self._auto_scheduler is not None:
-            self._build_scheduler(total_steps)
 
     def _build_scheduler(self, total_steps: int) -> None:
         """The config's scheduler with its "auto" values from the fit (steps) and the optimizer (lr)."""
@@ -375,10 +396,10 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
     def zero_grad(self, opt: torch.optim.Optimizer) -> None:
         """Nothing: the engine drops the gradients itself after each update (and keeps them within a window)."""
 
-    @property
-    def grad_norm(self) -> float | None:
+    def last_grad_norm(self) -> float | None:
         """The global gradient norm of the last update, before clipping (None before the first)."""
-        return self.engine.get_global_grad_norm() if self.engine is not None else None
+        norm = self.engine.get_global_grad_norm() if self.engine is not None else None
+        return float(norm) if norm is not None else None
 
     # ------------------------------------------------------------------ state
     def _named_params(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -572,3 +593,21 @@ def _fill_optimizer(section: dict, opt: torch.optim.Optimizer) -> None:
                 raise ValueError(f"DeepSpeed optimizer {section.get('type')}: the Learner's {type(opt).__name__} has no "
                                  f"{key} to fill \"auto\" with; give a number")
             section["params"][key] = known[key]
+
+
+def build_ops() -> None:
+    """Compile the DeepSpeed ops cadence uses (CPU Adam, for optimizer offload) into the cache, once (~100 s).
+
+    `make setup-deepspeed` runs it (`python -m cadence.distributed.deepspeed --build-ops`), so the first
+    offloaded fit does not pay for it; a build already cached loads in a second.
+    """
+    import_deepspeed()
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    CPUAdamBuilder().load(verbose=False)
+    print(f"DeepSpeed ops built in {os.environ.get('TORCH_EXTENSIONS_DIR', 'the torch extensions cache')}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--build-ops"]:
+    build_ops()
+

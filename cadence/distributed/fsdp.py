@@ -367,8 +367,10 @@ def _depth(root: nn.Module, module: nn.Module) -> int:
 
 def _meta_copy(model: nn.Module) -> nn.Module:
     """A copy of `model` on the meta device (no memory), to rebuild a plain module after sharding."""
-    memo = {id(t): (nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad) if isinstance(t, nn.Parameter)
-                    else torch.empty_like(t, device="meta"))
+    def empty(t: torch.Tensor) -> torch.Tensor:  # a DeepSpeed ZeRO-3 partition knows its whole shape (ds_shape)
+        return torch.empty(getattr(t, "ds_shape", t.shape), dtype=t.dtype, device="meta")
+
+    memo = {id(t): nn.Parameter(empty(t), t.requires_grad) if isinstance(t, nn.Parameter) else empty(t)
             for t in (*model.parameters(), *model.buffers())}
     return copy.deepcopy(model, memo)
 

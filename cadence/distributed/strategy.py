@@ -234,6 +234,10 @@ class OwnsClipping:
     def configure_clipping(self, max_norm: float, norm_type: float = 2.0) -> None:
         raise NotImplementedError
 
+    def last_grad_norm(self) -> float | None:
+        """The global gradient norm before clipping at the last update (None before the first)."""
+        raise NotImplementedError
+
 
 class ConfiguredAtFit:
     """An engine whose config needs facts of the fit (DeepSpeed's "auto" batch sizes and scheduler steps).
@@ -242,6 +246,7 @@ class ConfiguredAtFit:
     `before_fit` (GradAccum, GradClip) have configured the engine.
     """
 
-    def configure_fit(self, micro_batch_size: int, total_steps: int) -> None:
+    def configure_fit(self, micro_batch_size: int | None, total_steps: int) -> None:
+        """`micro_batch_size`: the training loader's batch size per process (None when the loader has none)."""
         raise NotImplementedError
 

@@ -4,6 +4,7 @@ Each launch trains several Learners in sequence (tests/scripts/deepspeed_runs.py
 start of a DeepSpeed launch is paid once; the tests compare the exported full weights.
 """
 
+import importlib
 import json
 
 import pytest
@@ -11,7 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from cadence.distributed.deepspeed import DeepSpeed, build_config
-from tests.helpers import run_launch
+from tests.distributed.test_engines import assert_weights_close
+from tests.helpers import SCRIPTS, run_launch
 
 pytest.importorskip("deepspeed")
 
@@ -24,20 +26,25 @@ def launch(tmp_path, runs, flags=(), timeout=480):
     return results, weights, proc
 
 
-def assert_weights_close(a: dict, b: dict, **tol) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], msg=lambda m: f"{k}: {m}", **tol)
+# DeepSpeed's optimizer and scheduler, with the values the Learner knows left to it
+CONFIG_OPTIMIZER = {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                              "weight_decay": "auto", "torch_adam": True}},
+                    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": "auto",
+                                                                      "warmup_num_steps": "auto",
+                                                                      "total_num_steps": "auto"}}}
 
 
 @pytest.mark.slow
-def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_size(tmp_path):
+@pytest.mark.timeout(900)  # one launch, a dozen engines: minutes on a loaded 2-core machine
+def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_size(tmp_path, monkeypatch):
     z = lambda stage, **extra: {"strategy": "deepspeed", "kwargs": {"zero_stage": stage}, **extra}
     runs = [{"name": "ddp", "strategy": "ddp"}, {"name": "z0", **z(0)}, {"name": "z1", **z(1)},
             {"name": "z2", **z(2)}, {"name": "z3", **z(3)},
             {"name": "ddp_big", "strategy": "ddp", "bs": 16}, {"name": "z2_accum", **z(2), "accum": 4},
             {"name": "ddp_clip", "strategy": "ddp", "clip": 0.05}, {"name": "z2_clip", **z(2), "clip": 0.05},
             {"name": "z3_clip", **z(3), "clip": 0.05}, {"name": "z2_bf16", **z(2), "precision": "bf16"},
+            {"name": "z3_native", **z(3), "native_ckpt": True},
+            {"name": "z2_config_opt", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": CONFIG_OPTIMIZER}},
             {"name": "bad_tbs", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": {"train_batch_size": 7}},
              "expect_error": True}]
     results, w, _ = launch(tmp_path, runs)
@@ -52,12 +59,27 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
     assert results["ddp_clip"]["valid_loss"] != pytest.approx(results["ddp"]["valid_loss"], rel=1e-3)
     for name in ("z2_clip", "z3_clip"):
         assert_weights_close(w["ddp_clip"], w[name], rtol=1e-4, atol=1e-5)
+        assert results[name]["grad_norm"] == pytest.approx(results["ddp_clip"]["grad_norm"], rel=1e-4)  # before clipping
     bf16 = results["z2_bf16"]
     assert bf16["valid_loss"] < 0.5 * bf16["untrained"]
     assert all(t.dtype == torch.float32 for t in w["z2_bf16"].values())  # the fp32 masters are exported
     error = results["bad_tbs"]["error"]
     assert "train_batch_size 7" in error and "micro batch 4" in error and "accumulation 1" in error
-    assert "processes 2" in error and results["bad_tbs"]["step"] == 0
+    assert "processes 2" in error
+    # a config naming its own optimizer and scheduler, "auto" filled: it trains, and the scheduler decayed the lr
+    assert results["z2_config_opt"]["valid_loss"] < 0.5 * results["z2_config_opt"]["untrained"]
+    assert results["z2_config_opt"]["lr"] < 1e-3 < results["z2"]["lr"] == 1e-2  # decayed over the fit's 24 steps
+    # the engine's own checkpoint after epoch 1, loaded by a new Learner: epoch 2 ends where the 2-epoch run did
+    assert_weights_close(w["z3"], w["z3_native"], rtol=0, atol=0)
+    # the exported weights load into a plain module that predicts what the engine predicted
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    script = importlib.import_module("deepspeed_runs")
+    for name in ("z2", "z3", "z2_bf16"):
+        model, (x, _) = script.make_model(), script.learner({}).dls.valid.dataset.tensors
+        model.load_state_dict(w[name])
+        engine_preds = torch.load(tmp_path / name / "preds.pt")
+        bf16 = name == "z2_bf16"  # the engine predicted with bf16 weights: the fp32 export agrees to bf16's precision
+        torch.testing.assert_close(model(x).detach(), engine_preds.float(), **(dict(rtol=0.02, atol=0.05) if bf16 else {}))
 
 
 def test_config_from_options_and_file(tmp_path):
@@ -147,6 +169,7 @@ def resume_launch(tmp_path, out, stages, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # four launches
 def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
     ref.mkdir(), run.mkdir()
@@ -169,3 +192,24 @@ def test_a_zero_checkpoint_from_another_world_size_is_refused_clearly(tmp_path):
     (tmp_path / "deepspeed" / "cadence.json").write_text(json.dumps({"world_size": 4, "zero_stage": 2}))
     with pytest.raises(ValueError, match="written by 4 processes.*resume on 4 processes"):
         DeepSpeed(device="cpu", zero_stage=2).load_checkpoint(tmp_path, None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # + DeepSpeed's CPU Adam, compiled by `make setup-deepspeed` (else here, ~100 s)
+def test_accelerate_config_launches_and_offload_and_zero3_init_train(tmp_path):
+    """One launch from Accelerate's DEEPSPEED config (ZeRO-2, accumulation 2, clipping 1.0); in it, ZeRO-3 with the
+    optimizer and parameters offloaded to the CPU (DeepSpeed's CPU Adam, compiled once and cached in the venv) and
+    ZeRO-3 with the model built sharded (zero3_init_flag), each against the config's own run."""
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(ACCELERATE_DEEPSPEED_YAML)
+    offload = {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}
+    runs = [{"name": "launcher", "strategy": None}, {"name": "offload", "strategy": "deepspeed", "kwargs": offload},
+            {"name": "init", "strategy": "deepspeed", "kwargs": {"zero_stage": 3, "zero3_init_flag": True}}]
+    results, w, _ = launch(tmp_path, runs, flags=("--config_file", str(config)), timeout=900)
+    launched = results["launcher"]
+    assert launched["engine"] == "DeepSpeedEngine" and launched["step"] == 12  # 24 batches, GradAccum(2) from the block
+    assert launched["valid_loss"] < 0.5 * launched["untrained"]
+    assert results["offload"]["step"] == 12
+    assert_weights_close(w["launcher"], w["offload"], rtol=1e-3, atol=1e-4)  # CPU Adam steps like torch's AdamW
+    assert results["init"]["untrained"]["partition_numel"] == 6 * 16 // 2  # the first Linear, half on each rank
+    assert_weights_close(w["launcher"], w["init"], rtol=1e-4, atol=1e-5)
