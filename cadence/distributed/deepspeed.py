@@ -243,9 +243,9 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self.setup_environment()  # zero.Init partitions over the process group as parameters are created
         deepspeed = import_deepspeed()
         precision = os.environ.get("CADENCE_MIXED_PRECISION", "no")
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-        return deepspeed.zero.Init(config_dict_or_path=self._engine_config(precision, micro_batch=1),
-                                   dtype=dtype, remote_device=None)
+        # the dtype comes from the config's bf16/fp16 sections: DeepSpeed 0.19 ignores a `dtype` argument on a
+        # machine without fp16 support (an operator-precedence slip in Init._set_dtype) and builds in bf16
+        return deepspeed.zero.Init(config_dict_or_path=self._engine_config(precision, micro_batch=1))
 
     def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
               ) -> tuple[nn.Module, torch.optim.Optimizer]:
