@@ -243,9 +243,9 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self.setup_environment()  # zero.Init partitions over the process group as parameters are created
         deepspeed = import_deepspeed()
         precision = os.environ.get("CADENCE_MIXED_PRECISION", "no")
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-        return deepspeed.zero.Init(config_dict_or_path=self._engine_config(precision, micro_batch=1),
-                                   dtype=dtype, remote_device=None)
+        # the dtype comes from the config's bf16/fp16 sections: DeepSpeed 0.19 ignores a `dtype` argument on a
+        # machine without fp16 support (an operator-precedence slip in Init._set_dtype) and builds in bf16
+        return deepspeed.zero.Init(config_dict_or_path=self._engine_config(precision, micro_batch=1))
 
     def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
               ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -255,6 +255,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self._precision_fixed = True
         self._skeleton = _meta_copy(model)
         cfg = self._engine_config(self.precision.name, micro_batch=1)
+        _fit_buckets(cfg["zero_optimization"], _largest_layer(model))
         optimizer = None
         if "optimizer" in cfg:
             _fill_optimizer(cfg["optimizer"], make_opt(model))
@@ -563,6 +564,23 @@ def _set_zero3_partition(opt, param: nn.Parameter, value: torch.Tensor, key: str
     part = value.flatten()[start:start + n]
     target.zero_()
     target[:part.numel()].copy_(part)
+
+
+BUCKETS = {"reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8), "stage3_prefetch_bucket_size": int(5e7)}
+
+
+def _largest_layer(model: nn.Module) -> int:
+    """Parameters of the largest module's own parameters (a transformer layer's matrix: Accelerate's hidden_size²)."""
+    return max((sum(getattr(p, "ds_numel", p.numel()) for p in m.parameters(recurse=False)) for m in model.modules()),
+               default=1)
+
+
+def _fit_buckets(zero: dict, layer_params: int) -> None:
+    """Communication buckets of one layer's size (Accelerate fills "auto" with hidden_size²): DeepSpeed's defaults
+    allocate 5e8 elements (ZeRO-3: 1.9 GiB in fp32) however small the model. A number the config gives is kept."""
+    for key, default in BUCKETS.items():
+        if _is_auto(zero.get(key, AUTO)):
+            zero[key] = max(1, min(default, layer_params))
 
 
 def _has_auto(value: Any) -> bool:

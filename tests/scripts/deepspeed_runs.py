@@ -4,7 +4,7 @@ argv: OUT_DIR RUNS_JSON. RUNS_JSON is a list of runs, each a dict: "name", "stra
 "deepspeed", or null: the launcher's), "kwargs" (for distrib_ctx), "accum", "clip", "precision", "bs" (batch size, default 4),
 "epochs" (default 2), "expect_error" (the run must raise ValueError before training: its message is
 written instead), "kwargs": {"zero3_init_flag": true} builds the model
-in the strategy's init_context (the "untrained" result is then the first parameter's partition size),
+in the strategy's init_context (the "untrained" result is then the first parameter's size as built and its partition's),
 "native_ckpt" (train one epoch, save the engine's own checkpoint, then a new Learner
 loads it and trains the remaining epochs). Each run writes OUT_DIR/<name>/model.safetensors (save_model:
 full fp32 weights) and OUT_DIR/<name>/preds.pt (get_preds on the validation set, under the engine); rank 0
@@ -50,10 +50,11 @@ def fit(run, out, stack):
     if run.get("kwargs", {}).get("zero3_init_flag"):  # the strategy first: the model is built in its init_context
         strategy = get_strategy(run["strategy"], **run["kwargs"])
         learn = learner(run, strategy)
-        partitioned = next(learn.model.parameters()).numel()
+        first = next(learn.model.parameters())
+        built = {"numel": first.numel(), "partition_numel": first.ds_tensor.numel()}
         stack.enter_context(learn.distrib_ctx(strategy=strategy))
         learn.fit(run.get("epochs", 2))
-        return learn, {"partition_numel": partitioned}
+        return learn, built
     learn = learner(run)
     untrained = learn.validate()["valid_loss"]
     if not run.get("native_ckpt"):
