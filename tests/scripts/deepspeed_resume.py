@@ -8,8 +8,6 @@ checkpoint), mid-epoch. Rank 0 writes OUT_DIR/zero<stage>.safetensors (the final
 """
 
 import argparse
-import os
-import signal
 from pathlib import Path
 
 import torch
@@ -17,19 +15,9 @@ from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cadence import Callback, Checkpoint, DataLoaders, GradAccum, Learner, Order
+from cadence import Checkpoint, DataLoaders, GradAccum, Learner
 from cadence.distributed.env import is_main_process, setup_distrib
-
-
-class KillAt(Callback):
-    order = Order.CHECKPOINT + 10  # after the checkpoint of this step was written
-
-    def __init__(self, step):
-        self.at = step
-
-    def after_batch(self):
-        if self.training and self.learn.step == self.at and self.learn.iter % 2 == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+from resume import KillAt  # tests/scripts/resume.py: SIGKILL after a step's checkpoint
 
 
 def train(stage, args):
