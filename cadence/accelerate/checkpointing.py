@@ -28,7 +28,8 @@ from typing import Any
 
 from ..callbacks.checkpoint import rng_state, set_rng_state
 from ..distributed import env
-from ..serialization import atomic_path, check_state_dict, load_torch, load_weights, save_torch, save_weights
+from ..serialization import (STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights, save_torch,
+                             save_weights, sibling, staging_dir)
 
 __all__ = ["save_accelerator_state", "load_accelerator_state", "automatic_checkpoint_dir", "latest_checkpoint_dir"]
 
@@ -68,23 +69,12 @@ def latest_checkpoint_dir(project_dir: Path) -> Path:
     return found[-1]
 
 
-def _publish(tmp: Path, directory: Path) -> None:
-    """Rename the finished `tmp` onto `directory`, replacing an older checkpoint there only now."""
-    old = directory.with_name(f".{directory.name}.old")
-    if directory.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def save_accelerator_state(acc: Any, directory: str | os.PathLike) -> Path:
     """Write models, optimizers, schedulers, registered objects, precision, RNG and loader positions (every process calls it)."""
     directory, main = Path(directory), acc.is_main_process
-    tmp = directory.with_name(f".{directory.name}.tmp")
+    tmp = sibling(directory, STAGED)
     if main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        staging_dir(directory)
     acc.wait_for_everyone()
     for i, (model, opt) in enumerate(acc._units()):
         unit = _unit_dir(tmp, i)
@@ -111,7 +101,7 @@ def save_accelerator_state(acc: Any, directory: str | os.PathLike) -> Path:
             f.write_text(json.dumps(state, indent=1))
     acc.wait_for_everyone()  # every process's files are in place before the rename makes the checkpoint visible
     if main:
-        _publish(tmp, directory)
+        commit_dir(tmp, directory)
     acc.wait_for_everyone()
     return directory
 
