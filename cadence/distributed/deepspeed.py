@@ -567,6 +567,7 @@ def _set_zero3_partition(opt, param: nn.Parameter, value: torch.Tensor, key: str
 
 
 BUCKETS = {"reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8), "stage3_prefetch_bucket_size": int(5e7)}
+BUCKET_ALIGNMENT = 2  # ZeRO-1/2 assert allgather_bucket_size is a multiple of its 4-byte alignment in fp16 elements
 
 
 def _largest_layer(model: nn.Module) -> int:
@@ -580,7 +581,7 @@ def _fit_buckets(zero: dict, layer_params: int) -> None:
     allocate 5e8 elements (ZeRO-3: 1.9 GiB in fp32) however small the model. A number the config gives is kept."""
     for key, default in BUCKETS.items():
         if _is_auto(zero.get(key, AUTO)):
-            zero[key] = max(1, min(default, layer_params))
+            zero[key] = min(default, max(1, -(-layer_params // BUCKET_ALIGNMENT)) * BUCKET_ALIGNMENT)
 
 
 def _has_auto(value: Any) -> bool:
