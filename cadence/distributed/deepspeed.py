@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import env
+from . import deepspeed_checkpoint, env
 from .data import DistributedDL
 from .fsdp import _meta_copy
 from .precision import AutocastPrecision, FullPrecision
@@ -36,7 +36,6 @@ from .strategy import ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, 
 
 __all__ = ["DeepSpeed", "build_config"]
 
-TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 AUTO = "auto"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # Accelerate's deepspeed_config keys (without the `deepspeed_` prefix where it has one)
@@ -229,6 +228,9 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             self.engine.destroy()
             self.engine = None
         if self.created_group:
+            from deepspeed.utils import groups
+
+            groups._WORLD_GROUP = None  # DeepSpeed's cached clone of the group ends with it: a later engine clones anew
             env.teardown_distrib()
             self.created_group = False
 
@@ -500,27 +502,16 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
 
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """DeepSpeed's own files under `directory/deepspeed/`, every rank writing its partition in parallel."""
-        self.engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
-        if self.is_main:
-            (Path(directory) / TAG / "cadence.json").write_text(json.dumps({"world_size": self.dp_size,
-                                                                          "zero_stage": self.stage}))
+        deepspeed_checkpoint.save(self.engine, directory, self.dp_size, self.stage, self.is_main)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read what `save_checkpoint` wrote; a ZeRO checkpoint resumes on the number of processes that wrote it."""
-        directory = Path(directory)
-        if not (directory / TAG).is_dir():
+        """Read what `save_checkpoint` wrote, on any number of processes (a ZeRO checkpoint on another number is
+        converted to DeepSpeed's universal format first); a full-state checkpoint (`model.safetensors`) too."""
+        if not deepspeed_checkpoint.is_engine_checkpoint(directory):
             return super().load_checkpoint(directory, model, opt)
-        saved = json.loads((directory / TAG / "cadence.json").read_text())
-        if saved["world_size"] != self.dp_size and saved["zero_stage"] > 0:
-            raise ValueError(f"{directory} holds a DeepSpeed ZeRO-{saved['zero_stage']} checkpoint written by "
-                             f"{saved['world_size']} processes, whose optimizer state is partitioned per process: "
-                             f"resume on {saved['world_size']} processes, or load its weights into a new run with "
-                             f"learn.load / deepspeed.utils.zero_to_fp32 (optimizer state starts fresh)")
-        if saved["zero_stage"] != self.stage:
-            raise ValueError(f"{directory} holds a ZeRO-{saved['zero_stage']} checkpoint; this run uses ZeRO-{self.stage}: "
-                             f"resume with zero_stage={saved['zero_stage']}")
-        self.engine.load_checkpoint(str(directory), tag=TAG, load_optimizer_states=True,
-                                    load_lr_scheduler_states=True)
+        zero = self.config["zero_optimization"]
+        nvme = any(zero.get(f"offload_{what}", {}).get("device") == "nvme" for what in ("optimizer", "param"))
+        deepspeed_checkpoint.load(self.engine, directory, self.dp_size, self.stage, self.is_main, self.barrier, nvme)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -187,11 +187,42 @@ def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage
 
 
-def test_a_zero_checkpoint_from_another_world_size_is_refused_clearly(tmp_path):
-    (tmp_path / "deepspeed").mkdir()
-    (tmp_path / "deepspeed" / "cadence.json").write_text(json.dumps({"world_size": 4, "zero_stage": 2}))
-    with pytest.raises(ValueError, match="written by 4 processes.*resume on 4 processes"):
-        DeepSpeed(device="cpu", zero_stage=2).load_checkpoint(tmp_path, None, None)
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # three launches
+def test_a_zero_checkpoint_from_two_processes_resumes_mid_epoch_on_one_and_on_four(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    out.mkdir()
+    run_launch("deepspeed_universal.py", str(ckpt), str(out), "2,3", timeout=480)
+    saved = {stage: sorted(p.name for p in (ckpt / f"zero{stage}" / "step-00000003").rglob("*")) for stage in (2, 3)}
+    for nproc in (1, 4):
+        done = run_launch("deepspeed_universal.py", str(ckpt), str(out), "2,3", "--resume", nproc=nproc, timeout=480)
+        for stage in (2, 3):
+            # DeepSpeed's universal format: every weight and Adam moment as the 2 processes left them, bitwise
+            assert f"ZERO{stage} LOADED True True" in done.stdout and f"ZERO{stage} STEPS 6" in done.stdout, nproc
+            # the rest of the epoch trains on the same global batches: it ends where the 2-process run ended
+            assert_weights_close(load_file(out / f"zero{stage}-2.safetensors"),
+                                 load_file(out / f"zero{stage}-{nproc}.safetensors"), rtol=1e-4, atol=1e-5)
+            # the checkpoint is unchanged and the conversion beside it is gone
+            assert sorted(p.name for p in (ckpt / f"zero{stage}" / "step-00000003").rglob("*")) == saved[stage]
+            assert not list((ckpt / f"zero{stage}").glob(".*"))
+
+
+def _engine_checkpoint(directory, world_size, stage):
+    (directory / "deepspeed").mkdir()
+    (directory / "deepspeed" / "cadence.json").write_text(json.dumps({"world_size": world_size, "zero_stage": stage}))
+    (directory / "deepspeed" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"zero_stage": 3}, "ZeRO-2 checkpoint written by 4 processes; this run uses ZeRO-3 on 1: resume with zero_stage=2"),
+    ({"zero_stage": 2, "offload_optimizer_device": "nvme", "offload_optimizer_nvme_path": "/nvme"},
+     "written by 4 processes cannot be resumed on 1 with state offloaded to NVMe"),
+])
+def test_a_zero_checkpoint_this_run_cannot_resume_is_refused_before_loading(tmp_path, options, message):
+    _engine_checkpoint(tmp_path, world_size=4, stage=2)
+    with pytest.raises(ValueError) as e:  # no engine: refused before anything would load
+        DeepSpeed(device="cpu", **options).load_checkpoint(tmp_path, None, None)
+    assert message in str(e.value) and "zero_to_fp32.py" in str(e.value)
 
 
 @pytest.mark.slow

@@ -13,21 +13,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from cadence import Checkpoint, DataLoaders, GradAccum, Learner
+from cadence import Checkpoint, GradAccum, Learner
 from cadence.distributed.env import is_main_process, setup_distrib
-from resume import KillAt  # tests/scripts/resume.py: SIGKILL after a step's checkpoint
+from resume import KillAt, data_and_model  # tests/scripts/resume.py: its run, and SIGKILL after a step's checkpoint
 
 
 def train(stage, args):
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(96, 6, generator=g)
-    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
-    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
-                      DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
-    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+    dls, model = data_and_model()
     cbs = [GradAccum(steps=2), Checkpoint(Path(args.ckpt) / f"zero{stage}", every_n_steps=2)]
     if args.kill_at:
         cbs.append(KillAt(args.kill_at))
