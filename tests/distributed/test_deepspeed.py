@@ -245,3 +245,49 @@ def test_accelerate_config_launches_and_offload_and_zero3_init_train(tmp_path):
     # built sharded: no rank ever held the first Linear's 6 x 16 weight, each holds half of it
     assert results["init"]["untrained"] == {"numel": 0, "partition_numel": 6 * 16 // 2}
     assert_weights_close(w["launcher"], w["init"], rtol=1e-4, atol=1e-5)
+
+
+# a notebook's cells: a DeepSpeed fit launched on 2 processes from the kernel, twice, then the kernel used again
+NOTEBOOK_CELLS = ['''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from cadence import DataLoaders, Learner, notebook_launcher
+
+def train(stage):
+    import torch.distributed as dist
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8), DataLoader(TensorDataset(x, y), batch_size=8))
+    learn = Learner(dls, nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3)), loss_func=nn.CrossEntropyLoss(),
+                    opt_func=torch.optim.AdamW, lr=3e-2)
+    untrained = learn.validate()["valid_loss"]
+    with learn.distrib_ctx(strategy="deepspeed", zero_stage=stage, in_notebook=True):
+        learn.fit(3)
+        engine, world = type(learn.model).__name__, dist.get_world_size()
+    return {"engine": engine, "world": world, "steps": learn.step, "untrained": untrained,
+            "trained": learn.validate()["valid_loss"]}
+''', 'results = [notebook_launcher(train, args=(stage,), num_processes=2) for stage in (2, 3)]',
+    'import json; print("RESULT " + json.dumps(results)); print("KERNEL", sum(range(5)))']
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_notebook_launcher_trains_with_deepspeed_on_two_processes_and_the_kernel_stays_usable(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from tests.notebooks import output_text, outputs, python3_kernel
+
+    kernel_name = python3_kernel(tmp_path, monkeypatch)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    nbclient.NotebookClient(nb, timeout=480, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = outputs(nb, "error")
+    assert not errors, "\n".join(f"{e.ename}: {e.evalue}\n" + "\n".join(e.traceback) for e in errors)
+    text = "".join(output_text(o) for o in outputs(nb, "stream"))
+    results = json.loads(text.split("RESULT ")[1].splitlines()[0])
+    for stage, r in zip((2, 3), results):  # rank 0's result, from a DeepSpeed engine on 2 processes
+        assert r["engine"] == "DeepSpeedEngine" and r["world"] == 2 and r["steps"] == 18, (stage, r)
+        assert r["trained"] < 0.6 * r["untrained"], (stage, r)
+    assert "KERNEL 10" in text  # the kernel runs cells after both launches
