@@ -291,6 +291,8 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             raise ValueError(f"the DeepSpeed config enables {enabled[0]} but the Learner's precision is {precision!r}: "
                              f'set "enabled": "auto" in the config, or use learn.to_{enabled[0]}() / '
                              f"`cadence launch --mixed_precision {enabled[0]}`")
+        if "fp16" in enabled:
+            _check_fp16_supported()
         return cfg
 
     def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
@@ -520,6 +522,18 @@ def _engine_precision(precision: FullPrecision, device: torch.device) -> FullPre
     if precision.name == "no":
         return FullPrecision()
     return AutocastPrecision(torch.bfloat16 if precision.name == "bf16" else torch.float16, device.type)
+
+
+def _check_fp16_supported() -> None:
+    """fp16 where DeepSpeed's accelerator has it. Its CPU accelerator has it only with oneDNN's fp16 (AVX512-FP16 or
+    AMX-FP16); elsewhere the engine fails with "Type fp16 is not supported on your device": say what to use instead."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if not accelerator.is_fp16_supported():
+        raise ValueError(f"DeepSpeed cannot train in fp16 on this machine (its {accelerator.device_name()} accelerator "
+                         f"has no fp16 support): use bf16 on CPU (MixedPrecision('bf16'), learn.to_bf16() or "
+                         f"`cadence launch --mixed_precision bf16`), or fp32")
 
 
 def _materialize_state(opt) -> None:

@@ -44,6 +44,7 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
             {"name": "ddp_clip", "strategy": "ddp", "clip": 0.05}, {"name": "z2_clip", **z(2), "clip": 0.05},
             {"name": "z3_clip", **z(3), "clip": 0.05}, {"name": "z2_bf16", **z(2), "precision": "bf16"},
             {"name": "z3_native", **z(3), "native_ckpt": True},
+            {"name": "z2_fp16", **z(2), "precision": "fp16", "expect_error": not torch.ops.mkldnn._is_mkldnn_fp16_supported()},
             {"name": "z2_config_opt", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": CONFIG_OPTIMIZER}},
             {"name": "bad_tbs", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": {"train_batch_size": 7}},
              "expect_error": True}]
@@ -63,6 +64,11 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
     bf16 = results["z2_bf16"]
     assert bf16["valid_loss"] < 0.5 * bf16["untrained"]
     assert all(t.dtype == torch.float32 for t in w["z2_bf16"].values())  # the fp32 masters are exported
+    fp16 = results["z2_fp16"]  # DeepSpeed's CPU accelerator has fp16 only with oneDNN's (AVX512-FP16 / AMX-FP16)
+    if "error" in fp16:
+        assert "cannot train in fp16 on this machine" in fp16["error"] and "use bf16 on CPU" in fp16["error"]
+    else:
+        assert fp16["valid_loss"] < 0.5 * fp16["untrained"]
     error = results["bad_tbs"]["error"]
     assert "train_batch_size 7" in error and "micro batch 4" in error and "accumulation 1" in error
     assert "processes 2" in error
@@ -108,6 +114,18 @@ def test_bad_options_are_refused_naming_the_value(options, message):
     with pytest.raises((ValueError, FileNotFoundError)) as e:
         DeepSpeed(device="cpu", **options)
     assert message in str(e.value)
+
+
+def test_fp16_trains_where_deepspeed_has_it_and_is_refused_naming_bf16_where_not():
+    strategy = DeepSpeed(device="cpu", zero_stage=2)
+    deepspeed = importlib.import_module("cadence.distributed.deepspeed").import_deepspeed()
+    if deepspeed.accelerator.get_accelerator().device_name() == "cpu" and not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        # this CPU has no oneDNN fp16: DeepSpeed's engine would fail with "Type fp16 is not supported on your device"
+        with pytest.raises(ValueError, match=r"cannot train in fp16 on this machine .*use bf16 on CPU"):
+            strategy._engine_config("fp16", micro_batch=4)  # what setup builds the engine with, before training
+    else:
+        assert strategy._engine_config("fp16", micro_batch=4)["fp16"] == {"enabled": True}
+    assert strategy._engine_config("bf16", micro_batch=4)["bf16"] == {"enabled": True}
 
 
 # Accelerate's DeepSpeed example config (its docs' `accelerate config` output for ZeRO-2)
