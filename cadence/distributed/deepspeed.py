@@ -30,9 +30,8 @@ from torch.utils.data import DataLoader
 
 from . import deepspeed_checkpoint, env
 from .data import DistributedDL
-from .fsdp import _meta_copy
 from .precision import AutocastPrecision, FullPrecision
-from .strategy import ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy
+from .strategy import ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy
 
 __all__ = ["DeepSpeed", "build_config"]
 
@@ -255,7 +254,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         deepspeed = import_deepspeed()
         self.precision = _engine_precision(precision or self.precision, self.device)
         self._precision_fixed = True
-        self._skeleton = _meta_copy(model)
+        self._skeleton = meta_copy(model)
         cfg = self._engine_config(self.precision.name, micro_batch=1)
         _fit_buckets(cfg["zero_optimization"], _largest_layer(model))
         optimizer = None

@@ -25,22 +25,29 @@ def train(stage, args):
     if args.kill_at:
         cbs.append(KillAt(args.kill_at))
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, cbs=cbs)
+    fit = lambda learn: learn.fit_one_cycle(2, lr_max=1e-2, resume="latest" if args.resume else None)
+    fit_and_export(learn, stage, fit, Path(args.out) / f"zero{stage}.safetensors")
+
+
+def fit_and_export(learn, stage, fit, path):
+    """`fit(learn)` under DeepSpeed ZeRO-`stage`; rank 0 writes the final fp32 weights to `path` and prints the steps."""
     learn.remove_cb(learn.progress)
     with learn.distrib_ctx(strategy="deepspeed", zero_stage=stage):
-        learn.fit_one_cycle(2, lr_max=1e-2, resume="latest" if args.resume else None)
+        fit(learn)
         weights = learn.strategy.model_state_dict(learn.model)
     if is_main_process():
-        save_file({k: v.contiguous() for k, v in weights.items()}, Path(args.out) / f"zero{stage}.safetensors")
+        save_file({k: v.contiguous() for k, v in weights.items()}, path)
         print(f"ZERO{stage} STEPS {learn.step}", flush=True)
 
 
-def main():
+def run_stages(train, **options):
+    """`SCRIPT CKPT_ROOT OUT_DIR STAGES [--resume] [--<option> INT]`: `train(stage, args)` per stage, one process group."""
     p = argparse.ArgumentParser()
-    p.add_argument("ckpt")
-    p.add_argument("out")
-    p.add_argument("stages")
-    p.add_argument("--kill-at", type=int)
+    for name in ("ckpt", "out", "stages"):
+        p.add_argument(name)
     p.add_argument("--resume", action="store_true")
+    for name, kind in options.items():
+        p.add_argument(name, type=kind)
     args = p.parse_args()
     setup_distrib()
     for stage in map(int, args.stages.split(",")):
@@ -48,4 +55,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_stages(train, **{"--kill-at": int})

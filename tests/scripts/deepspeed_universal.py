@@ -10,15 +10,14 @@ OUT_DIR/zero<stage>-step3.pt. With --resume: `fit(1, resume=<step 3's checkpoint
 Both write OUT_DIR/zero<stage>-<world size>.safetensors (the final weights) and print `ZERO<stage> STEPS <step>`.
 """
 
-import argparse
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from cadence import Callback, Checkpoint, Learner, Order
-from cadence.distributed.env import is_main_process, setup_distrib, world_size
+from cadence.distributed.env import is_main_process, world_size
+from deepspeed_resume import fit_and_export, run_stages
 from resume import data_and_model
 
 
@@ -59,26 +58,9 @@ def train(stage, args):
     ckpt, reference = Path(args.ckpt) / f"zero{stage}", Path(args.out) / f"zero{stage}-step3.pt"
     cbs = [Checkpoint(ckpt, every_n_steps=3, every_epoch=False), CompareLoaded(reference, stage) if args.resume else SaveAtStep3(reference)]
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, lr=1e-2, cbs=cbs)
-    learn.remove_cb(learn.progress)
-    with learn.distrib_ctx(strategy="deepspeed", zero_stage=stage):
-        learn.fit(1, resume=str(ckpt / "step-00000003") if args.resume else None)
-        weights = learn.strategy.model_state_dict(learn.model)
-    if is_main_process():
-        save_file({k: v.contiguous() for k, v in weights.items()}, Path(args.out) / f"zero{stage}-{world_size()}.safetensors")
-        print(f"ZERO{stage} STEPS {learn.step}", flush=True)
-
-
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("ckpt")
-    p.add_argument("out")
-    p.add_argument("stages")
-    p.add_argument("--resume", action="store_true")
-    args = p.parse_args()
-    setup_distrib()
-    for stage in map(int, args.stages.split(",")):
-        train(stage, args)
+    fit = lambda learn: learn.fit(1, resume=str(ckpt / "step-00000003") if args.resume else None)
+    fit_and_export(learn, stage, fit, Path(args.out) / f"zero{stage}-{world_size()}.safetensors")
 
 
 if __name__ == "__main__":
-    main()
+    run_stages(train)
