@@ -5,9 +5,11 @@ DeepSpeed, whose mixed precision keeps bf16 weights). At the second step, after 
 the optimizer runs (gradients held, optimizer state built), each rank sums the bytes of the tensors it
 holds (local shards for FSDP, ZeRO-3's partitions, each storage counted once, so DDP's gradient-bucket
 views are not counted twice); the table shows the largest rank. For DeepSpeed "optimizer" is every
-tensor its ZeRO optimizer holds: fp32 master partitions, Adam's moments, and its gradient partitions
-and buckets. "estimate" is `cadence estimate-memory`'s model-state accounting for the same engine.
-Targets: FSDP FULL_SHARD and ZeRO-3 at most 1/N of DDP's + 5%.
+tensor its ZeRO optimizer holds (fp32 master partitions, Adam's moments, its gradient partitions)
+except its communication buckets, which are "buffers": the ZeRO paper counts parameters, gradients
+and optimizer state as model state and such fused buffers as residual state (constant size per rank,
+not divided by N). "estimate" is `cadence estimate-memory`'s model-state accounting for the same
+engine. Targets: FSDP FULL_SHARD and ZeRO-3 model state at most 1/N of DDP's + 5%.
 
     .venv/bin/python bench/memory.py               # 2 and 4 processes (~1 min)
     .venv/bin/python bench/memory.py --nproc 2     # one size
@@ -65,8 +67,12 @@ def held_tensors(obj, depth: int = 6, visited: set | None = None):
         yield from held_tensors(vars(obj), depth - 1, visited)
 
 
+# a ZeRO optimizer's gradient buckets (ZeRO-3: one per dtype, kept for `contiguous_gradients`; ZeRO-1/2: only in backward)
+BUCKET_ATTRIBUTES = ("ipg_buckets", "ipg_buffer")
+
+
 def state_bytes(model, opt) -> dict[str, int]:
-    """Bytes of parameters, gradients and optimizer state this rank holds, each storage once."""
+    """Bytes of parameters, gradients, optimizer state and communication buffers this rank holds, each storage once."""
     seen: set[int] = set()
 
     def size(tensors) -> int:
@@ -80,10 +86,12 @@ def state_bytes(model, opt) -> dict[str, int]:
     params = list(model.parameters())
     held = {"params": size([*params, *(p.ds_tensor for p in params if hasattr(p, "ds_tensor"))]),
             "grads": size(p.grad for p in params if p.grad is not None)}
-    if hasattr(opt, "optimizer"):  # a DeepSpeed ZeRO optimizer: masters, moments, gradient partitions, buckets
+    if hasattr(opt, "optimizer"):  # a DeepSpeed ZeRO optimizer: buckets, then masters, moments, gradient partitions
+        buckets = [getattr(opt, name) for name in BUCKET_ATTRIBUTES if hasattr(opt, name)]
+        held["buffers"] = size(t for t in held_tensors(buckets) if t.dim() > 0)
         return {**held, "optimizer": size(t for t in held_tensors(opt) if t.dim() > 0)}
-    return {**held, "optimizer": size(v for s in opt.state.values() for v in s.values() if hasattr(v, "untyped_storage")
-                                      and v.dim() > 0)}
+    return {**held, "buffers": 0, "optimizer": size(v for s in opt.state.values() for v in s.values()
+                                                    if hasattr(v, "untyped_storage") and v.dim() > 0)}
 
 
 def measure(strategy: str, kwargs: dict, precision: str) -> dict[str, int]:
@@ -122,14 +130,20 @@ def worker() -> None:
         per_rank = gather_object(measure(strategy, kwargs, precision))
         rows[name] = max(per_rank, key=lambda r: sum(r.values()))
     if rank() == 0:
-        ddp = sum(rows["DDP"].values())
+        ddp = model_state(rows["DDP"])
         n_params = sum(p.numel() for p in make_model().parameters())
         for name, r in rows.items():
-            total, (_, _, precision, kind) = sum(r.values()), engines[name]
+            total, (_, _, precision, kind) = model_state(r), engines[name]
             estimate = (f"{model_state_bytes(n_params, kind, world_size(), mixed=precision != 'no').device / 2**20:.2f}"
                         if kind else "")
             print(f"| {world_size()} | {name} | {r['params'] / 2**20:.2f} | {r['grads'] / 2**20:.2f} | "
-                  f"{r['optimizer'] / 2**20:.2f} | {total / 2**20:.2f} | {estimate} | {total / ddp:.3f} |")
+                  f"{r['optimizer'] / 2**20:.2f} | {total / 2**20:.2f} | {estimate} | {total / ddp:.3f} | "
+                  f"{r['buffers'] / 2**20:.2f} | {(total + r['buffers']) / ddp:.3f} |")
+
+
+def model_state(row: dict[str, int]) -> int:
+    """Parameters + gradients + optimizer state (the ZeRO paper's model state), buffers left out."""
+    return row["params"] + row["grads"] + row["optimizer"]
 
 
 def main() -> None:
@@ -139,8 +153,9 @@ def main() -> None:
     args = p.parse_args()
     if is_worker():
         return worker()
-    print("| processes | engine | params MiB | grads MiB | optimizer MiB | total MiB | estimate MiB | of DDP |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| processes | engine | params MiB | grads MiB | optimizer MiB | model state MiB | estimate MiB | of DDP "
+          "| buffers MiB | with buffers, of DDP |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in args.nproc:
         print(relaunch(n, __file__, []), end="")
 

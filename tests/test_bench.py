@@ -52,7 +52,10 @@ def test_engine_step_bench_compares_each_engine_with_its_hand_written_loop():
 
 
 @pytest.mark.slow
-def test_full_shard_holds_half_the_model_state_of_ddp_on_two_processes():
-    total = {r[1]: float(r[5]) for r in _bench_table("memory.py", "--nproc", "2")}
+def test_full_shard_and_zero3_hold_half_the_model_state_of_ddp_on_two_processes():
+    rows = {r[1]: r for r in _bench_table("memory.py", "--nproc", "2")}
+    total = {name: float(r[5]) for name, r in rows.items()}         # params + grads + optimizer state
     assert total["FSDP FULL_SHARD"] <= total["DDP"] / 2 * 1.05   # the target: 1/N of DDP + 5%
+    assert total["ZeRO-3 bf16"] <= total["DDP"] / 2 * 1.05
     assert total["DDP"] > 20                                      # params + grads + Adam state of a 1.6M-param MLP
+    assert float(rows["ZeRO-3 bf16"][8]) > 0.4                   # its gradient bucket (one 512x512 layer), shown apart

@@ -28,15 +28,13 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from . import env
+from . import deepspeed_checkpoint, env
 from .data import DistributedDL
-from .fsdp import _meta_copy
 from .precision import AutocastPrecision, FullPrecision
-from .strategy import ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy
+from .strategy import ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy
 
 __all__ = ["DeepSpeed", "build_config"]
 
-TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 AUTO = "auto"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # Accelerate's deepspeed_config keys (without the `deepspeed_` prefix where it has one)
@@ -229,6 +227,9 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             self.engine.destroy()
             self.engine = None
         if self.created_group:
+            from deepspeed.utils import groups
+
+            groups._WORLD_GROUP = None  # DeepSpeed's cached clone of the group ends with it: a later engine clones anew
             env.teardown_distrib()
             self.created_group = False
 
@@ -253,7 +254,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         deepspeed = import_deepspeed()
         self.precision = _engine_precision(precision or self.precision, self.device)
         self._precision_fixed = True
-        self._skeleton = _meta_copy(model)
+        self._skeleton = meta_copy(model)
         cfg = self._engine_config(self.precision.name, micro_batch=1)
         _fit_buckets(cfg["zero_optimization"], _largest_layer(model))
         optimizer = None
@@ -289,6 +290,8 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             raise ValueError(f"the DeepSpeed config enables {enabled[0]} but the Learner's precision is {precision!r}: "
                              f'set "enabled": "auto" in the config, or use learn.to_{enabled[0]}() / '
                              f"`cadence launch --mixed_precision {enabled[0]}`")
+        if "fp16" in enabled:
+            _check_fp16_supported()
         return cfg
 
     def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
@@ -500,27 +503,16 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
 
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """DeepSpeed's own files under `directory/deepspeed/`, every rank writing its partition in parallel."""
-        self.engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
-        if self.is_main:
-            (Path(directory) / TAG / "cadence.json").write_text(json.dumps({"world_size": self.dp_size,
-                                                                          "zero_stage": self.stage}))
+        deepspeed_checkpoint.save(self.engine, directory, self.dp_size, self.stage, self.is_main)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read what `save_checkpoint` wrote; a ZeRO checkpoint resumes on the number of processes that wrote it."""
-        directory = Path(directory)
-        if not (directory / TAG).is_dir():
+        """Read what `save_checkpoint` wrote, on any number of processes (a ZeRO checkpoint on another number is
+        converted to DeepSpeed's universal format first); a full-state checkpoint (`model.safetensors`) too."""
+        if not deepspeed_checkpoint.is_engine_checkpoint(directory):
             return super().load_checkpoint(directory, model, opt)
-        saved = json.loads((directory / TAG / "cadence.json").read_text())
-        if saved["world_size"] != self.dp_size and saved["zero_stage"] > 0:
-            raise ValueError(f"{directory} holds a DeepSpeed ZeRO-{saved['zero_stage']} checkpoint written by "
-                             f"{saved['world_size']} processes, whose optimizer state is partitioned per process: "
-                             f"resume on {saved['world_size']} processes, or load its weights into a new run with "
-                             f"learn.load / deepspeed.utils.zero_to_fp32 (optimizer state starts fresh)")
-        if saved["zero_stage"] != self.stage:
-            raise ValueError(f"{directory} holds a ZeRO-{saved['zero_stage']} checkpoint; this run uses ZeRO-{self.stage}: "
-                             f"resume with zero_stage={saved['zero_stage']}")
-        self.engine.load_checkpoint(str(directory), tag=TAG, load_optimizer_states=True,
-                                    load_lr_scheduler_states=True)
+        zero = self.config["zero_optimization"]
+        nvme = any(zero.get(f"offload_{what}", {}).get("device") == "nvme" for what in ("optimizer", "param"))
+        deepspeed_checkpoint.load(self.engine, directory, self.dp_size, self.stage, self.is_main, self.barrier, nvme)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -529,6 +521,18 @@ def _engine_precision(precision: FullPrecision, device: torch.device) -> FullPre
     if precision.name == "no":
         return FullPrecision()
     return AutocastPrecision(torch.bfloat16 if precision.name == "bf16" else torch.float16, device.type)
+
+
+def _check_fp16_supported() -> None:
+    """fp16 where DeepSpeed's accelerator has it. Its CPU accelerator has it only with oneDNN's fp16 (AVX512-FP16 or
+    AMX-FP16); elsewhere the engine fails with "Type fp16 is not supported on your device": say what to use instead."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if not accelerator.is_fp16_supported():
+        raise ValueError(f"DeepSpeed cannot train in fp16 on this machine (its {accelerator.device_name()} accelerator "
+                         f"has no fp16 support): use bf16 on CPU (MixedPrecision('bf16'), learn.to_bf16() or "
+                         f"`cadence launch --mixed_precision bf16`), or fp32")
 
 
 def _materialize_state(opt) -> None:
@@ -567,6 +571,7 @@ def _set_zero3_partition(opt, param: nn.Parameter, value: torch.Tensor, key: str
 
 
 BUCKETS = {"reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8), "stage3_prefetch_bucket_size": int(5e7)}
+BUCKET_ALIGNMENT = 2  # ZeRO-1/2 assert allgather_bucket_size is a multiple of its 4-byte alignment in fp16 elements
 
 
 def _largest_layer(model: nn.Module) -> int:
@@ -580,7 +585,7 @@ def _fit_buckets(zero: dict, layer_params: int) -> None:
     allocate 5e8 elements (ZeRO-3: 1.9 GiB in fp32) however small the model. A number the config gives is kept."""
     for key, default in BUCKETS.items():
         if _is_auto(zero.get(key, AUTO)):
-            zero[key] = max(1, min(default, layer_params))
+            zero[key] = min(default, max(1, -(-layer_params // BUCKET_ALIGNMENT)) * BUCKET_ALIGNMENT)
 
 
 def _has_auto(value: Any) -> bool:

@@ -13,7 +13,6 @@ block reaches the strategy through `$CADENCE_FSDP_CONFIG`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
-from .strategy import MakeOpt, OwnsPrecision, Strategy
+from .strategy import MakeOpt, OwnsPrecision, Strategy, meta_copy
 
 __all__ = ["FSDP", "SHARDING_STRATEGIES", "AUTO_WRAP_POLICIES"]
 
@@ -176,7 +175,7 @@ class FSDP(OwnsPrecision, Strategy):
         if precision is not None:
             self.precision = _sharded_scaler(precision)
         self._precision_fixed = True
-        self._skeleton = _meta_copy(model)
+        self._skeleton = meta_copy(model)
         full_state = _full_cpu_state(model) if self.cpu_ram_efficient_loading and env.is_main_process() else None
         if self.activation_checkpointing:
             from torch.distributed._composable import checkpoint
@@ -363,16 +362,6 @@ def _size_groups(model: nn.Module, min_num_params: int) -> list[nn.Module]:
 def _depth(root: nn.Module, module: nn.Module) -> int:
     names = {id(m): name for name, m in root.named_modules()}
     return names[id(module)].count(".") + 1
-
-
-def _meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` on the meta device (no memory), to rebuild a plain module after sharding."""
-    def empty(t: torch.Tensor) -> torch.Tensor:  # a DeepSpeed ZeRO-3 partition knows its whole shape (ds_shape)
-        return torch.empty(getattr(t, "ds_shape", t.shape), dtype=t.dtype, device="meta")
-
-    memo = {id(t): nn.Parameter(empty(t), t.requires_grad) if isinstance(t, nn.Parameter) else empty(t)
-            for t in (*model.parameters(), *model.buffers())}
-    return copy.deepcopy(model, memo)
 
 
 def _full_cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ included), the collectives of its data-parallel group, and its checkpoint format
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ContextManager, TypeVar
@@ -195,6 +196,19 @@ class Strategy:
         model_state, opt_state = load_model_file(directory, self.unwrap(model)), load_optimizer_file(directory)
         self.load_model_state_dict(model, model_state)
         self.load_optimizer_state_dict(model, opt, opt_state)
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` on the meta device (no memory): the skeleton a sharding engine rebuilds the plain module from.
+
+    >>> skeleton = meta_copy(model); ...; plain = skeleton.to_empty(device="cpu"); plain.load_state_dict(full_weights)
+    """
+    def empty(t: torch.Tensor) -> torch.Tensor:  # a DeepSpeed ZeRO-3 partition knows its whole shape (ds_shape)
+        return torch.empty(getattr(t, "ds_shape", t.shape), dtype=t.dtype, device="meta")
+
+    memo = {id(t): nn.Parameter(empty(t), t.requires_grad) if isinstance(t, nn.Parameter) else empty(t)
+            for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo)
 
 
 def _on_meta(model: nn.Module) -> bool:

@@ -44,6 +44,7 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
             {"name": "ddp_clip", "strategy": "ddp", "clip": 0.05}, {"name": "z2_clip", **z(2), "clip": 0.05},
             {"name": "z3_clip", **z(3), "clip": 0.05}, {"name": "z2_bf16", **z(2), "precision": "bf16"},
             {"name": "z3_native", **z(3), "native_ckpt": True},
+            {"name": "z2_fp16", **z(2), "precision": "fp16", "expect_error": not torch.ops.mkldnn._is_mkldnn_fp16_supported()},
             {"name": "z2_config_opt", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": CONFIG_OPTIMIZER}},
             {"name": "bad_tbs", "strategy": "deepspeed", "kwargs": {"zero_stage": 2, "config": {"train_batch_size": 7}},
              "expect_error": True}]
@@ -63,6 +64,11 @@ def test_zero_stages_train_like_ddp_accumulate_clip_bf16_and_refuse_a_bad_batch_
     bf16 = results["z2_bf16"]
     assert bf16["valid_loss"] < 0.5 * bf16["untrained"]
     assert all(t.dtype == torch.float32 for t in w["z2_bf16"].values())  # the fp32 masters are exported
+    fp16 = results["z2_fp16"]  # DeepSpeed's CPU accelerator has fp16 only with oneDNN's (AVX512-FP16 / AMX-FP16)
+    if "error" in fp16:
+        assert "cannot train in fp16 on this machine" in fp16["error"] and "use bf16 on CPU" in fp16["error"]
+    else:
+        assert fp16["valid_loss"] < 0.5 * fp16["untrained"]
     error = results["bad_tbs"]["error"]
     assert "train_batch_size 7" in error and "micro batch 4" in error and "accumulation 1" in error
     assert "processes 2" in error
@@ -108,6 +114,18 @@ def test_bad_options_are_refused_naming_the_value(options, message):
     with pytest.raises((ValueError, FileNotFoundError)) as e:
         DeepSpeed(device="cpu", **options)
     assert message in str(e.value)
+
+
+def test_fp16_trains_where_deepspeed_has_it_and_is_refused_naming_bf16_where_not():
+    strategy = DeepSpeed(device="cpu", zero_stage=2)
+    deepspeed = importlib.import_module("cadence.distributed.deepspeed").import_deepspeed()
+    if deepspeed.accelerator.get_accelerator().device_name() == "cpu" and not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        # this CPU has no oneDNN fp16: DeepSpeed's engine would fail with "Type fp16 is not supported on your device"
+        with pytest.raises(ValueError, match=r"cannot train in fp16 on this machine .*use bf16 on CPU"):
+            strategy._engine_config("fp16", micro_batch=4)  # what setup builds the engine with, before training
+    else:
+        assert strategy._engine_config("fp16", micro_batch=4)["fp16"] == {"enabled": True}
+    assert strategy._engine_config("bf16", micro_batch=4)["bf16"] == {"enabled": True}
 
 
 # Accelerate's DeepSpeed example config (its docs' `accelerate config` output for ZeRO-2)
@@ -187,11 +205,42 @@ def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage
 
 
-def test_a_zero_checkpoint_from_another_world_size_is_refused_clearly(tmp_path):
-    (tmp_path / "deepspeed").mkdir()
-    (tmp_path / "deepspeed" / "cadence.json").write_text(json.dumps({"world_size": 4, "zero_stage": 2}))
-    with pytest.raises(ValueError, match="written by 4 processes.*resume on 4 processes"):
-        DeepSpeed(device="cpu", zero_stage=2).load_checkpoint(tmp_path, None, None)
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # three launches
+def test_a_zero_checkpoint_from_two_processes_resumes_mid_epoch_on_one_and_on_four(tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    out.mkdir()
+    run_launch("deepspeed_universal.py", str(ckpt), str(out), "2,3", timeout=480)
+    saved = {stage: sorted(p.name for p in (ckpt / f"zero{stage}" / "step-00000003").rglob("*")) for stage in (2, 3)}
+    for nproc in (1, 4):
+        done = run_launch("deepspeed_universal.py", str(ckpt), str(out), "2,3", "--resume", nproc=nproc, timeout=480)
+        for stage in (2, 3):
+            # DeepSpeed's universal format: every weight and Adam moment as the 2 processes left them, bitwise
+            assert f"ZERO{stage} LOADED True True" in done.stdout and f"ZERO{stage} STEPS 6" in done.stdout, nproc
+            # the rest of the epoch trains on the same global batches: it ends where the 2-process run ended
+            assert_weights_close(load_file(out / f"zero{stage}-2.safetensors"),
+                                 load_file(out / f"zero{stage}-{nproc}.safetensors"), rtol=1e-4, atol=1e-5)
+            # the checkpoint is unchanged and the conversion beside it is gone
+            assert sorted(p.name for p in (ckpt / f"zero{stage}" / "step-00000003").rglob("*")) == saved[stage]
+            assert not list((ckpt / f"zero{stage}").glob(".*"))
+
+
+def _engine_checkpoint(directory, world_size, stage):
+    (directory / "deepspeed").mkdir()
+    (directory / "deepspeed" / "cadence.json").write_text(json.dumps({"world_size": world_size, "zero_stage": stage}))
+    (directory / "deepspeed" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"zero_stage": 3}, "ZeRO-2 checkpoint written by 4 processes; this run uses ZeRO-3 on 1: resume with zero_stage=2"),
+    ({"zero_stage": 2, "offload_optimizer_device": "nvme", "offload_optimizer_nvme_path": "/nvme"},
+     "written by 4 processes cannot be resumed on 1 with state offloaded to NVMe"),
+])
+def test_a_zero_checkpoint_this_run_cannot_resume_is_refused_before_loading(tmp_path, options, message):
+    _engine_checkpoint(tmp_path, world_size=4, stage=2)
+    with pytest.raises(ValueError) as e:  # no engine: refused before anything would load
+        DeepSpeed(device="cpu", **options).load_checkpoint(tmp_path, None, None)
+    assert message in str(e.value) and "zero_to_fp32.py" in str(e.value)
 
 
 @pytest.mark.slow
@@ -214,3 +263,49 @@ def test_accelerate_config_launches_and_offload_and_zero3_init_train(tmp_path):
     # built sharded: no rank ever held the first Linear's 6 x 16 weight, each holds half of it
     assert results["init"]["untrained"] == {"numel": 0, "partition_numel": 6 * 16 // 2}
     assert_weights_close(w["launcher"], w["init"], rtol=1e-4, atol=1e-5)
+
+
+# a notebook's cells: a DeepSpeed fit launched on 2 processes from the kernel, twice, then the kernel used again
+NOTEBOOK_CELLS = ['''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from cadence import DataLoaders, Learner, notebook_launcher
+
+def train(stage):
+    import torch.distributed as dist
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8), DataLoader(TensorDataset(x, y), batch_size=8))
+    learn = Learner(dls, nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3)), loss_func=nn.CrossEntropyLoss(),
+                    opt_func=torch.optim.AdamW, lr=3e-2)
+    untrained = learn.validate()["valid_loss"]
+    with learn.distrib_ctx(strategy="deepspeed", zero_stage=stage, in_notebook=True):
+        learn.fit(3)
+        engine, world = type(learn.model).__name__, dist.get_world_size()
+    return {"engine": engine, "world": world, "steps": learn.step, "untrained": untrained,
+            "trained": learn.validate()["valid_loss"]}
+''', 'results = [notebook_launcher(train, args=(stage,), num_processes=2) for stage in (2, 3)]',
+    'import json; print("RESULT " + json.dumps(results)); print("KERNEL", sum(range(5)))']
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_notebook_launcher_trains_with_deepspeed_on_two_processes_and_the_kernel_stays_usable(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from tests.notebooks import output_text, outputs, python3_kernel
+
+    kernel_name = python3_kernel(tmp_path, monkeypatch)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
+    nbclient.NotebookClient(nb, timeout=480, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = outputs(nb, "error")
+    assert not errors, "\n".join(f"{e.ename}: {e.evalue}\n" + "\n".join(e.traceback) for e in errors)
+    text = "".join(output_text(o) for o in outputs(nb, "stream"))
+    results = json.loads(text.split("RESULT ")[1].splitlines()[0])
+    for stage, r in zip((2, 3), results):  # rank 0's result, from a DeepSpeed engine on 2 processes
+        assert r["engine"] == "DeepSpeedEngine" and r["world"] == 2 and r["steps"] == 18, (stage, r)
+        assert r["trained"] < 0.6 * r["untrained"], (stage, r)
+    assert "KERNEL 10" in text  # the kernel runs cells after both launches

@@ -97,3 +97,18 @@ def test_fastai_style_star_import():
     namespace = {}
     exec("from cadence.distributed import *", namespace)
     assert {"DistributedDL", "setup_distrib", "teardown_distrib", "rank0_first", "get_strategy"} <= namespace.keys()
+
+
+def test_meta_copy_is_a_weightless_skeleton_that_rebuilds_the_plain_module():
+    from cadence.distributed.strategy import meta_copy
+
+    model = blocks_model()
+    model[0].weight.requires_grad_(False)
+    skeleton = meta_copy(model)
+    assert all(t.is_meta for t in (*skeleton.parameters(), *skeleton.buffers()))
+    assert not any(t.is_meta for t in model.parameters())  # the model itself keeps its weights
+    rebuilt = skeleton.to_empty(device="cpu")
+    rebuilt.load_state_dict(model.state_dict())
+    x = torch.randn(4, 8)
+    assert torch.equal(rebuilt(x), model(x)) and type(rebuilt[1]) is Block
+    assert not rebuilt[0].weight.requires_grad and rebuilt[2].weight.requires_grad

@@ -13,41 +13,41 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from cadence import Checkpoint, DataLoaders, GradAccum, Learner
+from cadence import Checkpoint, GradAccum, Learner
 from cadence.distributed.env import is_main_process, setup_distrib
-from resume import KillAt  # tests/scripts/resume.py: SIGKILL after a step's checkpoint
+from resume import KillAt, data_and_model  # tests/scripts/resume.py: its run, and SIGKILL after a step's checkpoint
 
 
 def train(stage, args):
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(96, 6, generator=g)
-    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
-    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
-                      DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
-    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+    dls, model = data_and_model()
     cbs = [GradAccum(steps=2), Checkpoint(Path(args.ckpt) / f"zero{stage}", every_n_steps=2)]
     if args.kill_at:
         cbs.append(KillAt(args.kill_at))
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, cbs=cbs)
+    fit = lambda learn: learn.fit_one_cycle(2, lr_max=1e-2, resume="latest" if args.resume else None)
+    fit_and_export(learn, stage, fit, Path(args.out) / f"zero{stage}.safetensors")
+
+
+def fit_and_export(learn, stage, fit, path):
+    """`fit(learn)` under DeepSpeed ZeRO-`stage`; rank 0 writes the final fp32 weights to `path` and prints the steps."""
     learn.remove_cb(learn.progress)
     with learn.distrib_ctx(strategy="deepspeed", zero_stage=stage):
-        learn.fit_one_cycle(2, lr_max=1e-2, resume="latest" if args.resume else None)
+        fit(learn)
         weights = learn.strategy.model_state_dict(learn.model)
     if is_main_process():
-        save_file({k: v.contiguous() for k, v in weights.items()}, Path(args.out) / f"zero{stage}.safetensors")
+        save_file({k: v.contiguous() for k, v in weights.items()}, path)
         print(f"ZERO{stage} STEPS {learn.step}", flush=True)
 
 
-def main():
+def run_stages(train, **options):
+    """`SCRIPT CKPT_ROOT OUT_DIR STAGES [--resume] [--<option> INT]`: `train(stage, args)` per stage, one process group."""
     p = argparse.ArgumentParser()
-    p.add_argument("ckpt")
-    p.add_argument("out")
-    p.add_argument("stages")
-    p.add_argument("--kill-at", type=int)
+    for name in ("ckpt", "out", "stages"):
+        p.add_argument(name)
     p.add_argument("--resume", action="store_true")
+    for name, kind in options.items():
+        p.add_argument(name, type=kind)
     args = p.parse_args()
     setup_distrib()
     for stage in map(int, args.stages.split(",")):
@@ -55,4 +55,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_stages(train, **{"--kill-at": int})

@@ -82,6 +82,17 @@ class KillInSave(Callback):
         pass
 
 
+def data_and_model(hidden: int = 32, dropout: float = 0.3):
+    """What every resume script trains: 96 samples (6 features, 3 classes, shuffled, batches of 8), an MLP, seeded."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
+                      DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
+    return dls, nn.Sequential(nn.Linear(6, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 3))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt", required=True)
@@ -97,13 +108,7 @@ def main():
     args = p.parse_args()
     fs_ops = kill_at_filesystem_op(args.kill_at_op, Checkpoint, "_save") if args.kill_at_op else None
 
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(96, 6, generator=g)
-    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
-    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
-                      DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
-    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+    dls, model = data_and_model()
     cbs = [GradAccum(steps=2), Checkpoint(args.ckpt, every_n_steps=4, keep_last=args.keep_last),
            Tracker(["csv", "tensorboard"], project="resume", run_name="run", dir=os.path.join(args.ckpt, "runs"))]
     if args.kill_at:

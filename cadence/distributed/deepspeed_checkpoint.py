@@ -1,0 +1,100 @@
+"""DeepSpeed's own checkpoint files inside a cadence checkpoint directory, resumable on another number of processes.
+
+`<checkpoint>/deepspeed/` holds what `engine.save_checkpoint` writes (every rank its partition) and
+`cadence.json` (world size, ZeRO stage). On the world size that wrote it, the engine loads it as it is. A
+ZeRO checkpoint holds the optimizer state (ZeRO-3: the weights too) cut into one partition per process; on
+another world size it is converted to DeepSpeed's universal format (`deepspeed.checkpoint.ds_to_universal`:
+one file per parameter and state) in a hidden `.<checkpoint>.universal.tmp/` beside it, which the engine
+loads through its `load_universal` path and which is removed afterwards. The checkpoint is never changed.
+
+>>> save(engine, Path("ckpt/step-00000200"), world_size=2, stage=3, is_main=True)
+>>> load(engine, Path("ckpt/step-00000200"), world_size=4, stage=3, is_main=rank() == 0, barrier=wait_for_everyone)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from argparse import Namespace
+from pathlib import Path
+from typing import Any, Callable
+
+from ..serialization import sibling
+
+TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
+META = "cadence.json"
+UNIVERSAL = ".universal.tmp"  # ends like a killed save, so the Checkpoint callback's clean-up removes a leftover
+
+
+def save(engine: Any, directory: Path, world_size: int, stage: int, is_main: bool) -> None:
+    """The engine's files under `directory/deepspeed/`, every rank writing its partition; then `cadence.json`."""
+    engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+    if is_main:
+        (Path(directory) / TAG / META).write_text(json.dumps({"world_size": world_size, "zero_stage": stage}))
+
+
+def is_engine_checkpoint(directory: Path) -> bool:
+    return (Path(directory) / TAG).is_dir()
+
+
+def check(directory: Path, world_size: int, stage: int, nvme: bool = False) -> dict:
+    """What `cadence.json` says, refused before anything loads when this run cannot resume it."""
+    saved = json.loads((Path(directory) / TAG / META).read_text())
+    written = f"a ZeRO-{saved['zero_stage']} checkpoint written by {saved['world_size']} processes"
+    if saved["zero_stage"] != stage:
+        raise ValueError(f"{directory} holds {written}; this run uses ZeRO-{stage} on {world_size}: resume with "
+                         f"zero_stage={saved['zero_stage']}, {_weights_only(directory)}")
+    if nvme and saved["world_size"] != world_size and partitioned(directory):
+        raise ValueError(f"{directory}: {written} cannot be resumed on {world_size} with state offloaded to NVMe "
+                         f"(cadence converts to DeepSpeed's universal format only for state in memory): resume on "
+                         f"{saved['world_size']} processes, or with offload_optimizer_device 'cpu' or 'none', "
+                         f"{_weights_only(directory)}")
+    return saved
+
+
+def _weights_only(directory: Path) -> str:
+    return (f"or start from its weights with a fresh optimizer: `python {directory}/zero_to_fp32.py {directory} weights "
+            f"--tag {TAG} --safe_serialization` writes weights/model.safetensors, which learn.load or "
+            f"load_state_dict reads")
+
+
+def partitioned(directory: Path) -> bool:
+    """True when the optimizer state is cut per process (ZeRO 1-3, and DeepSpeed's bf16 optimizer at ZeRO-0)."""
+    return any((Path(directory) / TAG).glob("*zero_pp_rank_*_optim_states.pt"))
+
+
+def load(engine: Any, directory: Path, world_size: int, stage: int, is_main: bool, barrier: Callable[[], None],
+         nvme: bool = False) -> None:
+    """Load what `save` wrote, converting it to the universal format when the world size changed."""
+    directory = Path(directory)
+    saved = check(directory, world_size, stage, nvme)
+    if saved["world_size"] == world_size or not partitioned(directory):
+        engine.load_checkpoint(str(directory), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+        return
+    universal = sibling(directory, UNIVERSAL)
+    try:
+        if is_main:
+            to_universal(directory / TAG, universal / TAG)
+        barrier()
+        engine._config.load_universal_checkpoint = True  # read by engine.load_checkpoint only
+        try:
+            engine.load_checkpoint(str(universal), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+        finally:
+            engine._config.load_universal_checkpoint = False
+        barrier()
+    finally:
+        if is_main:
+            shutil.rmtree(universal, ignore_errors=True)
+
+
+def to_universal(source: Path, target: Path) -> None:
+    """DeepSpeed's `ds_to_universal` of `source` into `target` (replaced), in this process, its output kept quiet."""
+    from deepspeed.checkpoint.ds_to_universal import main
+
+    shutil.rmtree(target.parent, ignore_errors=True)
+    args = Namespace(input_folder=str(source), output_folder=str(target), num_extract_workers=1, num_merge_workers=1,
+                     keep_temp_folder=False, strict=True, inject_missing_state=True)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main(args)
