@@ -1,5 +1,6 @@
 """examples/accelerate_nlp.py (Accelerate's nlp_example loop with `from cadence import Accelerator`) trains on
-2 processes under DDP and FSDP, evaluates every sample exactly once, and leaves a complete checkpoint."""
+2 processes under DDP, FSDP2 and DeepSpeed ZeRO-2 / ZeRO-3, unchanged: evaluates every sample exactly once, and leaves
+a complete checkpoint (DeepSpeed's own partition files under deepspeed/)."""
 
 import re
 
@@ -11,7 +12,8 @@ SCRIPT = REPO / "examples" / "accelerate_nlp.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
+@pytest.mark.parametrize("flags", [(), ("--use_fsdp",), ("--use_deepspeed", "--zero_stage", "2"),
+                                   ("--use_deepspeed", "--zero_stage", "3")], ids=["ddp", "fsdp", "zero2", "zero3"])
 def test_nlp_example_trains_on_2_processes(tmp_path, flags):
     out = tmp_path / "ckpt"
     proc = run_launch(SCRIPT, "--gradient_accumulation_steps", "2", "--output_dir", str(out), nproc=2, flags=flags,
@@ -22,5 +24,7 @@ def test_nlp_example_trains_on_2_processes(tmp_path, flags):
     assert float(epochs[-1][0]) >= 0.9, proc.stdout
     # 512 items, 2 processes, batch 16, windows of 2: 8 optimizer steps per epoch
     assert "trained on 2 processes, 32 optimizer steps" in proc.stdout, proc.stdout
+    if "--use_deepspeed" in flags:
+        assert list((out / "deepspeed").rglob("*optim_states.pt")), "DeepSpeed's partitions were not saved"
     assert (out / "state.json").is_file() and {"rng-rank0.pt", "rng-rank1.pt"} <= {p.name for p in out.iterdir()}
     assert not list(tmp_path.glob(".*tmp")), "a temporary checkpoint directory was left behind"
