@@ -456,6 +456,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
 
         params = [p for _, p in self._named_params(model)]
         base = getattr(opt, "optimizer", opt)
+        deepspeed_checkpoint.link_optimizer_state(opt)
         keys = sorted({k for s in base.state.values() for k, v in s.items() if torch.is_tensor(v) and v.dim() > 0})
         if not keys or safe_get_full_optimizer_state(params[0], keys[0]) is None:
             return opt.state_dict() if opt is base else base.state_dict()
@@ -484,8 +485,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             return base.load_state_dict(state)
         if not any(base.state.values()):  # a defaultdict: a read may have left empty entries
             _materialize_state(opt)
-        if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):  # ZeRO 1/2 and bf16 link their views lazily
-            opt._lazy_init_hp_params_optimizer_state()
+        deepspeed_checkpoint.link_optimizer_state(opt)
         for i, p in enumerate(params):
             for key, value in state["state"].get(i, {}).items():
                 if not (torch.is_tensor(value) and value.dim() > 0):

@@ -78,15 +78,47 @@ def load(engine: Any, directory: Path, world_size: int, stage: int, is_main: boo
         if is_main:
             to_universal(directory / TAG, universal / TAG)
         barrier()
+        link_optimizer_state(engine.optimizer)  # the universal loader fills each group's state through those views
         engine._config.load_universal_checkpoint = True  # read by engine.load_checkpoint only
         try:
             engine.load_checkpoint(str(universal), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
         finally:
             engine._config.load_universal_checkpoint = False
+        if stage == 3:
+            _repair_zero3_load(engine.optimizer, universal / TAG / "zero" / "optimizer_state.pt")
         barrier()
     finally:
         if is_main:
             shutil.rmtree(universal, ignore_errors=True)
+
+
+def link_optimizer_state(opt: Any) -> None:
+    """Point the per-parameter views of ZeRO-1/2 (and the bf16 optimizer) at every group's optimizer state.
+
+    DeepSpeed links them once, right after the first group's first step, when the other groups have no state
+    yet: with several parameter groups, reading their state failed ("exp_avg not found in optimizer state fragment").
+    """
+    if hasattr(opt, "_hp_optimizer_states_linked"):
+        opt._hp_optimizer_states_linked = False
+        opt._lazy_init_hp_params_optimizer_state()
+
+
+def _repair_zero3_load(optimizer: Any, path: Path) -> None:
+    """Undo two slips of DeepSpeed's ZeRO-3 universal loader, which matter with several parameter groups: it gives
+    every group the hyper-parameters (lr, weight decay, ...) of group 0, and one `step` tensor to every group's
+    state, which Adam then advances once per group and step (the bias correction runs ahead)."""
+    import torch
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+
+    saved = torch.load(path, map_location="cpu", weights_only=False)[OPTIMIZER_STATE_DICT]["param_groups"]
+    groups = optimizer.optimizer.param_groups
+    assert len(saved) == len(groups), (len(saved), len(groups))
+    for group, settings in zip(groups, saved):
+        group.update({k: v for k, v in settings.items() if k != "params"})
+    for flat in optimizer.fp32_partitioned_groups_flat:
+        state = optimizer.optimizer.state[flat]
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].clone()
 
 
 def to_universal(source: Path, target: Path) -> None:

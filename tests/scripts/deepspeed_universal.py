@@ -6,7 +6,8 @@ STAGES: comma-separated ZeRO stages, each with its checkpoints under CKPT_ROOT/z
 on 2 processes) of resume.py's run without dropout, with a hidden width of 33 (an odd-sized largest layer).
 Without --resume: Checkpoint(every_n_steps=3); rank 0 writes the full weights and optimizer state at step 3 to
 OUT_DIR/zero<stage>-step3.pt. With --resume: `fit(1, resume=<step 3's checkpoint>)`, and rank 0 prints
-`ZERO<stage> LOADED <weights equal> <optimizer equal>` (to step 3's, bitwise) before training.
+`ZERO<stage> LOADED <weights equal> <optimizer equal> <group settings equal>` (to step 3's, bitwise) before
+training. Two parameter groups with their own weight decay.
 Both write OUT_DIR/zero<stage>-<world size>.safetensors (the final weights) and print `ZERO<stage> STEPS <step>`.
 """
 
@@ -24,7 +25,13 @@ from resume import data_and_model
 def full_state(learn):
     """Weights and optimizer state, gathered (every rank calls it)."""
     return {"weights": learn.strategy.model_state_dict(learn.model),
-            "optimizer": learn.strategy.optimizer_state_dict(learn.model, learn.opt)["state"]}
+            "optimizer": learn.strategy.optimizer_state_dict(learn.model, learn.opt)["state"],
+            "groups": [[group["lr"], group["weight_decay"]] for group in learn.opt.param_groups]}
+
+
+def adamw_with_decay_per_group(groups, lr):
+    """Two parameter groups (the splitter's) that differ in weight decay: each must resume with its own."""
+    return torch.optim.AdamW([{**group, "weight_decay": wd} for group, wd in zip(groups, (0.5, 0.0))], lr=lr)
 
 
 class SaveAtStep3(Callback):
@@ -48,16 +55,18 @@ class CompareLoaded(Callback):
         state, saved = full_state(self.learn), torch.load(self.path)
         if is_main_process():
             weights = all(torch.equal(state["weights"][k], saved["weights"][k]) for k in saved["weights"])
-            moments = all(torch.equal(torch.as_tensor(v), torch.as_tensor(saved["optimizer"][i][k]))
-                          for i, entry in state["optimizer"].items() for k, v in entry.items())
-            print(f"ZERO{self.stage} LOADED {weights} {moments}", flush=True)
+            moments = (state["optimizer"].keys() == saved["optimizer"].keys() and all(
+                entry.keys() == saved["optimizer"][i].keys() and all(torch.equal(torch.as_tensor(v), torch.as_tensor(
+                    saved["optimizer"][i][k])) for k, v in entry.items()) for i, entry in state["optimizer"].items()))
+            print(f"ZERO{self.stage} LOADED {weights} {moments} {state['groups'] == saved['groups']}", flush=True)
 
 
 def train(stage, args):
     dls, model = data_and_model(hidden=33, dropout=0.0)
     ckpt, reference = Path(args.ckpt) / f"zero{stage}", Path(args.out) / f"zero{stage}-step3.pt"
     cbs = [Checkpoint(ckpt, every_n_steps=3, every_epoch=False), CompareLoaded(reference, stage) if args.resume else SaveAtStep3(reference)]
-    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, lr=1e-2, cbs=cbs)
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=adamw_with_decay_per_group, lr=1e-2, cbs=cbs,
+                    splitter=lambda m: [m[0].parameters(), m[3].parameters()])
     fit = lambda learn: learn.fit(1, resume=str(ckpt / "step-00000003") if args.resume else None)
     fit_and_export(learn, stage, fit, Path(args.out) / f"zero{stage}-{world_size()}.safetensors")
 
