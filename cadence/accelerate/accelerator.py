@@ -54,7 +54,8 @@ class Accelerator:
         gradient_accumulation_steps: micro-batches per optimizer step inside `accumulate` (default: the launcher's).
         cpu: train on the CPU even when a GPU is there.
         strategy: "ddp", "fsdp", ... or a Strategy (default: the launcher's, else DDP).
-        log_with: trackers for `init_trackers`: "tensorboard", "wandb", "csv", a GeneralTracker, or a list.
+        log_with: trackers for `init_trackers`: "tensorboard", "wandb", "csv", a GeneralTracker, a list, or "all"
+            (every named tracker whose package is installed). An unknown name is refused here.
         project_dir / project_config: where `save_state()` and the trackers write (a `ProjectConfiguration`).
         kwargs_handlers: `DistributedDataParallelKwargs`, `GradScalerKwargs`, `InitProcessGroupKwargs`.
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer stepped (default).

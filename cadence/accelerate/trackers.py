@@ -2,7 +2,7 @@
 
 Runs open and write on the main process only; elsewhere every call does nothing.
 
->>> accelerator = Accelerator(log_with=["tensorboard", "csv"], project_dir="runs")
+>>> accelerator = Accelerator(log_with=["tensorboard", "csv"], project_dir="runs")  # or "all": every installed one
 >>> accelerator.init_trackers("digits", config={"lr": 1e-3})
 >>> accelerator.log({"train/loss": loss.item()}, step=step)
 >>> accelerator.end_training()
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..callbacks.tracking.base import GeneralTracker, make_tracker, new_run_dir, plain
+from ..callbacks.tracking.base import GeneralTracker, check_tracker_kinds, make_tracker, new_run_dir, plain, tracker_kinds
 
 __all__ = ["TrackerSet"]
 
@@ -32,7 +32,8 @@ class TrackerSet:
     """The trackers named by `log_with`, opened by `init` on the main process."""
 
     def __init__(self, log_with: Any, logging_dir: str | None):
-        self.kinds = [] if log_with is None else list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]
+        self.kinds = tracker_kinds(log_with)
+        check_tracker_kinds(self.kinds)
         self.logging_dir = logging_dir
         self.trackers: list[GeneralTracker] = []
         self.next_step = 0

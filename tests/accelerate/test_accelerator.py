@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader
 
 from cadence import (Accelerator, DummyOptim, GradScalerKwargs, PartialState, ProjectConfiguration,
                      find_executable_batch_size, set_seed)
+from cadence.callbacks.tracking import Tracker
+from cadence.callbacks.tracking import base as tracking_base
 from cadence.callbacks.tracking.csv import CSVTracker
 from scripts.regression import RegressionDataset, RegressionModel
 
@@ -267,3 +269,25 @@ def test_scheduler_built_over_the_prepared_optimizer_skips_with_it():
     acc.backward(model(next(iter(dl))["x"]).sum() * float("inf"))
     opt.step(); sched.step()
     assert acc.optimizer_step_was_skipped and sched.get_last_lr() == [0.1]
+
+
+def test_log_with_all_opens_every_installed_tracker_and_an_unknown_name_is_refused(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # wandb is installed with the dev extras: stand in for a machine without it by renaming its package
+    monkeypatch.setitem(tracking_base._TRACKER_PACKAGES, "wandb", "wandb_is_not_installed_here")
+    acc = Accelerator(log_with="all", project_dir=tmp_path)
+    acc.init_trackers("proj", config={"lr": 0.1})
+    acc.log({"loss": 0.5}, step=1)
+    acc.log({"loss": 0.25}, step=2)
+    assert sorted(t.name for t in acc.trackers.trackers) == ["csv", "tensorboard"]
+    assert [t.name for t in Tracker("all", dir=tmp_path).trackers] == ["tensorboard", "csv"]  # the Learner's callback too
+    acc.end_training()
+    (events,) = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+    tb = EventAccumulator(str(events))
+    tb.Reload()
+    assert [(e.step, e.value) for e in tb.Scalars("loss")] == [(1, 0.5), (2, 0.25)]
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    assert [(r["step"], float(r["loss"])) for r in rows] == [("1", 0.5), ("2", 0.25)]
+    with pytest.raises(ValueError, match=r"unknown tracker 'tensorbord'.*\['csv', 'tensorboard', 'wandb'\]"):
+        Accelerator(log_with=["tensorbord"])

@@ -145,26 +145,60 @@ def new_run_dir(dir: str | Path | None, project: str | None, run_name: str | Non
     return path
 
 
+def _named_trackers() -> dict[str, type[GeneralTracker]]:
+    from .csv import CSVTracker
+    from .tensorboard import TensorBoardTracker
+    from .wandb import WandbTracker
+
+    return {cls.name: cls for cls in (TensorBoardTracker, WandbTracker, CSVTracker)}
+
+
+# the package each named tracker writes through; "all" means the named trackers whose package is installed
+_TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "csv": None}
+
+
+def tracker_kinds(kinds: Any) -> list[Any]:
+    """`kinds` as a list, with "all" (Accelerate's `log_with="all"`) replaced by every installed named tracker.
+
+    >>> tracker_kinds("all")      # with tensorboard installed, wandb not
+    ['tensorboard', 'csv']
+    """
+    import importlib.util
+
+    kinds = [] if kinds is None else list(kinds) if isinstance(kinds, (list, tuple)) else [kinds]
+    if "all" not in kinds:
+        return kinds
+    installed = [n for n, pkg in _TRACKER_PACKAGES.items() if pkg is None or importlib.util.find_spec(pkg) is not None]
+    expanded = [k for k in kinds if k != "all"]
+    return expanded + [n for n in installed if n not in expanded]
+
+
 def make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
     if isinstance(kind, GeneralTracker):
         return kind
     if isinstance(kind, type) and issubclass(kind, GeneralTracker):
         raise TypeError(f"pass an instance, e.g. Tracker({kind.__name__}(...)), not the class {kind.__name__}")
-    from .csv import CSVTracker
-    from .tensorboard import TensorBoardTracker
-    from .wandb import WandbTracker
-
-    kinds = {cls.name: cls for cls in (TensorBoardTracker, WandbTracker, CSVTracker)}
+    kinds = _named_trackers()
     if kind not in kinds:
-        raise ValueError(f"unknown tracker {kind!r}; use one of {sorted(kinds)} or a GeneralTracker instance")
+        raise ValueError(f"unknown tracker {kind!r}; use one of {sorted(kinds)}, 'all' or a GeneralTracker instance")
     return kinds[kind](project=project, run_name=run_name, config=config, dir=dir)
+
+
+def check_tracker_kinds(kinds: list[Any]) -> None:
+    """Refuse an unknown tracker name now, before any run starts, naming the ones there are."""
+    names = _named_trackers()
+    for kind in kinds:
+        if not isinstance(kind, GeneralTracker) and not (isinstance(kind, type) and issubclass(kind, GeneralTracker)) \
+                and kind not in names:
+            raise ValueError(f"unknown tracker {kind!r}; use one of {sorted(names)}, 'all' or a GeneralTracker instance")
 
 
 class Tracker(Callback):
     """Log training to TensorBoard, W&B, a CSV file, or your own `GeneralTracker`s.
 
     Args:
-        kinds: "tensorboard", "wandb", "csv", a `GeneralTracker` instance, or a list of these.
+        kinds: "tensorboard", "wandb", "csv", a `GeneralTracker` instance, or a list of these;
+            "all": every one of the named trackers whose package is installed.
         project, run_name, config, dir: given to the trackers built from names. `config` (a dict)
             is stored with what the learner knows: n_epoch, lr, batch_size, optimizer, world_size.
 
@@ -189,7 +223,7 @@ class Tracker(Callback):
                  config: dict[str, Any] | None = None, dir: str | Path | None = None):
         if config is not None and not isinstance(config, dict):
             raise TypeError(f"config must be a dict of hyperparameters, got {type(config).__name__}")
-        kinds = list(kinds) if isinstance(kinds, (list, tuple)) else [kinds]
+        kinds = tracker_kinds(kinds)
         if not kinds:
             raise ValueError('Tracker needs at least one tracker, e.g. Tracker("tensorboard")')
         self.config = dict(config or {})
