@@ -16,6 +16,7 @@ import logging
 import os
 import runpy
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -284,6 +285,10 @@ def launch(args: argparse.Namespace) -> int:
     try:
         torchrun.run(torchrun_args)
     except ChildFailedError as e:
+        preempted = status.read_preemptions(status_dir)
+        if preempted and all(preempted.get(r, {}).get("signal") and f.exitcode == 128 + signal.Signals[
+                preempted[r]["signal"]] for r, f in e.failures.items()):
+            return _report_preemption(preempted)
         return report_failure(e.failures, status.read_statuses(status_dir), config.timeout)
     except SignalException as e:
         return _report_signal(e.sigval)
@@ -301,6 +306,17 @@ def _report_signal(sig) -> int:
               f'run the same command again to resume (with fit(resume="auto"))', file=sys.stderr)
     else:
         print(f"cadence launch: stopped by {sig.name}; every worker was terminated", file=sys.stderr)
+    return 128 + int(sig)
+
+
+def _report_preemption(preempted: dict[int, dict]) -> int:
+    """Every worker left to be requeued after a preemption signal that reached workers, not the launcher."""
+    sig = signal.Signals[next(iter(preempted.values()))["signal"]]
+    receivers = sorted(r for r, p in preempted.items() if p["received"])
+    steps = sorted({p["step"] for p in preempted.values()})
+    by = f" (received by rank{'s' * (len(receivers) > 1)} {', '.join(map(str, receivers))})" if receivers else ""
+    print(f"cadence launch: preempted by {sig.name}{by}: every rank checkpointed step {', '.join(map(str, steps))}; "
+          f'run the same command again to resume (with fit(resume="auto"))', file=sys.stderr)
     return 128 + int(sig)
 
 

@@ -4,7 +4,9 @@ A daemon thread in each worker samples the main thread's stack twice a second an
 small JSON file per rank into `$CADENCE_STATUS_DIR` (made by `cadence launch`): the Learner
 event being fired (found as the `_fire` frame, by name, so nothing here imports the trainer),
 its step / epoch / iter, and the innermost frame of the user's own code. The training loop
-itself pays nothing. When a run fails, the launcher reads the files back (`read_statuses`).
+itself pays nothing. When a run fails, the launcher reads the files back (`read_statuses`). A rank
+that leaves to be requeued after a preemption signal says so (`record_preempted`), so the launcher
+reports a preemption even when the signal reached one worker only, not the launcher.
 
 >>> start_reporter("/tmp/status", rank=0)        # in a worker        # doctest: +SKIP
 >>> read_statuses("/tmp/status")[0]["event"]                           # doctest: +SKIP
@@ -69,14 +71,38 @@ def describe_stack(frame: FrameType | None) -> dict:
 
 def read_statuses(directory: str | os.PathLike | None) -> dict[int, dict]:
     """Rank -> last status written into `directory` ({} when there is none)."""
-    statuses = {}
-    for path in Path(directory).glob("rank*.json") if directory else ():
+    return _read_records(directory, "rank*.json")
+
+
+def _read_records(directory: str | os.PathLike | None, pattern: str) -> dict[int, dict]:
+    records = {}
+    for path in Path(directory).glob(pattern) if directory else ():
         try:
-            status = json.loads(path.read_text())
+            record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        statuses[int(status["rank"])] = status
-    return statuses
+        records[int(record["rank"])] = record
+    return records
+
+
+def record_preempted(signal_name: str, step: int, received: bool) -> None:
+    """In a worker leaving for a preemption: tell the launcher this rank checkpointed `step` and why.
+
+    `received`: this rank got the signal itself (a cluster agent may signal one process only).
+    Does nothing outside `cadence launch`.
+
+    >>> record_preempted("SIGTERM", step=120, received=True)                 # doctest: +SKIP
+    """
+    directory = os.environ.get(STATUS_DIR_VAR)
+    if directory:
+        rank = int(os.environ.get("RANK", "0"))
+        _write_atomic(Path(directory) / f"preempted-rank{rank}.json",
+                      {"rank": rank, "signal": signal_name, "step": step, "received": received})
+
+
+def read_preemptions(directory: str | os.PathLike | None) -> dict[int, dict]:
+    """Rank -> its `record_preempted` record, for the ranks that left for a preemption."""
+    return _read_records(directory, "preempted-rank*.json")
 
 
 def describe(status: dict) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ...distributed.ops import main_print
+from ...distributed.status import record_preempted
 from ...trainer.callback import Callback, Order
 from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
 from .state import load_state, make_resumable, save_state
@@ -146,6 +147,7 @@ class Checkpoint(Callback):
                 self._save(epoch_complete=False)
             main_print(f"Checkpoint: {sig.name} received: saved {self.history[-1]} in {self.root}; exiting with "
                        f"{128 + sig} so the job can be requeued. Run it again with fit(resume=\"auto\") to continue.")
+            record_preempted(sig.name, learn.step, received=self._watch.received is not None)
             raise SystemExit(128 + sig)
 
     def before_epoch(self):
