@@ -375,8 +375,10 @@ def report_failure(failures: dict, statuses: dict[int, dict] | None = None, time
             print(f"cadence launch: rank {rank} also stopped: {_failure_text(failures[rank])[0]}", file=sys.stderr)
         code = next(f.exitcode for f in failures.values() if _is_timeout(f))
         return code if code > 0 else 1
-    # the cause first: a rank that failed only because a peer vanished mid-collective comes after
-    ordered = sorted(failures.items(), key=lambda item: (_extra(item[1]).get("peer_failure", False),
+    # the cause first: a rank that raised before one that was only stopped (killed or exited without an error:
+    # its time is the launcher's, whole seconds), and one that failed because a peer vanished mid-collective after
+    ordered = sorted(failures.items(), key=lambda item: (not _has_error(item[1]),
+                                                          _extra(item[1]).get("peer_failure", False),
                                                           _failure_time(item[1])))
     (rank, first), others = ordered[0], ordered[1:]
     headline, trace = _failure_text(first)

@@ -125,3 +125,21 @@ def test_launch_env_threads_strategy_and_bad_combinations(monkeypatch):
         torchrun_argv(*parsed("--num_machines", "2", "--num_processes", "2", "x.py"))
     with pytest.raises(ValueError, match="--no_python and --module"):
         torchrun_argv(*parsed("--no_python", "-m", "x"))
+
+
+def test_the_rank_that_raised_is_reported_before_a_rank_the_agent_stopped(tmp_path, capsys):
+    # torch's record of a rank killed by the agent has whole-second time, which can sort before the real error's
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from cadence.distributed.launch import report_failure
+
+    error_file = tmp_path / "error.json"
+    error_file.write_text(json.dumps({"message": {"message": "ValueError: fp16 is not supported", "extraInfo": {
+        "py_callstack": "Traceback (most recent call last):\nValueError: fp16 is not supported\n",
+        "timestamp": str(int(time.time())), "time_ns": time.time_ns() + 10**8, "peer_failure": False}}}))
+    stopped = ProcessFailure(local_rank=1, pid=2, exitcode=-15, error_file=str(tmp_path / "none.json"))
+    raised = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))
+    assert report_failure({1: stopped, 0: raised}) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "cadence launch: rank 0 failed:" and "ValueError: fp16 is not supported" in lines
+    assert lines[-1] == "cadence launch: rank 1 also stopped: killed by SIGTERM"
