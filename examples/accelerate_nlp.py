@@ -58,12 +58,13 @@ def training_function(args: argparse.Namespace) -> float:
     eval_dl = DataLoader(token_data(203, seed=1), batch_size=32)   # 203: the last batch is uneven on 2 processes
     model = TinyClassifier()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
-    # cadence steps a prepared scheduler once per optimizer step (Accelerate: once per process), so its
-    # length comes from the prepared loader: this process's batches, over the accumulation steps
+    # the schedule is sized from the whole loader, before prepare: the prepared scheduler moves num_processes
+    # steps per optimizer step, so it ends with the training on any number of processes (as in Accelerate)
     steps = args.num_epochs * math.ceil(len(train_dl) / accelerator.gradient_accumulation_steps)
     lr_scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=steps)
-    lr_scheduler = accelerator.prepare(lr_scheduler)
+    model, optimizer, train_dl, eval_dl, lr_scheduler = accelerator.prepare(model, optimizer, train_dl, eval_dl,
+                                                                            lr_scheduler)
+    optimizer_steps = 0
 
     for epoch in range(args.num_epochs):
         model.train()
@@ -74,6 +75,7 @@ def training_function(args: argparse.Namespace) -> float:
                 optimizer.step()
                 lr_scheduler.step()
                 optimizer.zero_grad()
+                optimizer_steps += accelerator.sync_gradients
         model.eval()
         correct = seen = 0
         for batch in eval_dl:
@@ -85,8 +87,8 @@ def training_function(args: argparse.Namespace) -> float:
         accelerator.print(f"epoch {epoch}: accuracy {correct / seen:.4f} on {seen} samples")
     if args.output_dir:
         accelerator.save_state(args.output_dir)
-    accelerator.print(f"trained on {accelerator.num_processes} processes, "
-                      f"{lr_scheduler.scheduler.last_epoch} optimizer steps")
+    accelerator.print(f"trained on {accelerator.num_processes} processes, {optimizer_steps} optimizer steps, "
+                      f"schedule at {lr_scheduler.scheduler.last_epoch} of {steps}")
     accelerator.end_training()
     return correct / seen
 

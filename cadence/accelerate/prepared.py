@@ -118,9 +118,16 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 
 class PreparedScheduler:
-    """The user's LR scheduler, stepped once per optimizer step really taken.
+    """The user's LR scheduler, stepped with the optimizer steps really taken, as Accelerate steps it.
 
-    With `step_with_optimizer=False` every `step()` call steps it (a schedule per epoch, say).
+    A schedule sized from the whole loader before `prepare` (Accelerate's idiom:
+    `num_training_steps=len(train_dl) * epochs`) ends with the training on any number of
+    processes: each optimizer step moves it `num_processes` times (once with `split_batches`,
+    where the loader's batch is already the global one); a OneCycle schedule stops at its
+    `total_steps`. Accumulating micro-steps and steps skipped for an fp16 overflow do not move it.
+    With `step_with_optimizer=False` every `step()` call steps it once (a schedule per epoch, say).
+
+    >>> sched = accelerator.prepare(OneCycleLR(opt, 1e-3, total_steps=epochs * len(train_dl)))
     """
 
     def __init__(self, scheduler: Any, optimizers: list[PreparedOptimizer], accelerator: Any,
@@ -129,12 +136,16 @@ class PreparedScheduler:
         self.step_with_optimizer = step_with_optimizer
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        if self.step_with_optimizer:
-            if not self.accelerator.sync_gradients:
-                return
-            if any(opt.step_was_skipped for opt in self.optimizers):
-                return
-        self.scheduler.step(*args, **kwargs)
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.accelerator.sync_gradients or any(opt.step_was_skipped for opt in self.optimizers):
+            return
+        for _ in range(1 if self.accelerator.split_batches else self.accelerator.num_processes):
+            total = getattr(self.scheduler, "total_steps", None)
+            if total is not None and self.scheduler.last_epoch >= total:
+                return                                  # OneCycleLR refuses to step past its end
+            self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
         return self.scheduler.get_last_lr()

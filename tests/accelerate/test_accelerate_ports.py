@@ -1,7 +1,7 @@
 """Accelerate's own test scripts, ported with the import swapped to cadence, on 1 and 2 processes via `cadence launch`.
 
 The ports live in tests/scripts/accelerate_ports/; each says where cadence deliberately differs
-(contiguous shards, schedulers stepped once per optimizer step) and asserts cadence's behaviour.
+(contiguous shards) and asserts cadence's behaviour.
 """
 
 import pytest

@@ -1,8 +1,7 @@
 """Port of Accelerate's test_utils/scripts/test_sync.py (the import swapped to cadence).
 
-Where cadence deliberately differs, the check says so: a prepared scheduler steps once per
-optimizer step really taken (Accelerate steps it num_processes times), so the schedule does not
-depend on the number of processes. Accelerate's `trigger_sync_in_backward` (DDP internals) is not
+A prepared scheduler moves num_processes steps per optimizer step really taken, as in Accelerate.
+Where cadence deliberately differs, the check says so: Accelerate's `trigger_sync_in_backward` (DDP internals) is not
 part of cadence: forward and backward under `no_sync` stay local, as DDP decides at forward time.
 """
 
@@ -94,7 +93,8 @@ def test_gradient_accumulation_with_opt_and_scheduler():
         opt.step()
         did_step = (iteration + 1) % 2 == 0 or (iteration + 1) == len(dataloader)
         if did_step:
-            sched.step()   # cadence: once per optimizer step (Accelerate: num_processes times)
+            for _ in range(accelerator.num_processes):
+                sched.step()
         with accelerator.accumulate(ddp_model):
             step_model(ddp_model, ddp_input, ddp_target, accelerator)
             ddp_opt.step()
@@ -106,7 +106,8 @@ def test_gradient_accumulation_with_opt_and_scheduler():
         if did_step:
             opt.zero_grad()
         ddp_opt.zero_grad()     # a no-op on micro-steps: the gradients keep accumulating
-    assert ddp_sched.scheduler.last_epoch == (len(dataloader) + 1) // 2    # one step per window of 2, the last may be 1
+    # num_processes steps per window of 2 (the last window may hold 1 batch)
+    assert ddp_sched.scheduler.last_epoch == accelerator.num_processes * ((len(dataloader) + 1) // 2)
 
 
 def test_dataloader_break():
