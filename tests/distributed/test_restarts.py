@@ -44,17 +44,6 @@ def test_a_rank_killed_once_is_restarted_and_ends_bitwise_equal(tmp_path, refere
     assert_equal_weights(tmp_path / "run.st", reference)
 
 
-def worker_pids(launcher_pid: int) -> dict[int, int]:
-    """Rank -> pid of the launcher's workers (its children whose environment holds a RANK)."""
-    children = open(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read().split()
-    ranks = {}
-    for pid in map(int, children):
-        env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if "=" in v)
-        if "RANK" in env:
-            ranks[int(env["RANK"])] = pid
-    return ranks
-
-
 def launch_and_signal(tmp_path, send) -> tuple[int, str, str]:
     """Launch resume.py on 2 processes, call `send(launcher)` once the checkpoint of step 4 is written (mid-epoch 1);
     return the launch's exit code, stdout and stderr."""
