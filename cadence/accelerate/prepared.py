@@ -141,8 +141,8 @@ class PreparedScheduler:
             return
         if not self.accelerator.sync_gradients or any(opt.step_was_skipped for opt in self.optimizers):
             return
+        total = getattr(self.scheduler, "total_steps", None)
         for _ in range(1 if self.accelerator.split_batches else self.accelerator.num_processes):
-            total = getattr(self.scheduler, "total_steps", None)
             if total is not None and self.scheduler.last_epoch >= total:
                 return                                  # OneCycleLR refuses to step past its end
             self.scheduler.step(*args, **kwargs)

@@ -286,8 +286,7 @@ def launch(args: argparse.Namespace) -> int:
         torchrun.run(torchrun_args)
     except ChildFailedError as e:
         preempted = status.read_preemptions(status_dir)
-        if preempted and all(preempted.get(r, {}).get("signal") and f.exitcode == 128 + signal.Signals[
-                preempted[r]["signal"]] for r, f in e.failures.items()):
+        if _all_preempted(e.failures, preempted):
             return _report_preemption(preempted)
         return report_failure(e.failures, status.read_statuses(status_dir), config.timeout)
     except SignalException as e:
@@ -307,6 +306,12 @@ def _report_signal(sig) -> int:
     else:
         print(f"cadence launch: stopped by {sig.name}; every worker was terminated", file=sys.stderr)
     return 128 + int(sig)
+
+
+def _all_preempted(failures: dict, preempted: dict[int, dict]) -> bool:
+    """Every failed rank recorded a preemption and exited with that signal's status (143 alone is not trusted)."""
+    return bool(preempted) and all(
+        r in preempted and f.exitcode == 128 + signal.Signals[preempted[r]["signal"]] for r, f in failures.items())
 
 
 def _report_preemption(preempted: dict[int, dict]) -> int:

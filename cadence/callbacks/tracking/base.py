@@ -173,24 +173,27 @@ def tracker_kinds(kinds: Any) -> list[Any]:
     return expanded + [n for n in installed if n not in expanded]
 
 
-def make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
+def _named_tracker_class(kind: Any) -> type[GeneralTracker] | None:
+    """The class a tracker name stands for; None for a `GeneralTracker` instance; an error for anything else."""
     if isinstance(kind, GeneralTracker):
-        return kind
+        return None
     if isinstance(kind, type) and issubclass(kind, GeneralTracker):
         raise TypeError(f"pass an instance, e.g. Tracker({kind.__name__}(...)), not the class {kind.__name__}")
     kinds = _named_trackers()
     if kind not in kinds:
         raise ValueError(f"unknown tracker {kind!r}; use one of {sorted(kinds)}, 'all' or a GeneralTracker instance")
-    return kinds[kind](project=project, run_name=run_name, config=config, dir=dir)
+    return kinds[kind]
+
+
+def make_tracker(kind: Any, project: str | None, run_name: str | None, config: dict, dir: str | Path | None):
+    cls = _named_tracker_class(kind)
+    return kind if cls is None else cls(project=project, run_name=run_name, config=config, dir=dir)
 
 
 def check_tracker_kinds(kinds: list[Any]) -> None:
     """Refuse an unknown tracker name now, before any run starts, naming the ones there are."""
-    names = _named_trackers()
     for kind in kinds:
-        if not isinstance(kind, GeneralTracker) and not (isinstance(kind, type) and issubclass(kind, GeneralTracker)) \
-                and kind not in names:
-            raise ValueError(f"unknown tracker {kind!r}; use one of {sorted(names)}, 'all' or a GeneralTracker instance")
+        _named_tracker_class(kind)
 
 
 class Tracker(Callback):
