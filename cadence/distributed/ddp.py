@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
+from .shm_allreduce import SharedMemoryAllReduce
 from .strategy import MakeOpt, Strategy
 
 __all__ = ["DDP"]
@@ -46,7 +47,9 @@ class DDP(Strategy):
     Extra keyword arguments go to DistributedDataParallel (e.g. `find_unused_parameters=True`,
     `bucket_cap_mb=50`) and override cadence's defaults (`gradient_as_bucket_view=True`).
     `comm_hook` (and `comm_state`) registers a DDP communication hook, e.g.
-    `torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook`.
+    `torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook`; `None` keeps
+    DDP's own all-reduce; the default, "auto", averages gradients through shared memory when every
+    rank trains on this machine's CPU (`SharedMemoryAllReduce`, same result, faster than gloo).
 
     >>> with learn.distrib_ctx(strategy="ddp", sync_bn=False, bucket_cap_mb=50): learn.fit(1)
     """
@@ -54,15 +57,19 @@ class DDP(Strategy):
     name = "ddp"
 
     def __init__(self, device: torch.device | str | None = None, sync_bn: bool = False,
-                 comm_hook: Callable | None = None, comm_state: Any = None, **ddp_kwargs: Any):
+                 comm_hook: Callable | str | None = "auto", comm_state: Any = None, **ddp_kwargs: Any):
         super().__init__(device)
         unknown = sorted(set(ddp_kwargs) - set(inspect.signature(DistributedDataParallel).parameters))
         if unknown:
             raise TypeError(f"unknown DDP option(s) {unknown}: DDP takes sync_bn, comm_hook, comm_state and "
                             f"DistributedDataParallel's keyword arguments (bucket_cap_mb, find_unused_parameters, ...)")
+        if isinstance(comm_hook, str) and comm_hook != "auto":
+            raise ValueError(f"comm_hook={comm_hook!r}: pass a DDP communication hook function, None for DDP's own "
+                             f"all-reduce, or 'auto'")
         self.sync_bn, self.comm_hook, self.comm_state = sync_bn, comm_hook, comm_state
         self.ddp_kwargs = {**DDP_DEFAULTS, **ddp_kwargs}
         self.created_group = False
+        self.shared_memory: SharedMemoryAllReduce | None = None     # the "auto" hook's state, one per group
 
     def setup_environment(self) -> None:
         """Create the process group if the launcher asked for several processes and none exists yet."""
@@ -70,6 +77,7 @@ class DDP(Strategy):
 
     def teardown(self) -> None:
         """Destroy the process group, only if `setup_environment` created it."""
+        self.shared_memory = None
         if self.created_group:
             env.teardown_distrib()
             self.created_group = False
@@ -93,7 +101,11 @@ class DDP(Strategy):
     def _wrap(self, model: nn.Module) -> DistributedDataParallel:
         device_ids = [self.device] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
-        if self.comm_hook is not None:
+        if self.comm_hook == "auto" and SharedMemoryAllReduce.available(self.device):
+            if self.shared_memory is None:
+                self.shared_memory = SharedMemoryAllReduce()
+            wrapped.register_comm_hook(self.shared_memory, SharedMemoryAllReduce.hook)
+        elif callable(self.comm_hook):
             wrapped.register_comm_hook(self.comm_state, self.comm_hook)
         return wrapped
 

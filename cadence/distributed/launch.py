@@ -19,7 +19,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -273,7 +272,7 @@ def launch(args: argparse.Namespace) -> int:
     check_script(args)
     torchrun_args = torchrun.parse_args(torchrun_argv(config, args))
     check_port_free(config, torchrun_args.master_port)
-    status_dir = tempfile.mkdtemp(prefix="cadence-status-")
+    status_dir = status.make_status_dir()
     variables = {**launch_env(config), LAUNCHER_PID_VAR: str(os.getpid()), status.STATUS_DIR_VAR: status_dir}
     for name, value in variables.items():
         if value is None:

@@ -17,18 +17,51 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 from pathlib import Path
 from types import FrameType
 
 STATUS_DIR_VAR = "CADENCE_STATUS_DIR"
+_DIR_PREFIX = "cadence-status-"
+_STALE_AFTER_S = 60.0            # a live run's workers rewrite their files twice a second
 _LIBRARY_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in {
     sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
     str(Path(__file__).resolve().parent.parent),       # cadence itself
 })
+
+
+def make_status_dir() -> str:
+    """A new directory for this launcher's run, named after its pid.
+
+    Those left by launchers that died without removing theirs (SIGKILL) go first: ours, untouched
+    for a minute, and named after a process that no longer exists.
+    """
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"{_DIR_PREFIX}*-*"):
+        pid = old.name[len(_DIR_PREFIX):].split("-", 1)[0]
+        try:
+            stale = (pid.isdigit() and old.stat().st_uid == os.getuid()
+                     and time.time() - old.stat().st_mtime > _STALE_AFTER_S and not _process_exists(int(pid)))
+        except FileNotFoundError:       # another launcher removed it first
+            continue
+        if stale:
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:             # another user's process
+        return True
+    return True
 
 
 def start_reporter(directory: str | os.PathLike, rank: int, interval_s: float = 0.5) -> threading.Thread:

@@ -39,14 +39,18 @@ def assert_weights_close(a: dict, b: dict, **tol) -> None:
 def test_fsdp_trains_like_ddp_with_one_gradient_reduction_per_accumulation_window(tmp_path):
     opts = dict(epochs=2, accum=4, clip=0.5, count_comms=True)
     ddp_w, ddp = train(tmp_path, "ddp", "ddp", **opts)
+    gloo_w, gloo = train(tmp_path, "ddp_gloo", "ddp", strategy_kwargs={"comm_hook": None}, **opts)
     fsdp_w, fsdp = train(tmp_path, "fsdp", "fsdp", strategy_kwargs=BLOCKS, **opts)
     assert_weights_close(ddp_w, fsdp_w, rtol=1e-4, atol=1e-5)
     assert fsdp["valid_loss"] == pytest.approx(ddp["valid_loss"], rel=1e-4)
     assert fsdp["grad_norm"] == pytest.approx(ddp["grad_norm"], rel=1e-4)  # the global norm, over every shard
     # 12 batches per rank and epoch, windows of 4: gradients leave the process only on each window's last batch
-    # DDP: one gradient all-reduce (one bucket); FSDP: one reduce-scatter per group (two Blocks and the root)
-    # and the clipping norm's all-reduce; nothing on the other micro-steps
-    assert ddp["comms"] == [{}, {}, {}, {"all_reduce": 1}] * 6
+    # DDP: one gradient all-reduce (one bucket), through shared memory by default (processes on one machine's
+    # CPU) and through gloo with comm_hook=None, bitwise the same average; FSDP: one reduce-scatter per group
+    # (two Blocks and the root) and the clipping norm's all-reduce; nothing on the other micro-steps
+    assert ddp["comms"] == [{}, {}, {}, {"shared_memory_all_reduce": 1}] * 6
+    assert gloo["comms"] == [{}, {}, {}, {"all_reduce": 1}] * 6
+    assert ddp_w.keys() == gloo_w.keys() and all(torch.equal(ddp_w[k], gloo_w[k]) for k in ddp_w)
     assert fsdp["comms"] == [{}, {}, {}, {"reduce_scatter": 3, "all_reduce": 1}] * 6
     assert fsdp["model_type"] == "Sequential"  # leaving distrib_ctx gives back the plain module, trained
 

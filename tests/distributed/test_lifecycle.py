@@ -9,12 +9,15 @@ import re
 import signal
 import subprocess
 import sys
+import shutil
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from cadence.distributed import status
 from cadence.distributed.launch import free_port
 from tests.helpers import REPO, SCRIPTS, cadence_env, run_launch
 
@@ -55,8 +58,8 @@ def start_launch(script: str, *args: str, flags: tuple[str, ...] = (), workers: 
         line = proc.stdout.readline()
         if not line:
             break
-        if line.startswith("STARTED "):
-            pids.append(int(line.split()[1]))
+        # ranks write unbuffered (PYTHONUNBUFFERED): two ranks' lines can interleave ("STARTED 605STARTED 606")
+        pids += [int(pid) for pid in re.findall(r"STARTED (\d+)", line)]
     assert len(pids) == workers, f"workers did not start: {proc.stderr.read() if proc.poll() is not None else ''}"
     return proc, pids
 
@@ -133,11 +136,17 @@ def test_the_hung_rank_is_named_with_its_event_step_and_line():
 # ---------------------------------------------------------------- item 3: no orphans
 
 @pytest.mark.slow
-def test_sigkill_of_the_launcher_takes_the_workers_with_it():
+def test_sigkill_of_the_launcher_takes_the_workers_with_it_and_the_next_launch_cleans_its_files():
     proc, pids = start_launch("wait_for_signal.py")
     proc.kill()
     proc.wait(10)
     assert wait_gone(pids, 5) == [], "workers outlived their launcher"
+    left = list(Path(tempfile.gettempdir()).glob(f"cadence-status-{proc.pid}-*"))
+    assert len(left) == 1                       # a SIGKILLed launcher cannot remove its status directory...
+    os.utime(left[0], (time.time() - 120, time.time() - 120))
+    fresh = status.make_status_dir()            # ...the next launch does (this is what it calls first)
+    shutil.rmtree(fresh)
+    assert not left[0].exists()
 
 
 # ---------------------------------------------------------------- item 7 (launcher side): preemption

@@ -91,6 +91,8 @@ def test_strategy_instance_with_options_is_refused():
         get_strategy(DDP(), sync_bn=True)
     with pytest.raises(TypeError, match=r"unknown DDP option\(s\) \[.zero_stage.\]"):
         get_strategy("ddp", zero_stage=3)
+    with pytest.raises(ValueError, match=r"comm_hook='fp16': pass a DDP communication hook function, None for DDP's own"):
+        get_strategy("ddp", comm_hook="fp16")
 
 
 def test_fastai_style_star_import():

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from cadence import Callback, Checkpoint, DataLoaders, GradAccum, GradClip, Learner, MixedPrecision, Order
 from cadence.distributed import Strategy, get_strategy
 from cadence.distributed.env import rank
+from cadence.distributed.shm_allreduce import SharedMemoryAllReduce
 
 N, BS = 96, 4
 
@@ -82,22 +83,29 @@ def _kind(op) -> str:
 
 
 class CountComms:
-    """Per training micro-step, the reduce collectives issued, by kind ("all_reduce", "reduce_scatter")."""
+    """Per training micro-step, the reduce collectives issued, by kind ("all_reduce", "reduce_scatter"), and
+    the buckets DDP averaged through shared memory ("shared_memory_all_reduce": no collective is issued)."""
 
     def __init__(self):
         from torch.distributed.tensor.debug import CommDebugMode
 
-        self.mode, self.per_batch = CommDebugMode, []
+        self.mode, self.per_batch, self.shared = CommDebugMode, [], 0
 
     def wrap(self, learn):
-        original = learn.one_batch
+        original, average = learn.one_batch, SharedMemoryAllReduce.average_
+
+        def counted_average(state, flat):
+            self.shared += 1
+            return average(state, flat)
+        SharedMemoryAllReduce.average_ = counted_average
 
         def one_batch(i, batch):
+            self.shared = 0
             with self.mode() as mode:
                 original(i, batch)
             if learn.training:
                 counts = {_kind(k): v for k, v in mode.get_comm_counts().items() if "reduce" in str(k)}
-                self.per_batch.append(counts)
+                self.per_batch.append(counts | ({"shared_memory_all_reduce": self.shared} if self.shared else {}))
         learn.one_batch = one_batch
 
 

@@ -1,0 +1,133 @@
+"""Gradient averaging through shared memory, for DDP on CPU when every rank runs on one machine.
+
+gloo's all-reduce sends each gradient through the loopback network and synchronizes through its
+own threads; processes on one machine can instead read each other's gradients in place. Each rank
+owns a small shared-memory region (two chunk-sized slots and a counter): it writes its chunk of
+gradient divided by the world size into a slot, raises its counter, waits for every counter, and
+sums the slots in rank order. Every rank adds the same numbers in the same order, so the replicas
+stay bitwise identical; on 2 ranks the result is bitwise gloo's (a/2 + b/2 either way). Slots
+alternate between two buffers, so one wait per chunk suffices: a rank can only overwrite a slot
+after every rank has announced the next chunk, which it does after reading this one.
+
+The wait ends, like a collective, at the process-group timeout or when a peer process is gone.
+It relies on x86's store ordering (a counter seen raised means the slot written before it is
+visible), so `available()` answers False elsewhere and DDP keeps its own all-reduce.
+
+>>> hook = SharedMemoryAllReduce()          # collective: every rank, after init_process_group
+>>> ddp_model.register_comm_hook(hook, SharedMemoryAllReduce.hook)
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+import uuid
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import env
+
+__all__ = ["SharedMemoryAllReduce"]
+
+_SHM_DIR = "/dev/shm"
+_HEADER = 64                          # bytes before the slots: the counter, kept on its own cache line
+_X86 = ("x86_64", "amd64", "i386", "i686")
+_SPINS_BEFORE_SLEEP = 200
+_LIVENESS_CHECK_S = 1.0
+
+
+class SharedMemoryAllReduce:
+    """DDP communication hook state: averages each gradient bucket through shared memory.
+
+    `chunk_mb` bounds the memory: each rank maps two slots of that size (the buckets pass through
+    in chunks), whatever the model's size.
+    """
+
+    def __init__(self, chunk_mb: float = 4.0):
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.chunk_bytes = max(64, int(chunk_mb * 2**20) // 64 * 64)
+        self.timeout_s = _group_timeout().total_seconds()
+        token, pid = [uuid.uuid4().hex if self.rank == 0 else None], os.getpid()
+        dist.broadcast_object_list(token, src=0)
+        self.pids: list[int] = [0] * self.world
+        dist.all_gather_object(self.pids, pid)
+        paths = [os.path.join(_SHM_DIR, f"cadence-ddp-{token[0]}-{r}") for r in range(self.world)]
+        size = _HEADER + 2 * self.chunk_bytes
+        mine = torch.from_file(paths[self.rank], shared=True, size=size, dtype=torch.uint8)
+        dist.barrier()
+        try:
+            regions = [mine if r == self.rank else torch.from_file(p, shared=True, size=size, dtype=torch.uint8)
+                       for r, p in enumerate(paths)]
+            dist.barrier()                  # every rank mapped every region: the names can go
+        finally:
+            os.unlink(paths[self.rank])     # nothing is left in /dev/shm, however the run ends
+        self.counters = [region[:8].view(torch.int64) for region in regions]
+        self.slots = [region[_HEADER:].view(2, self.chunk_bytes) for region in regions]
+        self.sequence = int(self.counters[self.rank].item())
+
+    @staticmethod
+    def available(device: torch.device) -> bool:
+        """True when this job can use it: CPU tensors, every rank on this x86 machine, a shared-memory directory."""
+        return (device.type == "cpu" and env.is_initialized() and dist.get_world_size() > 1
+                and int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == dist.get_world_size()
+                and platform.machine().lower() in _X86 and os.path.isdir(_SHM_DIR))
+
+    @staticmethod
+    def hook(state, bucket):                # no annotations: DDP checks them against objects, not strings
+        """The function DDP calls for each `dist.GradBucket`: average it in place, return a done Future."""
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_result(state.average_(bucket.buffer()))
+        return future
+
+    def average_(self, flat: torch.Tensor) -> torch.Tensor:
+        """Replace the 1-D tensor `flat` by its mean over the ranks; every rank calls it with the same shape."""
+        per_chunk = self.chunk_bytes // flat.element_size()
+        for start in range(0, flat.numel(), per_chunk):
+            self._average_chunk(flat[start:start + per_chunk])
+        return flat
+
+    def _average_chunk(self, part: torch.Tensor) -> None:
+        slot = self.sequence % 2
+        views = [s[slot, :part.numel() * part.element_size()].view(part.dtype) for s in self.slots]
+        torch.div(part, self.world, out=views[self.rank])
+        self.sequence += 1
+        self.counters[self.rank].fill_(self.sequence)
+        self._wait_for_all(self.sequence)
+        torch.add(views[0], views[1], out=part)
+        for view in views[2:]:
+            part.add_(view)
+
+    def _wait_for_all(self, sequence: int) -> None:
+        start = last_check = time.monotonic()
+        for peer, counter in enumerate(self.counters):
+            spins = 0
+            while int(counter.item()) < sequence:
+                spins += 1
+                if spins < _SPINS_BEFORE_SLEEP:
+                    continue
+                time.sleep(50e-6)           # give the core back: there may be more ranks than cores
+                now = time.monotonic()
+                if now - start > self.timeout_s:
+                    raise RuntimeError(f"shared-memory gradient all-reduce timed out after {self.timeout_s:.0f} s "
+                                       f"waiting for rank {peer} (the process-group timeout)")
+                if now - last_check > _LIVENESS_CHECK_S:
+                    last_check = now
+                    self._check_alive(peer)
+
+    def _check_alive(self, peer: int) -> None:
+        try:
+            os.kill(self.pids[peer], 0)
+        except ProcessLookupError:
+            raise RuntimeError(f"rank {peer} (pid {self.pids[peer]}) exited during the gradient all-reduce") from None
+
+
+def _group_timeout() -> timedelta:
+    """The default process group's timeout (what a gloo collective would wait); cadence's setting if unreadable."""
+    try:
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        return backend.options._timeout
+    except (AttributeError, RuntimeError):
+        return env.timeout()

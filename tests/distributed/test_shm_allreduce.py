@@ -1,0 +1,42 @@
+"""SharedMemoryAllReduce, DDP's default gradient averaging on one machine's CPU, against gloo's all-reduce."""
+
+import glob
+import json
+
+import pytest
+
+from tests.helpers import run_launch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_the_shared_memory_average_equals_gloos_on_every_rank_and_leaves_no_file(tmp_path, nproc):
+    before = set(glob.glob("/dev/shm/cadence-ddp-*"))
+    run_launch("shm_allreduce.py", str(tmp_path), "compare", nproc=nproc, timeout=240)
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert result["available"]                              # one machine, CPU, x86: DDP uses it by default
+    assert len(result["cases"]) == 18
+    for case in result["cases"]:
+        assert case["same_on_every_rank"], case             # the replicas stay identical
+        if nproc == 2:
+            assert case["bitwise_gloo"], case               # a/2 + b/2 in either order
+        else:                                                # gloo's ring adds in another order
+            assert case["max_abs_diff"] <= {"torch.float32": 1e-6, "torch.bfloat16": 2e-2,
+                                            "torch.float64": 1e-14}[case["dtype"]], case
+    assert set(glob.glob("/dev/shm/cadence-ddp-*")) == before   # the names are removed once mapped
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_joins_times_out_with_the_group_timeout(tmp_path):
+    run_launch("shm_allreduce.py", str(tmp_path), "late", flags=("--timeout", "3"), timeout=120)
+    message, waited = (tmp_path / "error.txt").read_text().rsplit("\n", 1)
+    assert "timed out after 3 s waiting for rank 1" in message   # "timed out": how the launcher tells a timeout
+    assert 3 <= float(waited) < 6
+
+
+@pytest.mark.slow
+def test_a_rank_that_exits_is_noticed_within_seconds(tmp_path):
+    run_launch("shm_allreduce.py", str(tmp_path), "gone", flags=("--timeout", "60"), timeout=120)
+    message, waited = (tmp_path / "error.txt").read_text().rsplit("\n", 1)
+    assert "rank 1 (pid" in message and "exited during the gradient all-reduce" in message
+    assert float(waited) < 5
