@@ -4,7 +4,8 @@ Model: 3 x (Linear(1024, 1024), ReLU) and Linear(1024, 10); batch 64 per rank; S
 thread per process; the batches are built in memory beforehand (no loader cost on either side).
 
 - **raw DDP**: `DistributedDataParallel(model)` with torch's defaults, forward, loss, backward, step, zero_grad.
-- **cadence DDP**: `Learner.fit` inside `learn.distrib_ctx()` (cadence's DDP defaults).
+- **cadence DDP**: `Learner.fit` inside `learn.distrib_ctx()` (cadence's DDP defaults: buckets as gradient views,
+  averaged through shared memory when every rank is on this machine's CPU).
 - **raw FSDP2**: `fully_shard` on each Linear, then on the root; the same step.
 - **cadence FSDP2**: `learn.distrib_ctx(strategy="fsdp", transformer_layer_cls_to_wrap="Linear")`.
 - **raw DeepSpeed**: `deepspeed.initialize(model, optimizer=SGD, config=ZeRO-2)`, then `engine(x)`, loss,
