@@ -83,10 +83,17 @@ def worker_pids(launcher_pid: int) -> dict[int, int]:
     return ranks
 
 
-def test_sigterm_to_the_launcher_checkpoints_every_rank_and_the_rerun_is_exact(tmp_path, reference):
-    code, stdout, stderr = launch_and_signal(tmp_path, lambda launcher: launcher.send_signal(signal.SIGTERM))
+def test_sigterm_to_the_launcher_even_twice_checkpoints_every_rank_and_the_rerun_is_exact(tmp_path, reference):
+    # the second signal (a scheduler or a user repeating it) lands while the workers checkpoint: ~3 s here
+    def send(launcher):
+        launcher.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        launcher.send_signal(signal.SIGTERM)
+
+    code, stdout, stderr = launch_and_signal(tmp_path, send)
     assert code == 128 + signal.SIGTERM, stderr
-    assert "preempted by SIGTERM" in stderr and "Traceback" not in stderr, stderr
+    assert "preempted by SIGTERM" in stderr and "failed" not in stderr and "Traceback" not in stderr, stderr
+    assert stdout.count("Checkpoint: SIGTERM received") == 1, stdout
     assert_every_rank_saved_and_the_rerun_is_exact(tmp_path, stdout, reference)
 
 

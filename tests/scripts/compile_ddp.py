@@ -25,11 +25,10 @@ from torch._dynamo.utils import counters
 from cadence import DataLoaders, Learner, gather
 from cadence.compile import is_compiled
 from cadence.distributed.env import rank
+from toy import classification
 
 out = Path(sys.argv[1])
-g = torch.Generator().manual_seed(0)
-x = torch.randn(64, 8, generator=g)
-y = (x @ torch.randn(8, 3, generator=g)).argmax(1)
+x, y = classification(64, features=8)
 dls = DataLoaders(DataLoader(TensorDataset(x[:48], y[:48]), batch_size=8),
                   DataLoader(TensorDataset(x[48:], y[48:]), batch_size=8), device="cpu")
 torch.manual_seed(0)

@@ -19,14 +19,9 @@ from cadence.callbacks.accumulate import GradAccum
 from cadence.callbacks.clip import GradClip
 from cadence.callbacks.precision import MixedPrecision
 from cadence.distributed.env import rank
+from toy import classification
 
 N, BS, STEPS, MAX_NORM = 72, 4, 4, 0.05   # 36 items per rank: windows of 16, 16 and 4 items
-
-
-def data():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N, 6, generator=g)
-    return x, (x @ torch.randn(6, 3, generator=g)).argmax(1)
 
 
 def make_model():
@@ -35,7 +30,7 @@ def make_model():
 
 
 def learner(cbs=()):
-    x, y = data()
+    x, y = classification(N, features=6)
     dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), device="cpu")
     learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.SGD, lr=0.5, cbs=list(cbs))
     learn.remove_cb(learn.progress)
@@ -44,7 +39,7 @@ def learner(cbs=()):
 
 def reference(epochs):
     """One process: each step on rank 0's window items followed by rank 1's."""
-    x, y = data()
+    x, y = classification(N, features=6)
     model, half = make_model(), N // 2
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     norms = []

@@ -14,14 +14,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import AccumMetric, DataLoaders, Learner, accuracy
 from cadence.distributed.env import rank, world_size
+from toy import classification, two_rank_batch
 
 N_TRAIN, N_VALID, BS = 64, 37, 8   # 37 valid items: the last shard is padded
 
 
 def data():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N_TRAIN + N_VALID, 6, generator=g)
-    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    x, y = classification(N_TRAIN + N_VALID, features=6)
     return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
 
 
@@ -37,7 +36,7 @@ def reference_weights(x, y, epochs):
     half = N_TRAIN // 2
     for _ in range(epochs):
         for k in range(half // BS):
-            idx = torch.cat([torch.arange(k * BS, (k + 1) * BS), torch.arange(half + k * BS, half + (k + 1) * BS)])
+            idx = two_rank_batch(k, BS, half)
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
             opt.zero_grad()

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from cadence import Callback, DataLoaders, Learner, Order
 from cadence.callbacks.early_stop import EarlyStopping, SaveModel, TerminateOnNaN
 from cadence.distributed.env import rank
+from toy import classification
 
 NAN_AT = 5  # training batch (over the fit) that gets an infinite input on rank 1: epoch 1, batch 1, step 6
 
@@ -44,9 +45,7 @@ def report(what, value):
 
 
 def main(path):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(96, 8, generator=g)
-    y = (x @ torch.randn(8, 3, generator=g)).argmax(1)
+    x, y = classification(96, features=8)
     dls = DataLoaders(DataLoader(TensorDataset(x[:64], y[:64]), batch_size=8),
                       DataLoader(TensorDataset(x[64:], y[64:]), batch_size=8), device="cpu")
     torch.manual_seed(0)

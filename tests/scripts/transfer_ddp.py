@@ -14,14 +14,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import DataLoaders, Learner
 from cadence.distributed.env import rank, setup_distrib, world_size
+from toy import classification, two_rank_batch
 
 N_TRAIN, BS, LR = 64, 8, 0.2
-
-
-def data():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(N_TRAIN, 6, generator=g)
-    return x, (x @ torch.randn(6, 3, generator=g)).argmax(1)
 
 
 def make_model():
@@ -44,7 +39,7 @@ def reference(x, y):
             p.requires_grad_(not frozen)
         opt.param_groups[0]["lr"] = LR if frozen else LR / 10
         for k in range(half // BS):
-            idx = torch.cat([torch.arange(k * BS, (k + 1) * BS), torch.arange(half + k * BS, half + (k + 1) * BS)])
+            idx = two_rank_batch(k, BS, half)
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
             opt.zero_grad()
@@ -81,7 +76,7 @@ def print_ok(engine, name):
 def main():
     setup_distrib()
     assert world_size() == 2
-    x, y = data()
+    x, y = classification(N_TRAIN, features=6)
     ref = reference(x, y)
     for engine in sys.argv[1:]:
         check(engine, x, y, ref)
