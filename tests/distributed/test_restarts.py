@@ -59,8 +59,13 @@ def launch_and_signal(tmp_path, send) -> tuple[int, str, str]:
     return code, (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
 
 
-def assert_every_rank_saved_and_the_rerun_is_exact(tmp_path, stdout, reference) -> dict:
-    """The preemption checkpoint holds both ranks' state after step 4; the requeued command ends bitwise equal."""
+def assert_one_preemption_and_an_exact_rerun(tmp_path, launched: tuple[int, str, str], reference) -> dict:
+    """The launch ended as one SIGTERM preemption, no failure; the preemption checkpoint holds both ranks' state
+    after step 4; the requeued command ends bitwise equal. Returns the checkpoint's state."""
+    code, stdout, stderr = launched
+    assert code == 128 + signal.SIGTERM, stderr
+    assert "preempted by SIGTERM" in stderr and "failed" not in stderr and "Traceback" not in stderr, stderr
+    assert stdout.count("Checkpoint: SIGTERM received") == 1, stdout
     latest = (tmp_path / "ckpt" / "latest").read_text()
     assert f"Checkpoint: SIGTERM received: saved {latest}" in stdout
     state = read_state(tmp_path / "ckpt" / latest)
@@ -90,22 +95,16 @@ def test_sigterm_to_the_launcher_even_twice_checkpoints_every_rank_and_the_rerun
         time.sleep(0.2)
         launcher.send_signal(signal.SIGTERM)
 
-    code, stdout, stderr = launch_and_signal(tmp_path, send)
-    assert code == 128 + signal.SIGTERM, stderr
-    assert "preempted by SIGTERM" in stderr and "failed" not in stderr and "Traceback" not in stderr, stderr
-    assert stdout.count("Checkpoint: SIGTERM received") == 1, stdout
-    assert_every_rank_saved_and_the_rerun_is_exact(tmp_path, stdout, reference)
+    launched = launch_and_signal(tmp_path, send)
+    assert_one_preemption_and_an_exact_rerun(tmp_path, launched, reference)
 
 
 def test_sigterm_to_one_worker_only_is_a_preemption_of_the_whole_job(tmp_path, reference):
     # a cluster agent (or `kill PID`) may signal one worker, not the launcher: every rank still saves the same step
-    code, stdout, stderr = launch_and_signal(tmp_path, lambda launcher: os.kill(worker_pids(launcher.pid)[1],
-                                                                                signal.SIGTERM))
-    assert code == 128 + signal.SIGTERM, stderr
-    assert "failed" not in stderr and "Traceback" not in stderr, stderr
-    assert "preempted by SIGTERM (received by rank 1): every rank checkpointed step" in stderr, stderr
-    state = assert_every_rank_saved_and_the_rerun_is_exact(tmp_path, stdout, reference)
-    assert f"checkpointed step {state['step']};" in stderr
+    launched = launch_and_signal(tmp_path, lambda launcher: os.kill(worker_pids(launcher.pid)[1], signal.SIGTERM))
+    state = assert_one_preemption_and_an_exact_rerun(tmp_path, launched, reference)
+    stderr = launched[2]
+    assert f"preempted by SIGTERM (received by rank 1): every rank checkpointed step {state['step']};" in stderr, stderr
 
 
 def test_sigterm_twice_to_one_worker_and_to_the_launcher_is_one_preemption(tmp_path, reference):
@@ -115,8 +114,5 @@ def test_sigterm_twice_to_one_worker_and_to_the_launcher_is_one_preemption(tmp_p
         os.kill(worker, signal.SIGTERM)
         launcher.send_signal(signal.SIGTERM)
 
-    code, stdout, stderr = launch_and_signal(tmp_path, send)
-    assert code == 128 + signal.SIGTERM, stderr
-    assert "preempted by SIGTERM" in stderr and "failed" not in stderr and "Traceback" not in stderr, stderr
-    assert stdout.count("Checkpoint: SIGTERM received") == 1, stdout
-    assert_every_rank_saved_and_the_rerun_is_exact(tmp_path, stdout, reference)
+    launched = launch_and_signal(tmp_path, send)
+    assert_one_preemption_and_an_exact_rerun(tmp_path, launched, reference)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import AccumMetric, DataLoaders, Learner, accuracy
 from cadence.distributed.env import rank, world_size
-from toy import classification, two_rank_batch
+from toy import classification, two_rank_epoch
 
 N_TRAIN, N_VALID, BS = 64, 37, 8   # 37 valid items: the last shard is padded
 
@@ -33,13 +33,8 @@ def reference_weights(x, y, epochs):
     """One process, batch 2*BS made of rank 0's and rank 1's batch k (the same data order)."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    half = N_TRAIN // 2
     for _ in range(epochs):
-        for k in range(half // BS):
-            idx = two_rank_batch(k, BS, half)
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-            opt.zero_grad()
+        two_rank_epoch(model, opt, x, y, BS)
     return model
 
 

@@ -19,3 +19,13 @@ def classification(n: int, features: int, classes: int = 3, seed: int = 0) -> tu
 def two_rank_batch(k: int, bs: int, half: int) -> torch.Tensor:
     """Indices of the one-process batch equal to batch k of rank 0 (items [0, half)) and of rank 1 ([half, 2 half))."""
     return torch.cat([torch.arange(k * bs, (k + 1) * bs), torch.arange(half + k * bs, half + (k + 1) * bs)])
+
+
+def two_rank_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, bs: int):
+    """One epoch in one process, cross-entropy, equal to 2 ranks of batch `bs` each splitting `x` in halves."""
+    half = len(x) // 2
+    for k in range(half // bs):
+        idx = two_rank_batch(k, bs, half)
+        torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        opt.step()
+        opt.zero_grad()

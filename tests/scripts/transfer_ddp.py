@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import DataLoaders, Learner
 from cadence.distributed.env import rank, setup_distrib, world_size
-from toy import classification, two_rank_batch
+from toy import classification, two_rank_epoch
 
 N_TRAIN, BS, LR = 64, 8, 0.2
 
@@ -33,16 +33,11 @@ def reference(x, y):
     model = make_model()
     body, head = body_and_head(model)
     opt = torch.optim.SGD([{"params": body}, {"params": head}], lr=LR)
-    half = N_TRAIN // 2
     for frozen in (True, False):
         for p in body:
             p.requires_grad_(not frozen)
         opt.param_groups[0]["lr"] = LR if frozen else LR / 10
-        for k in range(half // BS):
-            idx = two_rank_batch(k, BS, half)
-            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-            opt.step()
-            opt.zero_grad()
+        two_rank_epoch(model, opt, x, y, BS)
     return model
 
 
