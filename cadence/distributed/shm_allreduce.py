@@ -11,7 +11,10 @@ after every rank has announced the next chunk, which it does after reading this 
 
 The wait ends, like a collective, at the process-group timeout or when a peer process is gone.
 It relies on x86's store ordering (a counter seen raised means the slot written before it is
-visible), so `available()` answers False elsewhere and DDP keeps its own all-reduce.
+visible), so `available()` answers False elsewhere and DDP keeps its own all-reduce. It also
+answers False, on every rank alike, when the regions would take more than half of the free space in
+/dev/shm (Docker's default is 64 MB; DataLoader workers share tensors there too), and the regions
+are reserved when made, so a full /dev/shm later cannot crash training with SIGBUS.
 
 >>> hook = SharedMemoryAllReduce()          # collective: every rank, after init_process_group
 >>> ddp_model.register_comm_hook(hook, SharedMemoryAllReduce.hook)
@@ -23,6 +26,7 @@ import os
 import platform
 import time
 import uuid
+import warnings
 from datetime import timedelta
 
 import torch
@@ -33,6 +37,7 @@ from . import env
 __all__ = ["SharedMemoryAllReduce"]
 
 _SHM_DIR = "/dev/shm"
+DEFAULT_CHUNK_MB = 4.0
 _HEADER = 64                          # bytes before the slots: the counter, kept on its own cache line
 _X86 = ("x86_64", "amd64", "i386", "i686")
 _SPINS_BEFORE_SLEEP = 200
@@ -46,9 +51,9 @@ class SharedMemoryAllReduce:
     in chunks), whatever the model's size.
     """
 
-    def __init__(self, chunk_mb: float = 4.0):
+    def __init__(self, chunk_mb: float = DEFAULT_CHUNK_MB):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.chunk_bytes = max(64, int(chunk_mb * 2**20) // 64 * 64)
+        self.chunk_bytes = _chunk_bytes(chunk_mb)
         self.timeout_s = _group_timeout().total_seconds()
         token, pid = [uuid.uuid4().hex if self.rank == 0 else None], os.getpid()
         dist.broadcast_object_list(token, src=0)
@@ -56,6 +61,7 @@ class SharedMemoryAllReduce:
         dist.all_gather_object(self.pids, pid)
         paths = [os.path.join(_SHM_DIR, f"cadence-ddp-{token[0]}-{r}") for r in range(self.world)]
         size = _HEADER + 2 * self.chunk_bytes
+        _reserve(paths[self.rank], size)
         mine = torch.from_file(paths[self.rank], shared=True, size=size, dtype=torch.uint8)
         dist.barrier()
         try:
@@ -69,11 +75,25 @@ class SharedMemoryAllReduce:
         self.sequence = int(self.counters[self.rank].item())
 
     @staticmethod
-    def available(device: torch.device) -> bool:
-        """True when this job can use it: CPU tensors, every rank on this x86 machine, a shared-memory directory."""
-        return (device.type == "cpu" and env.is_initialized() and dist.get_world_size() > 1
+    def available(device: torch.device, chunk_mb: float = DEFAULT_CHUNK_MB) -> bool:
+        """True when this job can use it: CPU tensors, every rank on this x86 machine, room in /dev/shm.
+
+        Collective once the other conditions hold (the ranks agree on the room); rank 0 warns when
+        room is what is missing.
+        """
+        if not (device.type == "cpu" and env.is_initialized() and dist.get_world_size() > 1
                 and int(os.environ.get("LOCAL_WORLD_SIZE", "0")) == dist.get_world_size()
-                and platform.machine().lower() in _X86 and os.path.isdir(_SHM_DIR))
+                and platform.machine().lower() in _X86 and os.path.isdir(_SHM_DIR)):
+            return False
+        stat = os.statvfs(_SHM_DIR)
+        free, needed = stat.f_bavail * stat.f_frsize, dist.get_world_size() * (_HEADER + 2 * _chunk_bytes(chunk_mb))
+        fits = torch.tensor([int(2 * needed <= free)])
+        dist.all_reduce(fits, op=dist.ReduceOp.MIN)
+        if not fits.item() and dist.get_rank() == 0:
+            warnings.warn(f"DDP averages gradients with gloo's all-reduce, not through shared memory: {_SHM_DIR} has "
+                          f"{free / 2**20:.0f} MiB free and that needs {needed / 2**20:.0f} MiB with as much to spare "
+                          f"(in Docker, give the container more, e.g. --shm-size=1g)", stacklevel=2)
+        return bool(fits.item())
 
     @staticmethod
     def hook(state, bucket):                # no annotations: DDP checks them against objects, not strings
@@ -122,6 +142,22 @@ class SharedMemoryAllReduce:
             os.kill(self.pids[peer], 0)
         except ProcessLookupError:
             raise RuntimeError(f"rank {peer} (pid {self.pids[peer]}) exited during the gradient all-reduce") from None
+
+
+def _chunk_bytes(chunk_mb: float) -> int:
+    return max(64, int(chunk_mb * 2**20) // 64 * 64)
+
+
+def _reserve(path: str, size: int) -> None:
+    """Create `path` with `size` bytes allocated now: ENOSPC here, not SIGBUS at the first write."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
 
 
 def _group_timeout() -> timedelta:

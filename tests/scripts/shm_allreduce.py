@@ -24,7 +24,10 @@ CASES = [(1, torch.float32), (1001, torch.float32), (70_000, torch.float32), (70
 def compare(out: Path, shm: SharedMemoryAllReduce) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(rank)
-    result = {"available": SharedMemoryAllReduce.available(torch.device("cpu")), "cases": []}
+    free_mib = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize / 2**20
+    result = {"available": SharedMemoryAllReduce.available(torch.device("cpu")), "cases": [],
+              "available_with_chunks_of_all_free_space": SharedMemoryAllReduce.available(torch.device("cpu"),
+                                                                                         chunk_mb=free_mib)}
     for numel, dtype in CASES * 3:       # three rounds: both slots reused
         mine = torch.randn(numel, generator=g).to(dtype)
         via_gloo = mine / world
