@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
-from .shm_allreduce import SharedMemoryAllReduce
+from .shm_allreduce import SharedMemoryAllReduce, SharedMemoryUnavailable
 from .strategy import MakeOpt, Strategy
 
 __all__ = ["DDP"]
@@ -101,13 +101,23 @@ class DDP(Strategy):
     def _wrap(self, model: nn.Module) -> DistributedDataParallel:
         device_ids = [self.device] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
-        if self.comm_hook == "auto" and SharedMemoryAllReduce.available(self.device):
-            if self.shared_memory is None:
-                self.shared_memory = SharedMemoryAllReduce()
-            wrapped.register_comm_hook(self.shared_memory, SharedMemoryAllReduce.hook)
+        if self.comm_hook == "auto":
+            self._use_shared_memory(wrapped)
         elif callable(self.comm_hook):
             wrapped.register_comm_hook(self.comm_state, self.comm_hook)
         return wrapped
+
+    def _use_shared_memory(self, wrapped: DistributedDataParallel) -> None:
+        """The "auto" hook: shared-memory averaging when it can serve this DDP (made once, kept for re-wraps)."""
+        whole_world = self.ddp_kwargs.get("process_group") is None and self.ddp_kwargs.get("device_mesh") is None
+        if self.shared_memory is None and whole_world and SharedMemoryAllReduce.available(self.device):
+            try:
+                self.shared_memory = SharedMemoryAllReduce()
+            except SharedMemoryUnavailable as e:
+                if env.rank() == 0:
+                    warnings.warn(str(e))
+        if self.shared_memory is not None:
+            wrapped.register_comm_hook(self.shared_memory, SharedMemoryAllReduce.hook)
 
     def trainable_changed(self, model: nn.Module, opt: torch.optim.Optimizer
                           ) -> tuple[nn.Module, torch.optim.Optimizer]:

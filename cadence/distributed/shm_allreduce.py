@@ -22,6 +22,8 @@ are reserved when made, so a full /dev/shm later cannot crash training with SIGB
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import platform
 import time
@@ -34,7 +36,11 @@ import torch.distributed as dist
 
 from . import env
 
-__all__ = ["SharedMemoryAllReduce"]
+__all__ = ["SharedMemoryAllReduce", "SharedMemoryUnavailable"]
+
+
+class SharedMemoryUnavailable(RuntimeError):
+    """Raised on every rank alike when the regions cannot be made: the caller keeps gloo's all-reduce."""
 
 _SHM_DIR = "/dev/shm"
 DEFAULT_CHUNK_MB = 4.0
@@ -60,16 +66,20 @@ class SharedMemoryAllReduce:
         self.pids: list[int] = [0] * self.world
         dist.all_gather_object(self.pids, pid)
         paths = [os.path.join(_SHM_DIR, f"cadence-ddp-{token[0]}-{r}") for r in range(self.world)]
-        size = _HEADER + 2 * self.chunk_bytes
-        _reserve(paths[self.rank], size)
-        mine = torch.from_file(paths[self.rank], shared=True, size=size, dtype=torch.uint8)
-        dist.barrier()
+        size, own = _HEADER + 2 * self.chunk_bytes, paths[self.rank]
         try:
-            regions = [mine if r == self.rank else torch.from_file(p, shared=True, size=size, dtype=torch.uint8)
-                       for r, p in enumerate(paths)]
+            error = _reserve(own, size)
+            made = torch.tensor([int(error is None)])
+            dist.all_reduce(made, op=dist.ReduceOp.MIN)     # also: from here on every rank's region exists
+            if not made.item():
+                raise SharedMemoryUnavailable(
+                    f"DDP averages gradients with gloo's all-reduce, not through shared memory: {size / 2**20:.0f} MiB "
+                    f"could not be reserved in {_SHM_DIR} on every rank ({error or 'another rank ran out'})")
+            regions = [torch.from_file(p, shared=True, size=size, dtype=torch.uint8) for p in paths]
             dist.barrier()                  # every rank mapped every region: the names can go
         finally:
-            os.unlink(paths[self.rank])     # nothing is left in /dev/shm, however the run ends
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(own)              # nothing is left in /dev/shm, however the run ends
         self.counters = [region[:8].view(torch.int64) for region in regions]
         self.slots = [region[_HEADER:].view(2, self.chunk_bytes) for region in regions]
         self.sequence = int(self.counters[self.rank].item())
@@ -86,14 +96,16 @@ class SharedMemoryAllReduce:
                 and platform.machine().lower() in _X86 and os.path.isdir(_SHM_DIR)):
             return False
         stat = os.statvfs(_SHM_DIR)
-        free, needed = stat.f_bavail * stat.f_frsize, dist.get_world_size() * (_HEADER + 2 * _chunk_bytes(chunk_mb))
-        fits = torch.tensor([int(2 * needed <= free)])
-        dist.all_reduce(fits, op=dist.ReduceOp.MIN)
-        if not fits.item() and dist.get_rank() == 0:
+        free = torch.tensor([stat.f_bavail * stat.f_frsize], dtype=torch.int64)
+        dist.all_reduce(free, op=dist.ReduceOp.MIN)         # every rank decides from the same number
+        world, free = dist.get_world_size(), int(free.item())
+        wanted = 2 * world * (_HEADER + 2 * _chunk_bytes(chunk_mb))
+        if wanted > free and dist.get_rank() == 0:
             warnings.warn(f"DDP averages gradients with gloo's all-reduce, not through shared memory: {_SHM_DIR} has "
-                          f"{free / 2**20:.0f} MiB free and that needs {needed / 2**20:.0f} MiB with as much to spare "
-                          f"(in Docker, give the container more, e.g. --shm-size=1g)", stacklevel=2)
-        return bool(fits.item())
+                          f"{free / 2**20:.1f} MiB free and {world} processes want {math.ceil(wanted / 2**20)} MiB "
+                          f"free (their regions, with as much to spare). Give it more (Docker: --shm-size=1g), "
+                          f"or pass comm_hook=None to choose gloo without this warning")
+        return wanted <= free
 
     @staticmethod
     def hook(state, bucket):                # no annotations: DDP checks them against objects, not strings
@@ -148,16 +160,19 @@ def _chunk_bytes(chunk_mb: float) -> int:
     return max(64, int(chunk_mb * 2**20) // 64 * 64)
 
 
-def _reserve(path: str, size: int) -> None:
-    """Create `path` with `size` bytes allocated now: ENOSPC here, not SIGBUS at the first write."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+def _reserve(path: str, size: int) -> OSError | None:
+    """Create `path` with `size` bytes allocated now (ENOSPC here, not SIGBUS at a write); the error, if any."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        return e
     try:
         os.posix_fallocate(fd, 0, size)
-    except OSError:
-        os.unlink(path)
-        raise
+    except OSError as e:
+        return e
     finally:
         os.close(fd)
+    return None
 
 
 def _group_timeout() -> timedelta:

@@ -44,3 +44,15 @@ def test_a_rank_that_exits_is_noticed_within_seconds(tmp_path):
     message, waited = (tmp_path / "error.txt").read_text().rsplit("\n", 1)
     assert "rank 1 (pid" in message and "exited during the gradient all-reduce" in message
     assert float(waited) < 5
+
+
+@pytest.mark.slow
+def test_a_region_that_cannot_be_allocated_leaves_gloo_on_every_rank_and_no_file(tmp_path):
+    before = set(glob.glob("/dev/shm/cadence-ddp-*"))
+    run_launch("shm_allreduce.py", str(tmp_path), "noroom", timeout=120)
+    outcomes = json.loads((tmp_path / "noroom.json").read_text())
+    assert len(outcomes) == 2, outcomes
+    for outcome in outcomes:                                                # both ranks gave up, alike
+        assert "gloo's all-reduce" in outcome and "could not be reserved in /dev/shm" in outcome, outcomes
+    assert "File too large" in outcomes[1], outcomes                       # rank 1 says why
+    assert set(glob.glob("/dev/shm/cadence-ddp-*")) == before              # rank 0's reserved region removed too

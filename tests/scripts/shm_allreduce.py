@@ -1,12 +1,14 @@
 """Launched by tests/distributed/test_shm_allreduce.py: SharedMemoryAllReduce against gloo's all-reduce.
 
 argv: OUT_DIR MODE. "compare": average tensors of several sizes and dtypes (some of many chunks) both
-ways; rank 0 writes OUT_DIR/compare.json. "late": rank 1 never joins the average (sleeps past the
+ways; rank 0 writes OUT_DIR/compare.json. "noroom": rank 1 cannot allocate its region (a file-size limit
+stands in for a full /dev/shm); rank 0 writes what every rank got to OUT_DIR/noroom.json. "late": rank 1 never joins the average (sleeps past the
 timeout, then exits); "gone": rank 1 exits at once; rank 0 writes the error it got to OUT_DIR/error.txt.
 """
 
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from cadence.distributed.env import setup_distrib, teardown_distrib
-from cadence.distributed.shm_allreduce import SharedMemoryAllReduce
+from cadence.distributed.shm_allreduce import SharedMemoryAllReduce, SharedMemoryUnavailable
 
 CASES = [(1, torch.float32), (1001, torch.float32), (70_000, torch.float32), (70_001, torch.bfloat16),
          (33_333, torch.float64), (0, torch.float32)]
@@ -43,12 +45,31 @@ def compare(out: Path, shm: SharedMemoryAllReduce) -> None:
         (out / "compare.json").write_text(json.dumps(result))
 
 
+def no_room(out: Path) -> None:
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if dist.get_rank() == 1:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))   # fallocate: EFBIG (Python ignores SIGXFSZ)
+    try:
+        SharedMemoryAllReduce()
+        outcome = "made"
+    except SharedMemoryUnavailable as e:
+        outcome = str(e)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+    outcomes = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, outcome)
+    if dist.get_rank() == 0:
+        (out / "noroom.json").write_text(json.dumps(outcomes))
+
+
 def main():
     out, mode = Path(sys.argv[1]), sys.argv[2]
     setup_distrib()
     shm = SharedMemoryAllReduce(chunk_mb=0.0625)         # 64 KiB slots: the larger cases pass in several chunks
     if mode == "compare":
         compare(out, shm)
+    elif mode == "noroom":
+        no_room(out)
     elif dist.get_rank() == 1:
         if mode == "late":
             time.sleep(8)
