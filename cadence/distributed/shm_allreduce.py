@@ -14,7 +14,8 @@ It relies on x86's store ordering (a counter seen raised means the slot written 
 visible), so `available()` answers False elsewhere and DDP keeps its own all-reduce. It also
 answers False, on every rank alike, when the regions would take more than half of the free space in
 /dev/shm (Docker's default is 64 MB; DataLoader workers share tensors there too), and the regions
-are reserved when made, so a full /dev/shm later cannot crash training with SIGBUS.
+are reserved when made, so a full /dev/shm later cannot crash training with SIGBUS. A region's name
+ends with its maker's pid: one left by a process killed while setting up is removed by the next job.
 
 >>> hook = SharedMemoryAllReduce()          # collective: every rank, after init_process_group
 >>> ddp_model.register_comm_hook(hook, SharedMemoryAllReduce.hook)
@@ -23,6 +24,7 @@ are reserved when made, so a full /dev/shm later cannot crash training with SIGB
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 import os
 import platform
@@ -65,7 +67,8 @@ class SharedMemoryAllReduce:
         dist.broadcast_object_list(token, src=0)
         self.pids: list[int] = [0] * self.world
         dist.all_gather_object(self.pids, pid)
-        paths = [os.path.join(_SHM_DIR, f"cadence-ddp-{token[0]}-{r}") for r in range(self.world)]
+        _remove_stale_regions()
+        paths = [os.path.join(_SHM_DIR, f"cadence-ddp-{token[0]}-{r}-{p}") for r, p in enumerate(self.pids)]
         size, own = _HEADER + 2 * self.chunk_bytes, paths[self.rank]
         try:
             error = _reserve(own, size)
@@ -158,6 +161,19 @@ class SharedMemoryAllReduce:
 
 def _chunk_bytes(chunk_mb: float) -> int:
     return max(64, int(chunk_mb * 2**20) // 64 * 64)
+
+
+def _remove_stale_regions() -> None:
+    """Remove the regions of processes that died (SIGKILL) between making and unlinking them: the name ends with
+    the maker's pid."""
+    for path in glob.glob(os.path.join(_SHM_DIR, "cadence-ddp-*-*-*")):
+        try:
+            os.kill(int(path.rsplit("-", 1)[1]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        except (ValueError, PermissionError):
+            pass                            # not ours, or a live process of another user
 
 
 def _reserve(path: str, size: int) -> OSError | None:

@@ -2,6 +2,10 @@
 
 import glob
 import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +15,12 @@ from tests.helpers import run_launch
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_the_shared_memory_average_equals_gloos_on_every_rank_and_leaves_no_file(tmp_path, nproc):
-    before = set(glob.glob("/dev/shm/cadence-ddp-*"))
+    # a region left by a rank SIGKILLed while setting up (its name ends with that dead pid): the next job removes it
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = Path(f"/dev/shm/cadence-ddp-{uuid.uuid4().hex}-1-{dead.pid}")
+    stale.write_bytes(b"x" * 4096)
+    before = set(glob.glob("/dev/shm/cadence-ddp-*")) - {str(stale)}
     proc = run_launch("shm_allreduce.py", str(tmp_path), "compare", nproc=nproc, timeout=240)
     result = json.loads((tmp_path / "compare.json").read_text())
     assert result["available"]                              # one machine, CPU, x86: DDP uses it by default
@@ -28,6 +37,7 @@ def test_the_shared_memory_average_equals_gloos_on_every_rank_and_leaves_no_file
             assert case["max_abs_diff"] <= {"torch.float32": 1e-6, "torch.bfloat16": 2e-2,
                                             "torch.float64": 1e-14}[case["dtype"]], case
     assert set(glob.glob("/dev/shm/cadence-ddp-*")) == before   # the names are removed once mapped
+    assert not stale.exists()
 
 
 @pytest.mark.slow
