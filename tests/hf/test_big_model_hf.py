@@ -22,6 +22,8 @@ GPT2_MAP = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.h.0
 LLAMA_MAP = {"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.layers.1": "cpu", "model.norm": "disk",
              "model.rotary_emb": "cpu", "lm_head": "disk"}
 CASES = [pytest.param(GPT2, GPT2_MAP, id="gpt2-tied"), pytest.param(LLAMA, LLAMA_MAP, id="llama")]
+# GPT-2 saved in shards with transformers' own index (which leaves out lm_head.weight), Llama in one file
+SAVED = [pytest.param(GPT2, GPT2_MAP, "40KB", id="gpt2-tied-sharded"), pytest.param(LLAMA, LLAMA_MAP, "1GB", id="llama")]
 
 
 def trained(config):
@@ -39,10 +41,12 @@ def generate(model, ids):
         return model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
 
 
-@pytest.mark.parametrize("config, device_map", CASES)
-def test_load_checkpoint_and_dispatch_of_save_pretrained_generates_the_plain_models_tokens(tmp_path, config, device_map):
+@pytest.mark.parametrize("config, device_map, max_shard_size", SAVED)
+def test_load_checkpoint_and_dispatch_of_save_pretrained_generates_the_plain_models_tokens(tmp_path, config, device_map,
+                                                                                           max_shard_size):
     plain = trained(config)
-    plain.save_pretrained(tmp_path / "export")
+    plain.save_pretrained(tmp_path / "export", max_shard_size=max_shard_size)
+    assert (tmp_path / "export" / "model.safetensors.index.json").is_file() == (max_shard_size == "40KB")
     ids = torch.tensor([[5, 17, 99, 3], [42, 7, 7, 120]])
     expected_tokens = generate(plain, ids)
     assert len(set(expected_tokens[0, 4:].tolist())) > 3                     # a test that can see tokens differ
