@@ -35,6 +35,7 @@ from torch import nn
 ENGINES = ("DDP", "FSDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 OFFLOADS = {"ZeRO-1": ("optimizer",), "ZeRO-2": ("optimizer",), "ZeRO-3": ("optimizer", "optimizer+param"),
             "FSDP": ("optimizer+param",)}
+_COUNT = re.compile(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([KMBGT]?)\s*", re.IGNORECASE)
 _SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
@@ -107,9 +108,10 @@ def parse_count(text: str) -> int:
     >>> parse_count("7.5B")
     7500000000
     """
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([KMBGT]?)\s*", text, re.IGNORECASE)
+    m = _COUNT.fullmatch(text)
     if not m:
-        raise ValueError(f"{text!r} is neither a parameter count (e.g. 1B, 350M, 7e9) nor module:function")
+        raise ValueError(f"{text!r} is neither a parameter count (e.g. 1B, 350M, 7e9), an existing directory holding a "
+                         f"Hugging Face config.json (or the file) nor module:function")
     return int(float(m.group(1)) * _SUFFIXES[m.group(2).upper()])
 
 
@@ -127,12 +129,14 @@ def model_sizes(spec: str) -> tuple[int, int]:
     (6738415616, 131072000)
     """
     path = Path(spec)
+    if _COUNT.fullmatch(spec):
+        return parse_count(spec), 0
     if path.is_dir() or path.suffix == ".json":
         model = _from_hf_config(path)
     elif ":" in spec:
         model = _from_function(spec)
     else:
-        return parse_count(spec), 0
+        return parse_count(spec), 0  # refused, naming what it takes
     total = sum({id(p): p.numel() for p in model.parameters()}.values())  # shared parameters once
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     return total, largest
