@@ -24,6 +24,8 @@ Rows (name: goal, what passes):
   existing export (tests/scripts/export_save.py): the directory then loads whole as the old export or the
   new one, never a mix (killed between the swap's two renames: the load refuses, naming the interrupted
   save, and `recover_dir`, as the next save runs first, makes it the new one); nothing staged is left.
+  The moment is drawn uniformly over an uninterrupted save's duration; a save that ends before its
+  kill is not a trial and the moment is drawn again (up to 5 times).
 
 Each row is a function `trial_<name>(workdir: Path, i: int) -> tuple[bool, str]` (passed, detail)
 registered in TRIALS as name -> (function, goal count, description); other rows plug in the same way.
@@ -253,19 +255,22 @@ def trial_kill_in_export(workdir: Path, i: int) -> tuple[bool, str]:
     old, seconds = _export_fixtures(workdir)
     if not _EXPECTED:
         _EXPECTED.update({seed: model(seed, EXPORT_SCALE).state_dict() for seed in (1, 2)})
-    export = workdir / f"export{i}"
-    shutil.copytree(old, export)
-    proc = subprocess.Popen(_export_cmd(export, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env())
-    if proc.stdout.readline().strip() != "SAVING":
+    export, rng = workdir / f"export{i}", random.Random(i)
+    for attempt in range(1, 6):  # a save that ends before its kill is no trial: draw another moment
+        shutil.rmtree(export, ignore_errors=True)
+        shutil.copytree(old, export)
+        proc = subprocess.Popen(_export_cmd(export, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=child_env())
+        if proc.stdout.readline().strip() != "SAVING":
+            proc.kill()
+            return False, f"the save did not start: {proc.stderr.read()[-300:]!r}"
+        delay = rng.uniform(0, seconds)
+        time.sleep(delay)
         proc.kill()
-        return False, f"the save did not start: {proc.stderr.read()[-300:]!r}"
-    delay = random.Random(i).uniform(0, seconds)
-    time.sleep(delay)
-    proc.kill()
-    out, _ = proc.communicate(timeout=60)
-    if "SAVED" in out:
-        return False, f"the save ended before the kill at {delay * 1000:.0f} ms (not a trial)"
+        if "SAVED" not in proc.communicate(timeout=60)[0]:
+            break
+    else:
+        return False, f"5 saves in a row ended before their kill (the last at {delay * 1000:.0f} ms)"
     where = ""
     if not export.exists():  # killed between the swap's two renames: the load must say so, then recover
         try:
@@ -285,7 +290,8 @@ def trial_kill_in_export(workdir: Path, i: int) -> tuple[bool, str]:
     shutil.rmtree(export, ignore_errors=True)
     if seed is None or leftovers:
         return False, f"kill at {delay * 1000:.0f} ms: {'a mix of two saves' if seed is None else ''} leftovers {leftovers}"
-    return True, f"kill at {delay * 1000:.0f} of {seconds * 1000:.0f} ms: {where}{'old' if seed == 1 else 'new'} export"
+    return True, (f"kill at {delay * 1000:.0f} of {seconds * 1000:.0f} ms (draw {attempt}): "
+                  f"{where}{'old' if seed == 1 else 'new'} export")
 
 
 def _alive(pid: int) -> bool:
