@@ -20,12 +20,15 @@ Rows (name: goal, what passes):
   the filesystem calls its checkpoint saves and prunes make (tests/scripts/fs_kill.py): `latest` names a
   checkpoint that loads, every checkpoint that keep_last keeps (its history) is there, and the same
   command then finishes bitwise equal to an uninterrupted run with no leftovers.
-- kill_in_export: 50, SIGKILL at a random moment of a sharded `save_model` (4 shards, 52 MiB) over an
-  existing export (tests/scripts/export_save.py): the directory then loads whole as the old export or the
-  new one, never a mix (killed between the swap's two renames: the load refuses, naming the interrupted
-  save, and `recover_dir`, as the next save runs first, makes it the new one); nothing staged is left.
-  The moment is drawn uniformly over an uninterrupted save's duration; a save that ends before its
-  kill is not a trial and the moment is drawn again (up to 5 times).
+- kill_in_export: 50, a sharded `save_model` (4 shards, 52 MiB) over an existing export
+  (tests/scripts/export_save.py) ended by the kernel at a random moment: the directory then loads whole
+  as the old export or the new one, never a mix (ended between the swap's two renames: the load refuses,
+  naming the interrupted save, and `recover_dir`, as the next save runs first, makes it the new one);
+  nothing staged is left. Even trials: SIGKILL just before a random one of the save's filesystem calls
+  (tests/scripts/fs_kill.py). Odd trials: a moment drawn uniformly over the CPU time an uninterrupted save
+  over an existing export takes (median of 3), where the process ends by SIGPROF at its default action
+  (`setitimer(ITIMER_PROF)`: no handler or cleanup runs, as with SIGKILL), mid-write included, however
+  loaded the machine. A save that ends before its moment is not a trial: another is drawn (up to 5).
 
 Each row is a function `trial_<name>(workdir: Path, i: int) -> tuple[bool, str]` (passed, detail)
 registered in TRIALS as name -> (function, goal count, description); other rows plug in the same way.
@@ -211,19 +214,27 @@ def _filesystem_ops(workdir: Path, cmd: list[str]) -> int:
 EXPORT_SCALE = 16  # export_save.py's model at 16x width: 52 MiB in 4 shards, a save long enough to land kills in
 
 
-def _export_cmd(directory: Path, seed: int) -> list[str]:
+def _export_cmd(directory: Path, seed: int, *flags: str) -> list[str]:
     return [sys.executable, str(SCRIPTS / "export_save.py"), str(directory), "--seed", str(seed),
-            "--scale", str(EXPORT_SCALE), "--announce"]
+            "--scale", str(EXPORT_SCALE), *flags]
 
 
 def _export_fixtures(workdir: Path) -> tuple[Path, float]:
-    """The old export (seed 1) every trial starts from, and how long an uninterrupted save takes (once per row)."""
+    """The old export (seed 1) every trial starts from, and the CPU time an uninterrupted save over it takes
+    (the median of 3, measured once per row)."""
+    import shutil
+
     old, timing = workdir / "old-export", workdir / "export-seconds"
     if not timing.exists():
         subprocess.run(_export_cmd(old, 1), check=True, capture_output=True, timeout=300, env=child_env())
-        out = subprocess.run(_export_cmd(workdir / "timed", 2), check=True, capture_output=True, text=True,
-                             timeout=300, env=child_env()).stdout
-        timing.write_text(re.search(r"SAVED ([\d.]+)", out).group(1))
+        seconds = []
+        for _ in range(3):
+            shutil.rmtree(workdir / "timed", ignore_errors=True)
+            shutil.copytree(old, workdir / "timed")
+            out = subprocess.run(_export_cmd(workdir / "timed", 2), check=True, capture_output=True, text=True,
+                                 timeout=300, env=child_env()).stdout
+            seconds.append(float(re.search(r"SAVED ([\d.]+)", out).group(1)))
+        timing.write_text(str(statistics.median(seconds)))
     return old, float(timing.read_text())
 
 
@@ -259,18 +270,20 @@ def trial_kill_in_export(workdir: Path, i: int) -> tuple[bool, str]:
     for attempt in range(1, 6):  # a save that ends before its kill is no trial: draw another moment
         shutil.rmtree(export, ignore_errors=True)
         shutil.copytree(old, export)
-        proc = subprocess.Popen(_export_cmd(export, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=child_env())
-        if proc.stdout.readline().strip() != "SAVING":
-            proc.kill()
-            return False, f"the save did not start: {proc.stderr.read()[-300:]!r}"
-        delay = rng.uniform(0, seconds)
-        time.sleep(delay)
-        proc.kill()
-        if "SAVED" not in proc.communicate(timeout=60)[0]:
+        if i % 2:  # odd trials: a random moment of the save's CPU time
+            moment = rng.uniform(0, seconds)
+            flags, when = ("--die-after-cpu", f"{moment:.4f}"), f"at {moment * 1000:.0f} of {seconds * 1000:.0f} ms CPU"
+        else:      # even trials: just before a random one of its filesystem calls (13 in a save over an export)
+            call = rng.randint(1, 14)
+            flags, when = ("--kill-at-op", f"any:{call}"), f"before filesystem call {call}"
+        proc = subprocess.run(_export_cmd(export, 2, *flags), capture_output=True, text=True, timeout=300,
+                              env=child_env())
+        if proc.returncode in (-signal.SIGPROF, -signal.SIGKILL) and "SAVED" not in proc.stdout:
             break
+        if "SAVED" not in proc.stdout:
+            return False, f"the save failed (exit {proc.returncode}): {proc.stderr[-300:]!r}"
     else:
-        return False, f"5 saves in a row ended before their kill (the last at {delay * 1000:.0f} ms)"
+        return False, f"5 saves in a row ended before their kill (the last {when})"
     where = ""
     if not export.exists():  # killed between the swap's two renames: the load must say so, then recover
         try:
@@ -284,13 +297,13 @@ def trial_kill_in_export(workdir: Path, i: int) -> tuple[bool, str]:
     try:
         seed = _export_seed(export, _EXPECTED)
     except (OSError, ValueError) as e:
-        return False, f"kill at {delay * 1000:.0f} ms: the export does not load: {e}"
+        return False, f"ended {when}: the export does not load: {e}"
     recover_dir(export)  # what the next save does first: nothing staged may be left after it
     leftovers = [p.name for p in workdir.iterdir() if p.name.startswith(f".{export.name}.")]
     shutil.rmtree(export, ignore_errors=True)
     if seed is None or leftovers:
-        return False, f"kill at {delay * 1000:.0f} ms: {'a mix of two saves' if seed is None else ''} leftovers {leftovers}"
-    return True, (f"kill at {delay * 1000:.0f} of {seconds * 1000:.0f} ms (draw {attempt}): "
+        return False, f"ended {when}: {'a mix of two saves' if seed is None else ''} leftovers {leftovers}"
+    return True, (f"ended {when} (draw {attempt}): "
                   f"{where}{'old' if seed == 1 else 'new'} export")
 
 
@@ -308,8 +321,8 @@ TRIALS = {
     "kill_rank": (trial_kill_rank, 20, "SIGKILL of a random rank under --max_restarts 2: exit 0, bitwise equal"),
     "kill_in_checkpoint": (trial_kill_in_checkpoint, 50, "SIGKILL at a random filesystem call of checkpointing "
                            "(keep_last=2): latest loads, kept ones there; resume bitwise equal, no leftovers"),
-    "kill_in_export": (trial_kill_in_export, 50, "SIGKILL at a random moment of a sharded save_model over an "
-                       "existing export: the old or the new export loads whole, never a mix"),
+    "kill_in_export": (trial_kill_in_export, 50, "a sharded save_model over an existing export killed at a random "
+                       "filesystem call or moment of its CPU time: the old or the new export loads whole, never a mix"),
 }
 
 

@@ -1,13 +1,15 @@
 """Write a sharded export of a seeded model with `learn.save_model`, optionally dying or running out of room.
 
 Used by tests/test_export_atomic.py and bench/faults.py's kill_in_export row:
-  export_save.py DIR --seed S [--scale K] [--kill-at-op KIND:N] [--fsize-limit BYTES] [--announce]
+  export_save.py DIR --seed S [--scale K] [--kill-at-op KIND:N] [--die-after-cpu S] [--fsize-limit BYTES]
 The model has four tensors of 16, 16, 160 and 16 KiB (times K squared with --scale K) written one per
 shard (max_shard_size 20KB times K squared), so a file-size limit between 16 and 160 KiB fails at shard
 3 of 4, as a disk that fills up there would.
 --kill-at-op: SIGKILL just before the N-th filesystem call (fs_kill.py's kinds) made inside save_model.
 --fsize-limit: RLIMIT_FSIZE for this process (SIGXFSZ ignored, so writes fail with EFBIG).
---announce: print SAVING before the save and `SAVED <seconds>` after (for a parent that kills at a random moment).
+--die-after-cpu: the kernel ends the process once the save has used S seconds of CPU time (SIGPROF at its
+  default action: no handler, no cleanup, as SIGKILL; a moment of the save's own progress, whatever the load).
+`SAVED <cpu seconds>` is printed after a save that ends.
 """
 
 import argparse
@@ -38,7 +40,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--kill-at-op")
     p.add_argument("--fsize-limit", type=int)
-    p.add_argument("--announce", action="store_true")
+    p.add_argument("--die-after-cpu", type=float)
     p.add_argument("--scale", type=int, default=1)
     args = p.parse_args()
     learn = Learner(DataLoaders([]), model(args.seed, args.scale), loss_func=nn.MSELoss())
@@ -47,15 +49,17 @@ def main() -> None:
     if args.fsize_limit:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize_limit, args.fsize_limit))
-    if args.announce:
-        print("SAVING", flush=True)
-    start = time.monotonic()
+    if args.die_after_cpu:
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_PROF, args.die_after_cpu)
+    start = time.process_time()
     try:
         learn.save_model(Path(args.dir), max_shard_size=20_000 * args.scale**2)
+        signal.setitimer(signal.ITIMER_PROF, 0)  # the save ended: no death after it
     except Exception as e:  # the test reads the message
         print(f"ERROR {type(e).__name__}: {e}", flush=True)
         sys.exit(3)
-    print(f"SAVED {time.monotonic() - start:.4f}", flush=True)
+    print(f"SAVED {time.process_time() - start:.4f}", flush=True)
 
 
 if __name__ == "__main__":
