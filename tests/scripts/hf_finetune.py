@@ -2,9 +2,10 @@
 
 argv: OUT_DIR RUNS_JSON, a list of runs {"name", "model" ("gpt2"/"llama"), "engine" ("ddp", "fsdp", "zero2", "zero3"),
 "precision" ("no"/"bf16"), "shard" (save_model's max_shard_size), "lora" (a peft LoRA adapter), "checkpoint" (also
-save_state inside the context, then load it into a fresh Learner on the same engine)}, each with its own distrib_ctx.
+save_state and learn.save inside the context, each loaded into a fresh Learner on the same engine)}, each with its own distrib_ctx.
 Rank 0 writes OUT_DIR/<name>/: export/ (save_model), logits.pt (the trained model's, after the context), result.json
-(whether lm_head and the input embedding are one Parameter after the context; reloaded logits of the checkpoint).
+(whether lm_head and the input embedding are one Parameter after the context; the same and the logits' distance
+after loading each checkpoint).
 """
 
 import json
@@ -33,15 +34,15 @@ def run(out: Path, spec: dict) -> None:
         learn.fit(1)
         learn.save_model(out / "export", max_shard_size=spec.get("shard", "2GB"))
         if spec.get("checkpoint"):
-            learn.save_state(out / "state")
+            learn.save_state(out / "state")  # the engine's own format
+            learn.save(out / "saved")  # full weights and optimizer state
     result = {"tied": tied(learn.model), "losses": [float(v) for v in learn.recorder.losses]}
     trained = logits(learn.model)
-    if spec.get("checkpoint"):
+    for how in ("load_state", "load") if spec.get("checkpoint") else ():
         fresh = lm_learner(spec["model"], seed=1)
         with fresh.distrib_ctx(**engine):
-            fresh.load_state(out / "state")
-        result["reloaded_tied"] = tied(fresh.model)
-        result["reloaded_max_diff"] = (logits(fresh.model) - trained).abs().max().item()
+            getattr(fresh, how)(out / ("state" if how == "load_state" else "saved"))
+        result[how] = {"tied": tied(fresh.model), "max_diff": (logits(fresh.model) - trained).abs().max().item()}
     if rank() == 0:
         torch.save(trained, out / "logits.pt")
         (out / "result.json").write_text(json.dumps(result))
