@@ -58,6 +58,8 @@ def test_tied_weights_stay_tied_after_every_engine_and_through_its_checkpoints(r
         r = result(out, f"gpt2_{engine}")
         for how in ("load_state", "load"):
             assert r[how] == {"tied": True, "max_diff": 0.0}, (engine, how, r)
+        saved = stored(out / f"gpt2_{engine}" / "saved")  # learn.save's weights: the tied weight stored once
+        assert "transformer.wte.weight" in saved and "lm_head.weight" not in saved, (engine, sorted(saved))
 
 
 @pytest.mark.slow
