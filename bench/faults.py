@@ -20,6 +20,12 @@ Rows (name: goal, what passes):
   the filesystem calls its checkpoint saves and prunes make (tests/scripts/fs_kill.py): `latest` names a
   checkpoint that loads, every checkpoint that keep_last keeps (its history) is there, and the same
   command then finishes bitwise equal to an uninterrupted run with no leftovers.
+- kill_in_export: 50, SIGKILL at a random moment of a sharded `save_model` (4 shards, 52 MiB) over an
+  existing export (tests/scripts/export_save.py): the directory then loads whole as the old export or the
+  new one, never a mix (killed between the swap's two renames: the load refuses, naming the interrupted
+  save, and `recover_dir`, as the next save runs first, makes it the new one); nothing staged is left.
+  The moment is drawn uniformly over an uninterrupted save's duration; a save that ends before its
+  kill is not a trial and the moment is drawn again (up to 5 times).
 
 Each row is a function `trial_<name>(workdir: Path, i: int) -> tuple[bool, str]` (passed, detail)
 registered in TRIALS as name -> (function, goal count, description); other rows plug in the same way.
@@ -202,6 +208,92 @@ def _filesystem_ops(workdir: Path, cmd: list[str]) -> int:
     return int(file.read_text())
 
 
+EXPORT_SCALE = 16  # export_save.py's model at 16x width: 52 MiB in 4 shards, a save long enough to land kills in
+
+
+def _export_cmd(directory: Path, seed: int) -> list[str]:
+    return [sys.executable, str(SCRIPTS / "export_save.py"), str(directory), "--seed", str(seed),
+            "--scale", str(EXPORT_SCALE), "--announce"]
+
+
+def _export_fixtures(workdir: Path) -> tuple[Path, float]:
+    """The old export (seed 1) every trial starts from, and how long an uninterrupted save takes (once per row)."""
+    old, timing = workdir / "old-export", workdir / "export-seconds"
+    if not timing.exists():
+        subprocess.run(_export_cmd(old, 1), check=True, capture_output=True, timeout=300, env=child_env())
+        out = subprocess.run(_export_cmd(workdir / "timed", 2), check=True, capture_output=True, text=True,
+                             timeout=300, env=child_env()).stdout
+        timing.write_text(re.search(r"SAVED ([\d.]+)", out).group(1))
+    return old, float(timing.read_text())
+
+
+def _export_seed(directory: Path, expected: dict[int, dict]) -> int | None:
+    """Which save (seed) `directory` holds, every tensor of it; None for a mix."""
+    import torch
+
+    from cadence.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
+    sys.path.insert(0, str(SCRIPTS))
+    from export_save import model
+
+    with init_empty_weights():
+        empty = model(0, EXPORT_SCALE)
+    state = load_checkpoint_and_dispatch(empty, directory, device_map={"": "cpu"}).state_dict()
+    same = [seed for seed, ref in expected.items() if all(torch.equal(state[k], v) for k, v in ref.items())]
+    return same[0] if len(same) == 1 else None
+
+
+_EXPECTED: dict[int, dict] = {}
+
+
+def trial_kill_in_export(workdir: Path, i: int) -> tuple[bool, str]:
+    import shutil
+
+    from cadence.serialization import recover_dir
+    sys.path.insert(0, str(SCRIPTS))
+    from export_save import model
+
+    old, seconds = _export_fixtures(workdir)
+    if not _EXPECTED:
+        _EXPECTED.update({seed: model(seed, EXPORT_SCALE).state_dict() for seed in (1, 2)})
+    export, rng = workdir / f"export{i}", random.Random(i)
+    for attempt in range(1, 6):  # a save that ends before its kill is no trial: draw another moment
+        shutil.rmtree(export, ignore_errors=True)
+        shutil.copytree(old, export)
+        proc = subprocess.Popen(_export_cmd(export, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=child_env())
+        if proc.stdout.readline().strip() != "SAVING":
+            proc.kill()
+            return False, f"the save did not start: {proc.stderr.read()[-300:]!r}"
+        delay = rng.uniform(0, seconds)
+        time.sleep(delay)
+        proc.kill()
+        if "SAVED" not in proc.communicate(timeout=60)[0]:
+            break
+    else:
+        return False, f"5 saves in a row ended before their kill (the last at {delay * 1000:.0f} ms)"
+    where = ""
+    if not export.exists():  # killed between the swap's two renames: the load must say so, then recover
+        try:
+            _export_seed(export, _EXPECTED)
+            return False, "an export that is not there loaded"
+        except FileNotFoundError as e:
+            if "interrupted" not in str(e):
+                return False, f"the load's message does not name the interrupted save: {e}"
+        recover_dir(export)
+        where = "mid-swap, recovered: "
+    try:
+        seed = _export_seed(export, _EXPECTED)
+    except (OSError, ValueError) as e:
+        return False, f"kill at {delay * 1000:.0f} ms: the export does not load: {e}"
+    recover_dir(export)  # what the next save does first: nothing staged may be left after it
+    leftovers = [p.name for p in workdir.iterdir() if p.name.startswith(f".{export.name}.")]
+    shutil.rmtree(export, ignore_errors=True)
+    if seed is None or leftovers:
+        return False, f"kill at {delay * 1000:.0f} ms: {'a mix of two saves' if seed is None else ''} leftovers {leftovers}"
+    return True, (f"kill at {delay * 1000:.0f} of {seconds * 1000:.0f} ms (draw {attempt}): "
+                  f"{where}{'old' if seed == 1 else 'new'} export")
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -216,6 +308,8 @@ TRIALS = {
     "kill_rank": (trial_kill_rank, 20, "SIGKILL of a random rank under --max_restarts 2: exit 0, bitwise equal"),
     "kill_in_checkpoint": (trial_kill_in_checkpoint, 50, "SIGKILL at a random filesystem call of checkpointing "
                            "(keep_last=2): latest loads, kept ones there; resume bitwise equal, no leftovers"),
+    "kill_in_export": (trial_kill_in_export, 50, "SIGKILL at a random moment of a sharded save_model over an "
+                       "existing export: the old or the new export loads whole, never a mix"),
 }
 
 

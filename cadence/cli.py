@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                  allow_abbrev=False))
     estimate = sub.add_parser("estimate-memory", allow_abbrev=False,
                               help="model-state memory per process for DDP, FSDP, ZeRO 1-3, with and without offload")
-    estimate.add_argument("model", help="a parameter count (7B, 350M, 1e9) or module:function returning an nn.Module "
-                                        "(built on the meta device: no memory)")
+    estimate.add_argument("model", help="a parameter count (7B, 350M, 1e9), a Hugging Face config (a directory holding "
+                                        "config.json, or the file), or module:function returning an nn.Module, "
+                                        "importable from the current directory (both built on the meta device: no memory)")
     estimate.add_argument("--num_processes", type=int, nargs="+", default=[8], help="processes in total (several: one table each)")
     estimate.add_argument("--num_machines", type=int, default=1, help="machines (DeepSpeed's CPU estimate is per machine)")
     return parser
@@ -60,10 +61,11 @@ def estimate_memory(args: argparse.Namespace) -> int:
     """
     from cadence.distributed import estimate
 
-    total, largest = estimate.model_sizes(args.model)
     for n in args.num_processes:
         if n < 1 or n % args.num_machines:
             raise ValueError(f"--num_processes {n} must be a positive multiple of --num_machines {args.num_machines}")
+    total, largest = estimate.model_sizes(args.model)
+    for n in args.num_processes:
         print(estimate.table(total, n, largest, args.num_machines), end="\n\n")
     return 0
 
