@@ -312,12 +312,22 @@ def main_print(*args: Any, **kwargs: Any) -> None:
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
-    """Logger adapter whose calls log on the main process only, unless called with `main_process_only=False`."""
+    """Logger adapter whose calls log on the main process only, unless called with `main_process_only=False`
+    (then `in_order=True` logs process by process, in rank order; every process must make that call)."""
 
-    def log(self, level: int, msg: object, *args: Any, main_process_only: bool = True, **kwargs: Any) -> None:
-        if main_process_only and not env.is_main_process():
+    def log(self, level: int, msg: object, *args: Any, main_process_only: bool = True, in_order: bool = False,
+            **kwargs: Any) -> None:
+        if main_process_only:
+            if env.is_main_process():
+                super().log(level, msg, *args, **kwargs)
             return
-        super().log(level, msg, *args, **kwargs)
+        if not in_order:
+            super().log(level, msg, *args, **kwargs)
+            return
+        for i in range(env.world_size()):
+            if i == env.rank():
+                super().log(level, msg, *args, **kwargs)
+            wait_for_everyone()
 
 
 def get_logger(name: str, level: int | str | None = None) -> MultiProcessAdapter:
