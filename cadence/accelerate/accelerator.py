@@ -117,6 +117,7 @@ class Accelerator(ProcessHelpers):
         self.step = 0   # micro-steps seen by `accumulate` in the current window
         self._models: list[nn.Module] = []
         self._model_opts: list[torch.optim.Optimizer | None] = []
+        self._stepper: dict[int, PreparedOptimizer] = {}   # id(prepared model) -> the prepared optimizer stepping it
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
@@ -243,6 +244,8 @@ class Accelerator(ProcessHelpers):
                 mine = [o for o in opts if optimizes(o, arg)]
                 out[i] = self._prepare_model(arg, mine)
                 prepared_opts.update({id(o): PreparedOptimizer(o, self) for o in mine})
+                if mine:
+                    self._stepper[id(out[i])] = prepared_opts[id(mine[0])]
         for i, arg in enumerate(args):
             if is_opt[i]:
                 out[i] = prepared_opts.get(id(arg)) or PreparedOptimizer(self._refuse_dummy(arg), self)
@@ -387,8 +390,7 @@ class Accelerator(ProcessHelpers):
         params = list(parameters)
         for model, opt in self._units():
             if opt is not None and owns_parameters(model, params, self.strategy):
-                prepared = next(o for o in self._optimizers if o.optimizer is opt)
-                return clip_grad_norm(self.strategy, model, prepared, max_norm, norm_type)
+                return clip_grad_norm(self.strategy, model, opt, self._stepper.get(id(model)), max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
@@ -487,7 +489,8 @@ class Accelerator(ProcessHelpers):
 
         >>> model, optimizer = accelerator.free_memory(model, optimizer)
         """
-        for registry in (self._models, self._model_opts, self._optimizers, self._schedulers, self._dataloaders):
+        for registry in (self._models, self._model_opts, self._optimizers, self._schedulers, self._dataloaders,
+                         self._stepper):
             registry.clear()
         self.step = 0
         gc.collect()

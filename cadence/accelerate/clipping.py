@@ -24,11 +24,12 @@ from ..distributed.strategy import OwnsClipping
 __all__ = ["clip_grad_norm"]
 
 
-def clip_grad_norm(strategy: Any, model: nn.Module, opt: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """Clip the gradients of the prepared `model` (optimizer `opt`, a PreparedOptimizer) to `max_norm`; the global
-    norm before clipping."""
+def clip_grad_norm(strategy: Any, model: nn.Module, engine_opt: torch.optim.Optimizer, opt: Any, max_norm: float,
+                   norm_type: float = 2.0) -> torch.Tensor:
+    """Clip the gradients of the prepared `model` to `max_norm`; the global norm before clipping. `engine_opt` is the
+    optimizer the strategy returned for it, `opt` the PreparedOptimizer the script steps."""
     if not isinstance(strategy, OwnsClipping):
-        return strategy.clip_grad_norm(model, opt.optimizer, max_norm, norm_type)
+        return strategy.clip_grad_norm(model, engine_opt, max_norm, norm_type)
     strategy.configure_clipping(max_norm, norm_type)
     if not opt.accelerator.sync_gradients:  # mid-window: no step, no norm yet (Accelerate returns the last one)
         return _as_tensor(strategy.last_grad_norm())
