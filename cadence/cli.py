@@ -135,6 +135,17 @@ def unknown_flags_message(parser: argparse.ArgumentParser, command: str, unknown
     return "; ".join(parts)
 
 
+def _script_args_as_given(argv: list[str], args: argparse.Namespace) -> list[str]:
+    """The script's arguments as typed: argparse drops a `--` right after the script, the script may want it.
+
+    >>> _script_args_as_given(["launch", "t.py", "--", "-x"], argparse.Namespace(training_script="t.py", training_script_args=["-x"]))
+    ['--', '-x']
+    """
+    given = args.training_script_args
+    before = argv[:len(argv) - len(given)]
+    return ["--", *given] if before[-2:] == [args.training_script, "--"] else given
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cadence` command; returns the exit code.
 
@@ -145,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         parser.exit(2, f"cadence {args.command}: error: {unknown_flags_message(parser, args.command, unknown)}\n")
+    if args.command == "launch":
+        args.training_script_args = _script_args_as_given(sys.argv[1:] if argv is None else argv, args)
     commands = {"env": lambda a: print(cfg_mod.environment_report(a.config_file)) or 0,
                 "config": configure, "launch": launch_mod.launch, "test": self_test, "estimate-memory": estimate_memory}
     try:

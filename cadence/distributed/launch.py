@@ -223,12 +223,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_argv(config: Config, args: argparse.Namespace) -> list[str]:
+def torchrun_args(config: Config, args: argparse.Namespace) -> argparse.Namespace:
     """Arguments for `torch.distributed.run` that run `args.training_script` as `config` says.
 
-    >>> torchrun_argv(Config(num_processes=2), ns)[:4]       # doctest: +SKIP
-    ['--nnodes', '1', '--nproc_per_node', '2']
+    torch's parser abbreviates options, so `train.py --max 3` would read as its `--max-restarts`
+    ("ambiguous option"): it parses the agent's flags and the program only, and the script's
+    arguments are set afterwards, exactly as given.
+
+    >>> torchrun_args(Config(num_processes=2), ns).nproc_per_node       # doctest: +SKIP
+    '2'
     """
+    from torch.distributed import run as torchrun
+
+    program, *arguments = _worker_command(args)
+    parsed = torchrun.parse_args([*_agent_argv(config, args), "--no_python", program])
+    parsed.training_script_args = arguments
+    return parsed
+
+
+def _agent_argv(config: Config, args: argparse.Namespace) -> list[str]:
+    """torchrun's flags for the agent: processes, rendezvous, restarts, signals."""
     if args.no_python and args.module:
         raise ValueError("--no_python and --module cannot be combined: pick one")
     single = config.num_machines == 1
@@ -244,11 +258,15 @@ def torchrun_argv(config: Config, args: argparse.Namespace) -> list[str]:
             "--signals_to_handle", ",".join(("SIGINT", "SIGHUP", "SIGQUIT", *PREEMPTION_SIGNALS))]
     if config.rdzv_backend != "static":
         argv += ["--rdzv_endpoint", f"{addr}:{port}"]
+    return argv
+
+
+def _worker_command(args: argparse.Namespace) -> list[str]:
+    """The program each worker runs: the script under `run_worker`, or the program itself (--no_python)."""
     if args.no_python:
-        return argv + ["--no_python", args.training_script, *args.training_script_args]
+        return [args.training_script, *args.training_script_args]
     module = ["-m"] if args.module else []
-    return argv + ["--no_python", sys.executable, "-u", "-c", _WORKER_CODE, *module,
-                   args.training_script, *args.training_script_args]
+    return [sys.executable, "-u", "-c", _WORKER_CODE, *module, args.training_script, *args.training_script_args]
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -270,8 +288,8 @@ def launch(args: argparse.Namespace) -> int:
 
     config = resolve_config(args)
     check_script(args)
-    torchrun_args = torchrun.parse_args(torchrun_argv(config, args))
-    check_port_free(config, torchrun_args.master_port)
+    agent_args = torchrun_args(config, args)
+    check_port_free(config, agent_args.master_port)
     status_dir = status.make_status_dir()
     variables = {**launch_env(config), LAUNCHER_PID_VAR: str(os.getpid()), status.STATUS_DIR_VAR: status_dir}
     for name, value in variables.items():
@@ -282,7 +300,7 @@ def launch(args: argparse.Namespace) -> int:
     if not config.debug:
         _quiet_torch_loggers()
     try:
-        torchrun.run(torchrun_args)
+        torchrun.run(agent_args)
     except ChildFailedError as e:
         preempted = status.read_preemptions(status_dir)
         if _all_preempted(e.failures, preempted):

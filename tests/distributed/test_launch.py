@@ -103,28 +103,27 @@ def parsed(*argv: str):
 
 
 def test_multi_machine_arguments_reach_torchrun():
-    from cadence.distributed.launch import torchrun_argv
+    from cadence.distributed.launch import torchrun_args
 
     config, args = parsed("--num_machines", "2", "--num_processes", "8", "--machine_rank", "1", "--main_process_ip",
                           "10.0.0.1", "--rdzv_backend", "c10d", "--max_restarts", "2", "train.py", "--lr", "1")
-    argv = torchrun_argv(config, args)
-    pairs = dict(zip(argv[:-1], argv[1:]))
-    assert (pairs["--nnodes"], pairs["--nproc_per_node"], pairs["--node_rank"]) == ("2", "4", "1")
-    assert (pairs["--master_port"], pairs["--rdzv_endpoint"], pairs["--max_restarts"]) == ("29500", "10.0.0.1:29500", "2")
-    assert argv[-3:] == ["train.py", "--lr", "1"]
+    agent = torchrun_args(config, args)
+    assert (agent.nnodes, agent.nproc_per_node, agent.node_rank) == ("2", "4", 1)
+    assert (agent.master_port, agent.rdzv_endpoint, agent.max_restarts) == (29500, "10.0.0.1:29500", 2)
+    assert agent.training_script_args[-3:] == ["train.py", "--lr", "1"]
 
 
 def test_launch_env_threads_strategy_and_bad_combinations(monkeypatch):
-    from cadence.distributed.launch import launch_env, torchrun_argv
+    from cadence.distributed.launch import launch_env, torchrun_args
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     env = launch_env(parsed("--cpu", "--num_processes", "2", "--debug", "x.py")[0])
     assert env["OMP_NUM_THREADS"] == str(max(1, os.cpu_count() // 2)) and env["CADENCE_DEBUG"] == "1"
     assert launch_env(parsed("x.py")[0])["CADENCE_STRATEGY"] is None
     with pytest.raises(ValueError, match="main_process_ip"):
-        torchrun_argv(*parsed("--num_machines", "2", "--num_processes", "2", "x.py"))
+        torchrun_args(*parsed("--num_machines", "2", "--num_processes", "2", "x.py"))
     with pytest.raises(ValueError, match="--no_python and --module"):
-        torchrun_argv(*parsed("--no_python", "-m", "x"))
+        torchrun_args(*parsed("--no_python", "-m", "x"))
 
 
 def test_the_rank_that_raised_is_reported_before_a_rank_the_agent_stopped(tmp_path, capsys):
@@ -143,3 +142,34 @@ def test_the_rank_that_raised_is_reported_before_a_rank_the_agent_stopped(tmp_pa
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "cadence launch: rank 0 failed:" and "ValueError: fp16 is not supported" in lines
     assert lines[-1] == "cadence launch: rank 1 also stopped: killed by SIGTERM"
+
+
+# what a script's own parser takes: torch's parser abbreviates (--max -> --max-restarts), argparse drops a first `--`
+SCRIPT_ARGS = [["--max", "3"], ["--n", "2"], ["--log", "x.log"], ["--node", "1"], ["--m", "5"], ["--no"], ["--max=3"],
+               ["-m", "pkg"], ["--nproc_per_node", "4"], ["--num_processes", "3"], ["--", "--lr", "1"], ["--"], []]
+
+
+@pytest.mark.parametrize("script_args", SCRIPT_ARGS, ids=lambda a: " ".join(a) or "none")
+def test_everything_after_the_script_reaches_it_untouched(script_args, monkeypatch):
+    from cadence import cli
+    from cadence.distributed import launch as launch_mod
+
+    seen = {}
+
+    def run(args):           # stands in for launch(): what torchrun would get, without starting processes
+        agent = launch_mod.torchrun_args(launch_mod.resolve_config(args), args)
+        seen.update(training_script=args.training_script, worker=agent.training_script_args)
+        return 0
+
+    monkeypatch.setattr(launch_mod, "launch", run)
+    assert cli.main(["launch", "--cpu", "--num_processes", "2", "train.py", *script_args]) == 0
+    assert seen["training_script"] == "train.py"
+    assert seen["worker"][-len(script_args) - 1:] == ["train.py", *script_args]
+
+
+@pytest.mark.slow
+def test_script_arguments_arrive_exactly_through_a_launch(tmp_path):
+    script_args = [a for spelling in SCRIPT_ARGS[:-3] for a in spelling] + ["--", "--lr", "1"]
+    proc = run_launch("print_argv.py", *script_args, timeout=120)
+    seen = [json.loads(l.split(" ", 2)[2]) for l in proc.stdout.splitlines() if l.startswith("ARGV ")]
+    assert len(seen) == 2 and all(argv == script_args for argv in seen), proc.stdout
