@@ -10,7 +10,7 @@ import yaml
 import cadence
 from cadence.cli import main
 from cadence.distributed.config import Config, default_config_path, load_config
-from tests.helpers import REPO, cadence_env
+from tests.helpers import REPO, SCRIPTS, cadence_env
 
 CADENCE = Path(sys.executable).with_name("cadence")
 
@@ -70,6 +70,14 @@ def test_config_asks_in_a_terminal(tmp_path, monkeypatch, capsys):
 def test_bad_flag_value_names_the_problem(capsys):
     assert main(["config", "default", "--num_processes", "0"]) == 2
     assert "num_processes must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["99999", "65536"])
+def test_a_port_out_of_range_is_refused_before_the_port_check(port, capsys):
+    # the port-in-use check used to run first and end in a raw OverflowError
+    assert main(["launch", "--cpu", "--main_process_port", port, str(SCRIPTS / "print_argv.py")]) == 2
+    err = capsys.readouterr().err
+    assert f"main_process_port must be <= 65535, got {port}" in err and "Overflow" not in err
 
 
 @pytest.mark.slow

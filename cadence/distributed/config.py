@@ -38,9 +38,9 @@ _ALIASES = {"mixed_precision": {False: "no"}, "distributed_type": {False: "NO", 
 
 
 def _key(help: str, default: Any = None, kind: type | None = None, choices: tuple | None = None,
-         minimum: float | None = None, default_factory: Any = None) -> Any:
-    """A config field whose metadata (help, kind, choices, minimum) drives validation, flags and questions."""
-    meta = dict(help=help, kind=kind or type(default), choices=choices, minimum=minimum)
+         minimum: float | None = None, maximum: float | None = None, default_factory: Any = None) -> Any:
+    """A config field whose metadata (help, kind, choices, minimum, maximum) drives validation, flags and questions."""
+    meta = dict(help=help, kind=kind or type(default), choices=choices, minimum=minimum, maximum=maximum)
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -60,7 +60,8 @@ class Config:
     num_machines: int = _key("machines taking part", 1, minimum=1)
     machine_rank: int = _key("rank of this machine (0 is the main one)", 0, minimum=0)
     main_process_ip: str | None = _key("IP address of machine 0 (multi-machine)", kind=str)
-    main_process_port: int | None = _key("port on machine 0 (default: a free one, 29500 multi-machine)", kind=int, minimum=1)
+    main_process_port: int | None = _key("port on machine 0 (default: a free one, 29500 multi-machine)", kind=int,
+                                        minimum=1, maximum=65535)
     mixed_precision: str = _key("mixed precision", "no", choices=MIXED_PRECISIONS)
     use_cpu: bool = _key("train on CPU even where an accelerator exists", False)
     gradient_accumulation_steps: int = _key("batches per optimizer step", 1, minimum=1)
@@ -151,11 +152,13 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
         raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}")
     if f.metadata["minimum"] is not None and value < f.metadata["minimum"]:
         raise ValueError(f"{f.name} must be >= {f.metadata['minimum']}, got {value}")
+    if f.metadata["maximum"] is not None and value > f.metadata["maximum"]:
+        raise ValueError(f"{f.name} must be <= {f.metadata['maximum']}, got {value}")
     return value
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:
-    """The config's fields, each with metadata `help`, `kind`, `choices` and `minimum`.
+    """The config's fields, each with metadata `help`, `kind`, `choices`, `minimum` and `maximum`.
 
     >>> config_fields()[0].name, config_fields()[0].metadata["choices"]
     ('compute_environment', ('LOCAL_MACHINE',))

@@ -48,6 +48,7 @@ def test_accelerate_formats_are_accepted(tmp_path):
     ({"distributed_type": "MULTI_TPU"}, ["distributed_type", "MULTI_CPU", "FSDP"]),
     ({"num_processes": "two"}, ["num_processes", "int"]),
     ({"num_processes": 0}, ["num_processes", ">= 1"]),
+    ({"main_process_port": 99999}, ["main_process_port", "<= 65535", "99999"]),
     ({"num_processes": 3, "num_machines": 2}, ["multiple of num_machines"]),
     ({"compute_environment": "AMAZON_SAGEMAKER"}, ["compute_environment", "LOCAL_MACHINE"]),
 ])
