@@ -28,7 +28,7 @@ RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 # Keys `accelerate config` writes (or wrote in older versions) that cadence does not use as such
 # (`fp16` and the top-level `dynamo_backend` are translated in `from_dict`).
 ACCELERATE_ONLY_KEYS = frozenset({
-    "gpu_ids", "same_network", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
+    "same_network", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
     "dynamo_backend", "fp16", "fp8_config", "tp_config", "megatron_lm_config",
     "ipex_config", "mpirun_config", "parallelism_config", "tpu_name", "tpu_zone", "tpu_use_cluster",
     "tpu_use_sudo", "tpu_vm", "tpu_env", "command_file", "commands",
@@ -64,6 +64,7 @@ class Config:
                                         minimum=1, maximum=65535)
     mixed_precision: str = _key("mixed precision", "no", choices=MIXED_PRECISIONS)
     use_cpu: bool = _key("train on CPU even where an accelerator exists", False)
+    gpu_ids: str = _key("GPUs this machine's processes use: comma-separated ids (CUDA_VISIBLE_DEVICES), or all", "all")
     gradient_accumulation_steps: int = _key("batches per optimizer step", 1, minimum=1)
     num_cpu_threads_per_process: int | None = _key("threads per process (default: cores // processes)", kind=int, minimum=1)
     max_restarts: int = _key("restarts of the worker group before failing", 0, minimum=0)
@@ -86,6 +87,12 @@ class Config:
         self.dynamo_config = normalize_dynamo_config(self.dynamo_config)
         if not 0 <= self.machine_rank < self.num_machines:
             raise ValueError(f"machine_rank must be in [0, num_machines={self.num_machines}), got {self.machine_rank}")
+        if self.gpu_ids != "all" and not all(i.strip().isdigit() for i in self.gpu_ids.split(",")):
+            raise ValueError(f"gpu_ids must be all or comma-separated GPU ids such as 0,1; got {self.gpu_ids!r}")
+        per_machine = self.num_processes // self.num_machines
+        if self.gpu_ids != "all" and not self.use_cpu and len(self.gpu_ids.split(",")) < per_machine:
+            raise ValueError(f"gpu_ids {self.gpu_ids} lists {len(self.gpu_ids.split(','))} GPU(s) for {per_machine} "
+                             f"processes per machine: list one GPU per process, or use all")
         if self.num_processes % self.num_machines:
             raise ValueError(f"num_processes ({self.num_processes}) is the total over all machines: "
                              f"make it a multiple of num_machines ({self.num_machines})")
@@ -220,6 +227,8 @@ def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(sorted(known))}")
     kept = {k: v for k, v in raw.items() if k in known}
+    if isinstance(kept.get("gpu_ids"), int) and not isinstance(kept["gpu_ids"], bool):   # YAML reads `gpu_ids: 0` as int
+        kept["gpu_ids"] = str(kept["gpu_ids"])
     if raw.get("fp16") and "mixed_precision" not in raw:          # Accelerate's oldest format
         kept["mixed_precision"] = "fp16"
     if "dynamo_backend" in raw and "dynamo_config" not in raw:     # Accelerate's format before dynamo_config

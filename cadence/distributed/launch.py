@@ -32,7 +32,7 @@ from cadence.distributed.config import Config
 # Config keys that are also `cadence launch` flags (besides --cpu for use_cpu).
 LAUNCH_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
                "mixed_precision", "gradient_accumulation_steps", "num_cpu_threads_per_process",
-               "max_restarts", "monitor_interval", "rdzv_backend", "timeout", "preemption_grace_s", "debug")
+               "max_restarts", "monitor_interval", "rdzv_backend", "timeout", "preemption_grace_s", "debug", "gpu_ids")
 _WORKER_CODE = "from cadence.distributed.launch import run_worker; run_worker()"
 _DEFAULT_MULTI_NODE_PORT = 29500
 LAUNCHER_PID_VAR = "CADENCE_LAUNCHER_PID"
@@ -60,20 +60,53 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     True
     """
     parser.add_argument("--config_file", default=None, help="YAML config (default: `cadence config`'s file)")
-    parser.add_argument("--cpu", dest="use_cpu", action="store_const", const=True, default=None,
+    parser.add_argument("--cpu", "--use_cpu", dest="use_cpu", action="store_const", const=True, default=None,
                         help="train on CPU even where an accelerator exists")
     parser.add_argument("--multi_gpu", action="store_true", help="DDP over GPUs (accepted for Accelerate users)")
     cfg_mod.add_config_flags(parser, LAUNCH_KEYS)
     parser.add_argument("--rdzv_conf", default="", help="extra rendezvous settings, `key1=v1,key2=v2`")
+    add_accelerate_options(parser)
     add_fsdp_options(parser)
     add_dynamo_options(parser)
     add_deepspeed_options(parser)
 
 
-# `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block
+def add_accelerate_options(parser: argparse.ArgumentParser) -> None:
+    """`accelerate launch` flags that say how torchrun runs the workers, or that cadence does by default.
+
+    The rest of Accelerate's flags are cadence's own (`--num_processes`, `--use_fsdp`, ...) or refused
+    with a reason (`other_launchers`).
+
+    >>> p = argparse.ArgumentParser(); add_accelerate_options(p)
+    >>> p.parse_args(["--tee", "3", "--same_network"]).tee
+    '3'
+    """
+    group = parser.add_argument_group("accelerate launch", "Accelerate's flags, for its users")
+    group.add_argument("-q", "--quiet", action="store_true",
+                       help="accepted: the launcher already shows only the failing rank's traceback, once")
+    group.add_argument("--same_network", action="store_true",
+                       help="accepted: machines reach machine 0 at --main_process_ip directly (cadence's default)")
+    group.add_argument("--main_training_function", default=None,
+                       help="Accelerate's TPU launcher calls this function; cadence runs the script as __main__, "
+                            "as accelerate launch does off TPUs (a note is printed)")
+    group.add_argument("--log_dir", default=None, help="torchrun's log directory (with --tee: the workers' streams)")
+    group.add_argument("--tee", default=None, help="torchrun's --tee: copy workers' streams to --log_dir (0-3)")
+    group.add_argument("--role", default=None, help="torchrun's worker role name")
+
+
+def _torchrun_passthrough(args: argparse.Namespace) -> list[str]:
+    """torchrun flags given as Accelerate names them (--log_dir, --tee, --role)."""
+    given = {flag: getattr(args, flag, None) for flag in ("log_dir", "tee", "role")}
+    return [arg for flag, value in given.items() if value is not None for arg in (f"--{flag}", value)]
+
+
+# `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block (the FSDP strategy accepts the
+# keys FSDP2 makes moot, such as use_orig_params, and refuses the others; resolve_config refuses version 1)
 FSDP_FLAGS = {"sharding_strategy": str, "auto_wrap_policy": str, "transformer_layer_cls_to_wrap": str,
               "min_num_params": int, "offload_params": bool, "state_dict_type": str,
-              "activation_checkpointing": bool, "cpu_ram_efficient_loading": bool}
+              "activation_checkpointing": bool, "cpu_ram_efficient_loading": bool, "version": int,
+              "reshard_after_forward": str, "backward_prefetch": str, "forward_prefetch": bool,
+              "use_orig_params": bool, "sync_module_states": bool, "activation_checkpointing_offload": bool}
 
 
 def add_fsdp_options(parser: argparse.ArgumentParser) -> None:
@@ -174,6 +207,12 @@ def resolve_config(args: argparse.Namespace) -> Config:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
         raise ValueError(f"cadence launch flags: {e}") from None
+    if config.fsdp_config.get("fsdp_version") not in (None, 2, "2"):
+        raise ValueError(f"fsdp_version {config.fsdp_config['fsdp_version']}: cadence's FSDP strategy is FSDP2 "
+                         f"(fully_shard); leave fsdp_version out or set it to 2")
+    if getattr(args, "main_training_function", None):
+        print(f"cadence launch: --main_training_function {args.main_training_function} is for Accelerate's TPU "
+              f"launcher; the script runs as __main__, as `accelerate launch` does off TPUs", file=sys.stderr)
     config.check_strategy_exists()
     config.check_engine_options()
     if config.dynamo_config:
@@ -200,6 +239,7 @@ def launch_env(config: Config) -> dict[str, str | None]:
         "CADENCE_FSDP_CONFIG": json.dumps(config.fsdp_config) if config.fsdp_config else None,
         "CADENCE_DEEPSPEED_CONFIG": json.dumps(config.deepspeed_config) if config.deepspeed_config else None,
         "OMP_NUM_THREADS": str(threads),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") if config.gpu_ids == "all" else config.gpu_ids,
         **dynamo_env(config.dynamo_config),
     }
 
@@ -255,7 +295,8 @@ def _agent_argv(config: Config, args: argparse.Namespace) -> list[str]:
             "--max_restarts", str(config.max_restarts), "--monitor_interval", str(config.monitor_interval),
             "--rdzv_backend", config.rdzv_backend, "--rdzv_conf", args.rdzv_conf,
             "--shutdown_timeout", str(int(config.preemption_grace_s)),
-            "--signals_to_handle", ",".join(("SIGINT", "SIGHUP", "SIGQUIT", *PREEMPTION_SIGNALS))]
+            "--signals_to_handle", ",".join(("SIGINT", "SIGHUP", "SIGQUIT", *PREEMPTION_SIGNALS)),
+            *_torchrun_passthrough(args)]
     if config.rdzv_backend != "static":
         argv += ["--rdzv_endpoint", f"{addr}:{port}"]
     return argv

@@ -84,3 +84,12 @@ def test_questionnaire_asks_what_flags_leave_open_and_retries_bad_answers(capsys
     assert not any("batches per optimizer step" in p for p in prompts)     # answered by a flag
     assert "expected a value of type int" in capsys.readouterr().out
     assert yaml.safe_load(yaml.safe_dump(cfg.to_dict()))["num_processes"] == 2
+
+
+def test_gpu_ids_from_an_accelerate_file_are_honoured():
+    # gpu_ids was accepted and ignored; YAML reads `gpu_ids: 1` as an int
+    assert from_dict({"gpu_ids": 1}).gpu_ids == "1"
+    assert from_dict({"gpu_ids": "0,2", "num_processes": 2}).gpu_ids == "0,2"
+    from cadence.distributed.launch import launch_env
+
+    assert launch_env(from_dict({"gpu_ids": "0,2", "num_processes": 2}))["CUDA_VISIBLE_DEVICES"] == "0,2"
