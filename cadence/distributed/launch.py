@@ -27,6 +27,8 @@ from typing import NoReturn
 from cadence.compile import CONFIG_KEYS, check_backend, dynamo_env
 from cadence.distributed import config as cfg_mod
 from cadence.distributed import lifecycle, status
+from cadence.distributed.failure_report import (PREEMPTION_SIGNALS, all_preempted, report_failure, report_preemption,
+                                                report_signal)
 from cadence.distributed.config import Config
 
 # Config keys that are also `cadence launch` flags (besides --cpu for use_cpu).
@@ -341,46 +343,19 @@ def launch(args: argparse.Namespace) -> int:
     if not config.debug:
         _quiet_torch_loggers()
     try:
-        torchrun.run(agent_args)
+        with lifecycle.kill_survivors_of_failure(status_dir):
+            torchrun.run(agent_args)
     except ChildFailedError as e:
         preempted = status.read_preemptions(status_dir)
-        if _all_preempted(e.failures, preempted):
-            return _report_preemption(preempted)
+        if all_preempted(e.failures, preempted):
+            return report_preemption(preempted)
         return report_failure(e.failures, status.read_statuses(status_dir), config.timeout)
     except SignalException as e:
-        return _report_signal(e.sigval)
+        return report_signal(e.sigval)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
     return 0
 
-
-PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
-
-
-def _report_signal(sig) -> int:
-    if sig.name in PREEMPTION_SIGNALS:
-        print(f"cadence launch: preempted by {sig.name}: the workers were asked to checkpoint and stop; "
-              f'run the same command again to resume (with fit(resume="auto"))', file=sys.stderr)
-    else:
-        print(f"cadence launch: stopped by {sig.name}; every worker was terminated", file=sys.stderr)
-    return 128 + int(sig)
-
-
-def _all_preempted(failures: dict, preempted: dict[int, dict]) -> bool:
-    """Every failed rank recorded a preemption and exited with that signal's status (143 alone is not trusted)."""
-    return bool(preempted) and all(
-        r in preempted and f.exitcode == 128 + signal.Signals[preempted[r]["signal"]] for r, f in failures.items())
-
-
-def _report_preemption(preempted: dict[int, dict]) -> int:
-    """Every worker left to be requeued after a preemption signal that reached workers, not the launcher."""
-    sig = signal.Signals[next(iter(preempted.values()))["signal"]]
-    receivers = sorted(r for r, p in preempted.items() if p["received"])
-    steps = sorted({p["step"] for p in preempted.values()})
-    by = f" (received by rank{'s' * (len(receivers) > 1)} {', '.join(map(str, receivers))})" if receivers else ""
-    print(f"cadence launch: preempted by {sig.name}{by}: every rank checkpointed step {', '.join(map(str, steps))}; "
-          f'run the same command again to resume (with fit(resume="auto"))', file=sys.stderr)
-    return 128 + int(sig)
 
 
 def check_script(args: argparse.Namespace) -> None:
@@ -414,74 +389,6 @@ def _quiet_torch_loggers() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def report_failure(failures: dict, statuses: dict[int, dict] | None = None, timeout_s: float | None = None) -> int:
-    """Print why the run failed, once; return the exit code for `cadence launch`.
-
-    `failures` maps global rank to torch's `ProcessFailure` (`ChildFailedError.failures`);
-    `statuses` maps rank to its last `status` report. When ranks timed out waiting and another
-    rank reported no error, that rank stopped responding: it is named first, with its last
-    event, step and line. Otherwise the earliest failure's traceback is printed, then one line
-    per other failed rank.
-
-    >>> report_failure(child_failed_error.failures, read_statuses(status_dir), 20.0)   # doctest: +SKIP
-    1
-    """
-    statuses = statuses or {}
-    hung = hung_ranks(failures, statuses)
-    if hung:
-        waiting = sorted(r for r, f in failures.items() if _is_timeout(f))
-        for rank in hung:
-            print(f"cadence launch: rank {rank} stopped responding {status.describe(statuses.get(rank, {}))}; "
-                  f"rank{'s' * (len(waiting) > 1)} {', '.join(map(str, waiting))} timed out waiting for it"
-                  f"{f' after {timeout_s:g} s' if timeout_s else ''}", file=sys.stderr)
-        for rank in waiting:
-            print(f"cadence launch: rank {rank} also stopped: {_failure_text(failures[rank])[0]}", file=sys.stderr)
-        code = next(f.exitcode for f in failures.values() if _is_timeout(f))
-        return code if code > 0 else 1
-    # the cause first: a rank that raised before one that was only stopped (killed or exited without an error:
-    # its time is the launcher's, whole seconds), and one that failed because a peer vanished mid-collective after
-    ordered = sorted(failures.items(), key=lambda item: (not _has_error(item[1]),
-                                                          _extra(item[1]).get("peer_failure", False),
-                                                          _failure_time(item[1])))
-    (rank, first), others = ordered[0], ordered[1:]
-    headline, trace = _failure_text(first)
-    print(f"cadence launch: rank {rank} failed:\n{trace}".rstrip() if trace else
-          f"cadence launch: rank {rank} failed: {headline}", file=sys.stderr)
-    for rank, failure in others:
-        print(f"cadence launch: rank {rank} also stopped: {_failure_text(failure)[0]}", file=sys.stderr)
-    return first.exitcode if first.exitcode > 0 else 1
-
-
-def hung_ranks(failures: dict, statuses: dict[int, dict]) -> list[int]:
-    """Ranks that reported no error while others timed out waiting on a collective ([] if none timed out)."""
-    if not any(_is_timeout(f) for f in failures.values()):
-        return []
-    silent = set(statuses) | set(failures)
-    return sorted(r for r in silent if r not in failures or not _has_error(failures[r]))
-
-
-_TIMEOUT_TEXT = ("Timed out", "timed out", "Timeout", "timeout")
-
-
-def _has_error(failure) -> bool:
-    """True when the worker recorded an exception (run_worker's error file), not just an exit code."""
-    return isinstance(failure.error_file_data.get("message"), dict)
-
-
-def _is_timeout(failure) -> bool:
-    headline, trace = _failure_text(failure)
-    return _has_error(failure) and any(t in headline or t in trace[-2000:] for t in _TIMEOUT_TEXT)
-
-
-def _extra(failure) -> dict:
-    info = failure.error_file_data.get("message", {})
-    return info.get("extraInfo", {}) if isinstance(info, dict) else {}
-
-
-def _failure_time(failure) -> float:
-    return _extra(failure).get("time_ns", failure.timestamp * 1e9)
-
-
 _PEER_FAILURE_TEXT = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout",
                       "communicator was aborted", "DistBackendError")
 
@@ -495,16 +402,6 @@ def is_peer_failure(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
-
-
-def _failure_text(failure) -> tuple[str, str]:
-    """(one-line summary, traceback or '') of a ProcessFailure."""
-    info = failure.error_file_data.get("message")
-    if isinstance(info, dict):
-        return info.get("message", ""), info.get("extraInfo", {}).get("py_callstack", "")
-    if failure.exitcode < 0:
-        return f"killed by {failure.signal_name()}", ""
-    return f"exited with code {failure.exitcode}", ""
 
 
 def run_worker(argv: list[str] | None = None) -> NoReturn:
@@ -522,7 +419,9 @@ def run_worker(argv: list[str] | None = None) -> NoReturn:
         lifecycle.die_with_parent(int(os.environ[LAUNCHER_PID_VAR]))
     if os.environ.get(status.STATUS_DIR_VAR):
         status.start_reporter(os.environ[status.STATUS_DIR_VAR], int(os.environ.get("RANK", "0")))
-    lifecycle.exit_now(_run_script(sys.argv[1:] if argv is None else argv))
+    code = _run_script(sys.argv[1:] if argv is None else argv)
+    status.record_exit(code)
+    lifecycle.exit_now(code)
 
 
 def _run_script(argv: list[str]) -> int:

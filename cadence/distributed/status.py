@@ -6,7 +6,9 @@ event being fired (found as the `_fire` frame, by name, so nothing here imports 
 its step / epoch / iter, and the innermost frame of the user's own code. The training loop
 itself pays nothing. When a run fails, the launcher reads the files back (`read_statuses`). A rank
 that leaves to be requeued after a preemption signal says so (`record_preempted`), so the launcher
-reports a preemption even when the signal reached one worker only, not the launcher.
+reports a preemption even when the signal reached one worker only, not the launcher. A worker whose
+script is over records its exit code (`record_exit`), so that `failed_ranks` tells a worker that ended
+in failure (gone with a non-zero code, or killed) from one that finished or left for a preemption.
 
 >>> start_reporter("/tmp/status", rank=0)        # in a worker        # doctest: +SKIP
 >>> read_statuses("/tmp/status")[0]["event"]                           # doctest: +SKIP
@@ -130,12 +132,43 @@ def record_preempted(signal_name: str, step: int, received: bool) -> None:
     if directory:
         rank = int(os.environ.get("RANK", "0"))
         _write_atomic(Path(directory) / f"preempted-rank{rank}.json",
-                      {"rank": rank, "signal": signal_name, "step": step, "received": received})
+                      {"rank": rank, "pid": os.getpid(), "signal": signal_name, "step": step, "received": received})
 
 
 def read_preemptions(directory: str | os.PathLike | None) -> dict[int, dict]:
     """Rank -> its `record_preempted` record, for the ranks that left for a preemption."""
     return _read_records(directory, "preempted-rank*.json")
+
+
+def record_exit(code: int) -> None:
+    """In a worker whose script is over: the exit code it leaves with. Does nothing outside `cadence launch`."""
+    directory = os.environ.get(STATUS_DIR_VAR)
+    if directory:
+        rank = int(os.environ.get("RANK", "0"))
+        _write_atomic(Path(directory) / f"exit-rank{rank}.json", {"rank": rank, "pid": os.getpid(), "code": code})
+
+
+def failed_ranks(directory: str | os.PathLike | None) -> dict[int, int]:
+    """Rank -> pid of the workers in `directory` that ended in failure: their process is gone (reaped by
+    the launcher) and it left neither an exit code of 0 nor a preemption record.
+
+    >>> failed_ranks(os.environ["CADENCE_STATUS_DIR"])        # rank 0 raised and exited 1   # doctest: +SKIP
+    {0: 4242}
+    """
+    exits, preempted = _read_records(directory, "exit-rank*.json"), read_preemptions(directory)
+    failed = {}
+    for rank, record in read_statuses(directory).items():
+        pid = record["pid"]
+        finished = exits.get(rank, {}).get("pid") == pid and exits[rank]["code"] == 0
+        if not finished and preempted.get(rank, {}).get("pid") != pid and not _process_exists(pid):
+            failed[rank] = pid
+    return failed
+
+
+def peer_failed() -> bool:
+    """In a worker under `cadence launch`: another rank of this machine has ended in failure."""
+    rank = int(os.environ.get("RANK", "0"))
+    return any(r != rank for r in failed_ranks(os.environ.get(STATUS_DIR_VAR)))
 
 
 def describe(status: dict) -> str:
