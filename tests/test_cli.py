@@ -163,7 +163,7 @@ def test_accelerate_launch_habits_are_honoured(monkeypatch, capsys):
 @pytest.mark.parametrize("flags, words", [
     (["--num_processes", "2", "--gpu_ids", "0"], ["gpu_ids 0 lists 1 GPU(s) for 2 processes"]),
     (["--gpu_ids", "cuda:0"], ["gpu_ids must be all or comma-separated GPU ids"]),
-    (["--use_fsdp", "--fsdp_version", "1"], ["fsdp_version 1", "FSDP2"]),
+    (["--use_fsdp", "--fsdp_version", "1"], ["--fsdp_version 1", "FSDP2"]),
 ])
 def test_accelerate_flags_cadence_cannot_honour_are_refused_before_launching(flags, words, capsys):
     assert main(["launch", *flags, str(SCRIPTS / "print_argv.py")]) == 2

@@ -103,7 +103,7 @@ def _torchrun_passthrough(args: argparse.Namespace) -> list[str]:
 
 
 # `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block (the FSDP strategy accepts the
-# keys FSDP2 makes moot, such as use_orig_params, and refuses the others; resolve_config refuses version 1)
+# keys FSDP2 makes moot, such as use_orig_params, and refuses the others; resolve_config refuses --fsdp_version 1)
 FSDP_FLAGS = {"sharding_strategy": str, "auto_wrap_policy": str, "transformer_layer_cls_to_wrap": str,
               "min_num_params": int, "offload_params": bool, "state_dict_type": str,
               "activation_checkpointing": bool, "cpu_ram_efficient_loading": bool, "version": int,
@@ -209,9 +209,9 @@ def resolve_config(args: argparse.Namespace) -> Config:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
         raise ValueError(f"cadence launch flags: {e}") from None
-    if config.fsdp_config.get("fsdp_version") not in (None, 2, "2"):
-        raise ValueError(f"fsdp_version {config.fsdp_config['fsdp_version']}: cadence's FSDP strategy is FSDP2 "
-                         f"(fully_shard); leave fsdp_version out or set it to 2")
+    if getattr(args, "fsdp_version", None) not in (None, 2):
+        raise ValueError(f"--fsdp_version {args.fsdp_version}: cadence's FSDP strategy is FSDP2 (fully_shard); "
+                         f"leave the flag out or pass 2")
     if getattr(args, "main_training_function", None):
         print(f"cadence launch: --main_training_function {args.main_training_function} is for Accelerate's TPU "
               f"launcher; the script runs as __main__, as `accelerate launch` does off TPUs", file=sys.stderr)
