@@ -114,7 +114,8 @@ def _guard() -> None:
 @contextlib.contextmanager
 def kill_survivors_of_failure(status_dir: str, grace_s: float = TEARDOWN_GRACE_S, poll_s: float = 0.2) -> Iterator[None]:
     """In the launcher, around torch's agent: once a worker has failed (`status.failed_ranks`), SIGKILL the
-    workers still alive `grace_s` seconds later (and their process groups, as the agent does).
+    workers of its group still alive `grace_s` seconds later (and their process groups, as the agent
+    does). A group restarted after the failure (`--max_restarts`) is a new group, left alone.
 
     The agent sends SIGTERM at once; a worker that can act on it has ended by then. Only this
     process's own children are killed, so a pid reused since its status was written is left alone.
@@ -125,13 +126,15 @@ def kill_survivors_of_failure(status_dir: str, grace_s: float = TEARDOWN_GRACE_S
     stop = threading.Event()
 
     def watch() -> None:
-        handled: set[int] = set()
+        handled: set[int] = set()              # worker groups (torchrun's restart count) already torn down
         while not stop.wait(poll_s):
-            failed = set(status.failed_ranks(status_dir).values()) - handled
-            if not failed:
+            failed = status.failed_ranks(status_dir)
+            groups = {record.get("restart", 0) for record in failed.values()} - handled
+            if not groups:
                 continue
-            handled |= failed
-            survivors = {record["pid"] for record in status.read_statuses(status_dir).values()} - handled
+            handled |= groups
+            survivors = {record["pid"] for rank, record in status.read_statuses(status_dir).items()
+                         if rank not in failed and record.get("restart", 0) in groups}
             if stop.wait(grace_s):
                 return
             for pid in survivors:

@@ -70,12 +70,14 @@ def start_reporter(directory: str | os.PathLike, rank: int, interval_s: float = 
     """Start the daemon thread that writes `directory/rank<rank>.json` every `interval_s` seconds."""
     main = threading.main_thread()
     path = Path(directory) / f"rank{rank}.json"
+    restart = _restart()
 
     def report() -> None:
         while main.is_alive():
             frame = sys._current_frames().get(main.ident)
             if frame is not None:
-                _write_atomic(path, {"rank": rank, "pid": os.getpid(), "time": time.time(), **describe_stack(frame)})
+                _write_atomic(path, {"rank": rank, "pid": os.getpid(), "restart": restart, "time": time.time(),
+                                     **describe_stack(frame)})
             del frame
             time.sleep(interval_s)
 
@@ -148,27 +150,34 @@ def record_exit(code: int) -> None:
         _write_atomic(Path(directory) / f"exit-rank{rank}.json", {"rank": rank, "pid": os.getpid(), "code": code})
 
 
-def failed_ranks(directory: str | os.PathLike | None) -> dict[int, int]:
-    """Rank -> pid of the workers in `directory` that ended in failure: their process is gone (reaped by
-    the launcher) and it left neither an exit code of 0 nor a preemption record.
+def failed_ranks(directory: str | os.PathLike | None, restart: int | None = None) -> dict[int, dict]:
+    """Rank -> status of the workers in `directory` that ended in failure (of worker group `restart`, or
+    any): their process is gone (reaped by the launcher) and it left neither an exit code of 0 nor a
+    preemption record.
 
     >>> failed_ranks(os.environ["CADENCE_STATUS_DIR"])        # rank 0 raised and exited 1   # doctest: +SKIP
-    {0: 4242}
+    {0: {'rank': 0, 'pid': 4242, 'restart': 0, ...}}
     """
     exits, preempted = _read_records(directory, "exit-rank*.json"), read_preemptions(directory)
     failed = {}
     for rank, record in read_statuses(directory).items():
         pid = record["pid"]
         finished = exits.get(rank, {}).get("pid") == pid and exits[rank]["code"] == 0
-        if not finished and preempted.get(rank, {}).get("pid") != pid and not _process_exists(pid):
-            failed[rank] = pid
+        if (restart is None or record.get("restart", 0) == restart) and not finished and \
+                preempted.get(rank, {}).get("pid") != pid and not _process_exists(pid):
+            failed[rank] = record
     return failed
 
 
 def peer_failed() -> bool:
-    """In a worker under `cadence launch`: another rank of this machine has ended in failure."""
+    """In a worker under `cadence launch`: another rank of this machine's worker group has ended in failure."""
     rank = int(os.environ.get("RANK", "0"))
-    return any(r != rank for r in failed_ranks(os.environ.get(STATUS_DIR_VAR)))
+    return any(r != rank for r in failed_ranks(os.environ.get(STATUS_DIR_VAR), restart=_restart()))
+
+
+def _restart() -> int:
+    """Which worker group this is: torchrun counts the group's restarts (`--max_restarts`)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def describe(status: dict) -> str:

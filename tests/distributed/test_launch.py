@@ -292,6 +292,9 @@ def test_failed_ranks_are_those_gone_without_a_clean_exit_or_a_preemption(tmp_pa
     (tmp_path / "preempted-rank3.json").write_text(json.dumps({"rank": 3, "pid": gone[2], "signal": "SIGTERM",
                                                                "step": 4, "received": True}))
     # rank 4 left no record: killed
-    assert status.failed_ranks(tmp_path) == {2: gone[1], 4: gone[3]}
+    assert {r: s["pid"] for r, s in status.failed_ranks(tmp_path).items()} == {2: gone[1], 4: gone[3]}
     monkeypatch.setenv("RANK", "0")
     assert status.peer_failed()
+    # after a restart (--max_restarts) the failures of the old worker group are not this group's
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert status.failed_ranks(tmp_path, restart=1) == {} and not status.peer_failed()
