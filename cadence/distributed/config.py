@@ -227,7 +227,9 @@ def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(sorted(known))}")
     kept = {k: v for k, v in raw.items() if k in known}
-    if isinstance(kept.get("gpu_ids"), int) and not isinstance(kept["gpu_ids"], bool):   # YAML reads `gpu_ids: 0` as int
+    if "gpu_ids" in kept and kept["gpu_ids"] is None:               # Accelerate writes `gpu_ids: null` for "not set"
+        del kept["gpu_ids"]
+    elif isinstance(kept.get("gpu_ids"), int) and not isinstance(kept["gpu_ids"], bool):   # YAML reads `gpu_ids: 0` as int
         kept["gpu_ids"] = str(kept["gpu_ids"])
     if raw.get("fp16") and "mixed_precision" not in raw:          # Accelerate's oldest format
         kept["mixed_precision"] = "fp16"

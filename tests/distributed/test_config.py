@@ -88,7 +88,7 @@ def test_questionnaire_asks_what_flags_leave_open_and_retries_bad_answers(capsys
 
 def test_gpu_ids_from_an_accelerate_file_are_honoured():
     # gpu_ids was accepted and ignored; YAML reads `gpu_ids: 1` as an int
-    assert from_dict({"gpu_ids": 1}).gpu_ids == "1"
+    assert from_dict({"gpu_ids": 1}).gpu_ids == "1" and from_dict({"gpu_ids": None}).gpu_ids == "all"
     assert from_dict({"gpu_ids": "0,2", "num_processes": 2}).gpu_ids == "0,2"
     from cadence.distributed.launch import launch_env
 
