@@ -169,3 +169,13 @@ def test_accelerate_flags_cadence_cannot_honour_are_refused_before_launching(fla
     assert main(["launch", *flags, str(SCRIPTS / "print_argv.py")]) == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
+
+
+def test_accelerate_config_default_and_env_spellings_work(tmp_path, capsys):
+    # `accelerate config default --mixed_precision bf16` and `accelerate env --config-file F`, with cadence's name
+    path = tmp_path / "default.yaml"
+    assert main(["config", "default", "--config-file", str(path), "--mixed-precision", "bf16"]) == 0
+    assert load_config(path).mixed_precision == "bf16"
+    assert main(["env", "--config-file", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"Config: {path}" in out and "mixed_precision: bf16" in out
