@@ -12,6 +12,10 @@ Rows (name: goal, what passes):
   group (tests/scripts/plain_ddp.py, the shape that died with SIGABRT at exit);
 - hang: 60, rank 1 stops responding (tests/scripts/hang.py, `--timeout 10`): the launch ends within
   timeout + 10 s of the hang and its report names rank 1 as the rank that stopped responding;
+- hang_checkpoint: 20, as hang with a Checkpoint callback (its preemption handler catches the launcher's
+  SIGTERM): the launch ends within timeout + 10 s of the hang, naming rank 1;
+- sigstop: 20, rank 1 stops itself with SIGSTOP (`hang.py --sigstop`, `--timeout 10`): the launch ends within
+  timeout + 10 s, names rank 1 as the rank that stopped responding, and leaves no stopped process behind;
 - kill_launcher: 20, SIGKILL of `cadence launch` at a random moment of a run: both workers gone within 5 s;
 - kill_rank: 20, SIGKILL of a random worker at a random moment of a 2-process run launched with
   `--max_restarts 2` (tests/scripts/resume.py, resume="auto"): the launch exits 0 and the final weights
@@ -72,20 +76,38 @@ def trial_finish(workdir: Path, i: int) -> tuple[bool, str]:
 
 
 def trial_hang(workdir: Path, i: int) -> tuple[bool, str]:
+    return _ends_after_hang(workdir, [], "rank 1 stopped responding during after_batch")
+
+
+def trial_hang_checkpoint(workdir: Path, i: int) -> tuple[bool, str]:
+    return _ends_after_hang(workdir, ["--checkpoint", str(workdir / f"ckpt{i}")],
+                            "rank 1 stopped responding during after_batch")
+
+
+def trial_sigstop(workdir: Path, i: int) -> tuple[bool, str]:
+    return _ends_after_hang(workdir, ["--sigstop"], "rank 1 stopped responding and sent no report")
+
+
+def _ends_after_hang(workdir: Path, script_args: list[str], named: str) -> tuple[bool, str]:
+    """hang.py with `script_args` under `--timeout 10`: ended within timeout + 10 s of the hang, `named` in the
+    report, and the hung rank's process gone."""
     try:
-        proc = subprocess.run(launch_cmd("hang.py", "--timeout", str(HANG_TIMEOUT_S)), capture_output=True,
-                              text=True, timeout=300, env=child_env(), cwd=workdir)
+        proc = subprocess.run([*launch_cmd("hang.py", "--timeout", str(HANG_TIMEOUT_S)), *script_args],
+                              capture_output=True, text=True, timeout=300, env=child_env(), cwd=workdir)
     except subprocess.TimeoutExpired:
         return False, "still running after 300 s"
-    ended = time.time()
-    hung_at = re.search(r"HANGING AT ([\d.]+)", proc.stdout)
+    took = time.time()
+    hung_at = re.search(r"HANGING AT ([\d.]+) (\d+)", proc.stdout)
     if not hung_at:
         return False, f"rank 1 never hung (exit {proc.returncode})"
-    took = ended - float(hung_at.group(1))
-    named = "rank 1 stopped responding during after_batch" in proc.stderr
-    if took <= HANG_TIMEOUT_S + 10 and named and proc.returncode != 0:
+    took -= float(hung_at.group(1))
+    left = _alive(int(hung_at.group(2)))
+    if left:
+        os.kill(int(hung_at.group(2)), signal.SIGKILL)
+    if took <= HANG_TIMEOUT_S + 10 and named in proc.stderr and proc.returncode != 0 and not left:
         return True, f"{took:.1f} s"
-    return False, f"{took:.1f} s after the hang, exit {proc.returncode}, report: {proc.stderr.strip()[-300:]!r}"
+    return False, (f"{took:.1f} s after the hang, exit {proc.returncode}, hung rank left alive: {left}, "
+                   f"report: {proc.stderr.strip()[-300:]!r}")
 
 
 def trial_kill_launcher(workdir: Path, i: int) -> tuple[bool, str]:
@@ -304,6 +326,10 @@ def _alive(pid: int) -> bool:
 TRIALS = {
     "finish": (trial_finish, 200, "finished 2-process launches that exit 0"),
     "hang": (trial_hang, 60, f"hung rank: run ends within timeout+10 s ({HANG_TIMEOUT_S}+10) naming rank 1"),
+    "hang_checkpoint": (trial_hang_checkpoint, 20, f"hung rank with a Checkpoint callback: ends within timeout+10 s "
+                        f"({HANG_TIMEOUT_S}+10) naming rank 1"),
+    "sigstop": (trial_sigstop, 20, f"SIGSTOPped rank: ends within timeout+10 s ({HANG_TIMEOUT_S}+10) naming rank 1, "
+                f"nothing left stopped"),
     "kill_launcher": (trial_kill_launcher, 20, "SIGKILL of the launcher: workers gone within 5 s"),
     "kill_rank": (trial_kill_rank, 20, "SIGKILL of a random rank under --max_restarts 2: exit 0, bitwise equal"),
     "kill_in_checkpoint": (trial_kill_in_checkpoint, 50, "SIGKILL at a random filesystem call of checkpointing "
