@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -220,16 +221,17 @@ def format_size(n: int) -> str:
     return f"{n:.1f} TiB"
 
 
-def _write_failure(error: BaseException) -> str | None:
-    """Why a write failed in a few words, or None when `error` is not a failed write."""
+def _write_failure(error: BaseException) -> tuple[int | None, str] | None:
+    """(errno, why) a write failed, in a few words; None when `error` is not a failed write."""
     from safetensors import SafetensorError
 
     if isinstance(error, OSError):
-        return error.strerror or str(error)
+        return error.errno, error.strerror or str(error)
     if isinstance(error, SafetensorError):
-        return str(error).splitlines()[0][:200]
+        code = re.search(r"os error (\d+)", str(error))
+        return (int(code[1]), os.strerror(int(code[1]))) if code else (None, str(error).splitlines()[0][:200])
     if isinstance(error, RuntimeError) and ("PytorchStreamWriter" in str(error) or "inline_container" in str(error)):
-        return "torch.save failed: " + str(error).strip().splitlines()[-1][:200]
+        return None, "torch.save could not write the whole file (a full disk, or a file-size limit)"
     return None
 
 
@@ -246,11 +248,13 @@ def writing(target: str | os.PathLike, what: str, staged: str | os.PathLike | No
     except BaseException as e:
         if staged is not None and not sibling(Path(target), REPLACED).exists():  # else recover_dir needs it
             shutil.rmtree(staged, ignore_errors=True)
-        reason = _write_failure(e)
-        if reason is None:
+        failure = _write_failure(e)
+        if failure is None:
             raise
-        raise OSError(getattr(e, "errno", None), f"could not write the {what} {target}: {reason}{free_space(target)}; "
-                      f"free some space or choose another directory") from e
+        code, reason = failure
+        message = f"could not write the {what} {target}: {reason}{free_space(target)}; free some space or choose " \
+                  f"another directory"
+        raise (OSError(code, message) if code is not None else OSError(message)) from e
 
 
 def check_writable(directory: str | os.PathLike, what: str) -> Path:
