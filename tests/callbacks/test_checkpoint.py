@@ -127,3 +127,25 @@ def test_grad_scaler_state_round_trips_before_the_first_fit(dls, tmp_path):
     fresh.load_state(tmp_path / "amp")
     assert fresh.mixed_precision.state_dict() == learn.mixed_precision.state_dict()
     assert fresh.mixed_precision.plugin.scaler.get_scale() == learn.mixed_precision.plugin.scaler.get_scale()
+
+
+def test_state_json_does_not_grow_with_the_steps_and_resume_restores_the_history_exactly(dsets, tmp_path):
+    from cadence import DataLoaders
+    from torch.utils.data import DataLoader
+
+    train, valid = dsets
+    dls = DataLoaders(DataLoader(train, batch_size=2, shuffle=True), DataLoader(valid, batch_size=16), device="cpu")
+    reference = make_learner(dls, tmp_path / "ref")
+    reference.fit(2)                                          # 32 steps per epoch
+    learn = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=8)])
+    learn.fit(2)
+    root = tmp_path / "checkpoints"
+    size = {n: (root / f"step-{n:08d}" / "state.json").stat().st_size for n in (16, 24, 48, 56)}
+    # 8 steps later: one more name in the checkpoint history (~18 bytes), not 16 more numbers (~330 bytes)
+    assert size[24] - size[16] < 30 and size[56] - size[48] < 30, size
+    resumed = make_learner(dls, tmp_path, [Checkpoint()])
+    resumed.fit(2, resume="step-00000040")                    # mid-epoch 1
+    assert resumed.recorder.losses == reference.recorder.losses and len(reference.recorder.losses) == 64
+    assert resumed.recorder.lrs == reference.recorder.lrs
+    drop_time = [{k: v for k, v in row.items() if k != "time"} for row in reference.recorder.values]
+    assert [{k: v for k, v in row.items() if k != "time"} for row in resumed.recorder.values] == drop_time
