@@ -23,13 +23,17 @@ Rows (name: goal, what passes):
 - kill_in_checkpoint: 50, SIGKILL of a 1-process run (resume.py, keep_last=2) just before a random one of
   the filesystem calls its checkpoint saves and prunes make (tests/scripts/fs_kill.py): `latest` names a
   checkpoint that loads, every checkpoint that keep_last keeps (its history) is there, and the same
-  command then finishes bitwise equal to an uninterrupted run with no leftovers.
+  command then finishes bitwise equal to an uninterrupted run with no leftovers;
 - kill_in_export: 50, SIGKILL at a random moment of a sharded `save_model` (4 shards, 52 MiB) over an
   existing export (tests/scripts/export_save.py): the directory then loads whole as the old export or the
   new one, never a mix (killed between the swap's two renames: the load refuses, naming the interrupted
   save, and `recover_dir`, as the next save runs first, makes it the new one); nothing staged is left.
   The moment is drawn uniformly over an uninterrupted save's duration; a save that ends before its
-  kill is not a trial and the moment is drawn again (up to 5 times).
+  kill is not a trial and the moment is drawn again (up to 5 times);
+- two_jobs: 20, a second job started on the checkpoint directory of a running one (tests/scripts/resume.py,
+  keep_last=2) at a random moment: the second is refused naming the first's pid (every other trial it is a
+  2-process launch, every rank refused), and the first finishes bitwise equal to an uninterrupted run with
+  its kept checkpoints whole and no leftovers.
 
 Each row is a function `trial_<name>(workdir: Path, i: int) -> tuple[bool, str]` (passed, detail)
 registered in TRIALS as name -> (function, goal count, description); other rows plug in the same way.
@@ -316,6 +320,44 @@ def trial_kill_in_export(workdir: Path, i: int) -> tuple[bool, str]:
                   f"{where}{'old' if seed == 1 else 'new'} export")
 
 
+# ---------------------------------------------------------------------------- two jobs on one directory
+def trial_two_jobs(workdir: Path, i: int) -> tuple[bool, str]:
+    from cadence.callbacks.checkpoint import read_state
+
+    rng = random.Random(i)
+    cmd = [sys.executable, str(SCRIPTS / "resume.py"), "--keep-last", "2"]
+    ref = _reference(workdir, *cmd)
+    run = workdir / f"run{i}"
+    first = subprocess.Popen([*cmd, "--ckpt", str(run), "--out", str(run / "first.st"), "--step-delay", "0.6"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=workdir)
+    deadline = time.monotonic() + 120
+    while not (run / ".lock").exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0, 8))                 # its start-up, training, checkpoints, validation (~25 s)
+    launched = i % 2 == 1
+    second_cmd = launch_cmd("resume.py", "--max_restarts", "0") if launched else cmd
+    second = subprocess.run([*second_cmd, "--ckpt", str(run), "--out", str(workdir / "second.st"), "--keep-last", "2"],
+                            capture_output=True, text=True, timeout=300, env=child_env(), cwd=workdir)
+    out, err = first.communicate(timeout=600)
+    if first.returncode != 0 or "STEPS 18" not in out:
+        return False, f"first job: exit {first.returncode}: {err.strip()[-300:]!r}"
+    if second.returncode == 0 or "STEPS" in second.stdout:
+        return False, "the second job was not refused (the first had ended?)" if "STEPS" in second.stdout else \
+            f"the second job failed otherwise: {second.stderr.strip()[-300:]!r}"
+    named = f"is in use by another job (pid {first.pid} on host"
+    refusals = second.stderr.count(named)
+    if refusals < (2 if launched else 1):
+        return False, f"refusal not said by every rank ({refusals}): {second.stderr.strip()[-300:]!r}"
+    latest = run / (run / "latest").read_text()
+    kept = read_state(latest)["callbacks"]["checkpoint"]["history"]
+    whole = all((run / name / "state.json").is_file() for name in kept)
+    leftovers = [p.name for p in run.iterdir() if p.name.startswith(".")]
+    same = _same_weights(ref, run / "first.st")
+    ok = whole and not leftovers and same
+    return ok, ("2-process " if launched else "") + ("refused" if ok else
+                                                     f"kept whole {whole}, leftovers {leftovers}, bitwise {same}")
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -336,6 +378,8 @@ TRIALS = {
                            "(keep_last=2): latest loads, kept ones there; resume bitwise equal, no leftovers"),
     "kill_in_export": (trial_kill_in_export, 50, "SIGKILL at a random moment of a sharded save_model over an "
                        "existing export: the old or the new export loads whole, never a mix"),
+    "two_jobs": (trial_two_jobs, 20, "a second job on a running job's checkpoint directory: refused naming the "
+                 "first (every rank); the first ends bitwise equal, its kept checkpoints whole, no leftovers"),
 }
 
 
