@@ -1,0 +1,204 @@
+"""ModelParallel: tensor (and sequence) parallelism inside FSDP2 data parallelism, on one device mesh.
+
+The processes form a (dp, tp) mesh, tp innermost: the `tp` ranks of one group hold slices of the
+same layers and see the same batches; the `dp` groups see different data and shard what is left
+with FSDP2 (2-D parallelism). The user says how to slice the model: a function
+`parallelize(model, tp_mesh)` that calls `torch.distributed.tensor.parallel.parallelize_module`
+(ColwiseParallel, RowwiseParallel, SequenceParallel, ...), or a `model.parallelize(tp_mesh)` method.
+
+>>> def parallelize(model, tp_mesh):
+...     parallelize_module(model, tp_mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+>>> with learn.distrib_ctx(strategy="model_parallel", tp_size=2, parallelize=parallelize):   # dp = the rest
+...     learn.fit(3)
+
+What the rest of cadence sees: data, metrics and `get_preds` over the dp group (`dp_rank`, `dp_size`,
+`all_sum`, `gather`), files written by global rank 0 (`is_main`), gradients clipped by the true
+global norm (computed per mesh and combined), tied weights kept tied. Checkpoints are FSDP's sharded
+format (torch.distributed.checkpoint), which loads on another mesh or in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import env
+from .data import DistributedDL
+from .fsdp import FSDP
+from .precision import FullPrecision
+from .strategy import MakeOpt, meta_copy
+
+__all__ = ["ModelParallel"]
+
+Parallelize = Callable[[nn.Module, Any], Any]
+
+
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """Every other name of a Parameter that several modules share (tied weights) -> its first name."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+def retie(model: nn.Module, aliases: dict[str, str]) -> nn.Module:
+    """Point every alias of `aliases` (from `tied_names`) at its source's Parameter again; returns `model`."""
+    for alias, source in aliases.items():
+        owner, _, attr = alias.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(source))
+    return model
+
+
+class ModelParallel(FSDP):
+    """Tensor parallelism over `tp_size` processes, FSDP2 over the `world // tp_size` data-parallel groups.
+
+    Args:
+        tp_size: processes per tensor-parallel group (a divisor of the world size).
+        parallelize: `fn(model, tp_mesh)` slicing the model's layers; else the model's own `parallelize(tp_mesh)`.
+        Other keywords are FSDP's (`transformer_layer_cls_to_wrap`, `sharding_strategy`, ...), applied over dp.
+    """
+
+    name = "model_parallel"
+
+    def __init__(self, device: torch.device | str | None = None, tp_size: int | None = None,
+                 parallelize: Parallelize | None = None, **fsdp_options: Any):
+        super().__init__(device, **fsdp_options)
+        if tp_size is None or int(tp_size) < 1:
+            raise ValueError(f"model_parallel needs tp_size, a whole number >= 1 dividing the process count; got {tp_size!r}")
+        self.tp_size, self.parallelize = int(tp_size), parallelize
+        self.device_mesh = None
+
+    # ------------------------------------------------------------------ the mesh
+    def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
+        if world % self.tp_size:
+            raise ValueError(f"tp_size={self.tp_size} does not divide the {world} processes: dp x tp = world, so "
+                             f"tp_size must be one of {[d for d in range(1, world + 1) if world % d == 0]}")
+        return (world // self.tp_size, self.tp_size)
+
+    def _mesh(self):
+        if self.device_mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.device_mesh = init_device_mesh(self.device.type, self._mesh_shape(), mesh_dim_names=("dp", "tp"))
+        return self.device_mesh["dp"]
+
+    # ------------------------------------------------------------------ model and optimizer
+    def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
+              ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Slice the layers over tp (ties restored), then shard over dp with FSDP2, then build the optimizer."""
+        if not env.is_initialized():
+            raise RuntimeError("model_parallel needs several processes: launch with `cadence launch --num_processes N`")
+        skeleton, ties = meta_copy(model), tied_names(model)
+        model = model.to(self.device)
+        self._mesh()
+        tp_mesh = self.device_mesh["tp"]
+        if self.parallelize is not None:
+            self.parallelize(model, tp_mesh)
+        elif callable(getattr(model, "parallelize", None)):
+            model.parallelize(tp_mesh)
+        else:
+            raise ValueError("model_parallel needs a `parallelize=fn(model, tp_mesh)` argument or a "
+                             "`model.parallelize(tp_mesh)` method saying how to slice the layers")
+        _retie_sliced(model, ties)
+        model, opt = super().setup(model, make_opt, precision)
+        self._skeleton = skeleton
+        return model, opt
+
+    def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
+                ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The plain module (every rank, full weights, ties kept) and an optimizer with the trained state."""
+        aliases = tied_names(self._skeleton)
+        plain, new_opt = super().release(model, opt, make_opt)
+        return retie(plain, aliases), new_opt
+
+    def shard(self, dl: DataLoader) -> DistributedDL:
+        """This dp group's part of `dl`: the ranks of one tp group get the same batches."""
+        return DistributedDL(dl, rank=self.dp_rank, world_size=self.dp_size, device=self.device)
+
+    def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
+                       norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the global norm: one norm per mesh (sliced, sharded and plain parameters), combined."""
+        from torch.distributed.tensor import DTensor
+
+        self.precision.unscale(opt)
+        by_mesh: dict[Any, list[nn.Parameter]] = {}
+        for p in model.parameters():
+            if p.grad is not None:
+                by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+        norms = []
+        for params in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        total = torch.nn.utils.get_total_norm(norms, norm_type)
+        for params in by_mesh.values():  # torch's foreach ops take one mesh at a time
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    # ------------------------------------------------------------------ the data-parallel group
+    @property
+    def is_main(self) -> bool:
+        """Global rank 0: one process writes each file and prints (dp rank 0 exists once per tp rank)."""
+        return env.rank() == 0
+
+    @property
+    def dp_rank(self) -> int:
+        return self._dp_coordinate()[0]
+
+    @property
+    def dp_size(self) -> int:
+        return self._dp_coordinate()[1]
+
+    def _dp_coordinate(self) -> tuple[int, int]:
+        if not env.is_initialized():
+            return 0, 1
+        return env.rank() // self.tp_size, env.world_size() // self.tp_size
+
+    def _dp_group(self):
+        self._mesh()
+        return self.device_mesh.get_group("dp")
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over the dp group (the tp ranks of a group hold the same values)."""
+        if self.dp_size == 1:
+            return t
+        t = t.clone()
+        dist.all_reduce(t, group=self._dp_group())
+        return t
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every dp group's `t` concatenated on dim 0 in dp order (lengths may differ)."""
+        if self.dp_size == 1:
+            return t
+        group = self._dp_group()
+        sizes = [torch.zeros((), dtype=torch.long, device=t.device) for _ in range(self.dp_size)]
+        dist.all_gather(sizes, torch.tensor(t.shape[0], device=t.device), group=group)
+        longest = int(max(sizes))
+        padded = torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))]) if t.shape[0] < longest else t
+        parts = [torch.empty_like(padded) for _ in range(self.dp_size)]
+        dist.all_gather(parts, padded.contiguous(), group=group)
+        return torch.cat([part[:int(n)] for part, n in zip(parts, sizes)])
+
+
+def _retie_sliced(model: nn.Module, aliases: dict[str, str]) -> None:
+    """parallelize_module gives each module its own sliced Parameter: tie them again, or refuse when the slices differ."""
+    from torch.distributed.tensor import DTensor
+
+    def layout(name: str):
+        p = model.get_parameter(name)
+        return (tuple(p.placements), p.device_mesh) if isinstance(p, DTensor) else "not sliced"
+
+    for alias, source in aliases.items():
+        if layout(alias) != layout(source):
+            raise ValueError(f"tied parameters {source!r} and {alias!r} were sliced differently by the parallelize "
+                             f"plan ({layout(source)[0]} and {layout(alias)[0]}); slice them the same way (e.g. the "
+                             f"embedding RowwiseParallel and the output layer ColwiseParallel: both Shard(0)) or untie them")
+    retie(model, aliases)
