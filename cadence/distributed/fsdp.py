@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
-from .strategy import MakeOpt, OwnsPrecision, Strategy, meta_copy
+from .strategy import MakeOpt, OwnsPrecision, Strategy, meta_copy, rebuild
 
 __all__ = ["FSDP", "SHARDING_STRATEGIES", "AUTO_WRAP_POLICIES"]
 
@@ -232,7 +232,7 @@ class FSDP(OwnsPrecision, Strategy):
 
         full = StateDictOptions(full_state_dict=True)
         weights, opt_state = get_model_state_dict(model, options=full), get_optimizer_state_dict(model, opt, options=full)
-        plain = self._skeleton.to_empty(device=self.device)
+        plain = rebuild(self._skeleton, self.device)
         plain.load_state_dict(weights)
         new_opt = make_opt(plain)
         if opt_state["state"]:

@@ -31,31 +31,11 @@ from . import env
 from .data import DistributedDL
 from .fsdp import FSDP
 from .precision import FullPrecision
-from .strategy import MakeOpt, meta_copy
+from .strategy import MakeOpt, meta_copy, retie, tied_names
 
 __all__ = ["ModelParallel"]
 
 Parallelize = Callable[[nn.Module, Any], Any]
-
-
-def tied_names(model: nn.Module) -> dict[str, str]:
-    """Every other name of a Parameter that several modules share (tied weights) -> its first name."""
-    first: dict[int, str] = {}
-    aliases = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            aliases[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return aliases
-
-
-def retie(model: nn.Module, aliases: dict[str, str]) -> nn.Module:
-    """Point every alias of `aliases` (from `tied_names`) at its source's Parameter again; returns `model`."""
-    for alias, source in aliases.items():
-        owner, _, attr = alias.rpartition(".")
-        setattr(model.get_submodule(owner), attr, model.get_parameter(source))
-    return model
 
 
 class ModelParallel(FSDP):
@@ -79,6 +59,8 @@ class ModelParallel(FSDP):
 
     # ------------------------------------------------------------------ the mesh
     def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
+        if world == 1:  # one process trains the plain model
+            return (1, 1)
         if world % self.tp_size:
             raise ValueError(f"tp_size={self.tp_size} does not divide the {world} processes: dp x tp = world, so "
                              f"tp_size must be one of {[d for d in range(1, world + 1) if world % d == 0]}")
@@ -95,8 +77,8 @@ class ModelParallel(FSDP):
     def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
               ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Slice the layers over tp (ties restored), then shard over dp with FSDP2, then build the optimizer."""
-        if not env.is_initialized():
-            raise RuntimeError("model_parallel needs several processes: launch with `cadence launch --num_processes N`")
+        if not env.is_initialized():  # one process: nothing to slice, the same script still runs (as FSDP)
+            return super().setup(model, make_opt, precision)
         skeleton, ties = meta_copy(model), tied_names(model)
         model = model.to(self.device)
         self._mesh()
@@ -112,13 +94,6 @@ class ModelParallel(FSDP):
         model, opt = super().setup(model, make_opt, precision)
         self._skeleton = skeleton
         return model, opt
-
-    def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
-                ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """The plain module (every rank, full weights, ties kept) and an optimizer with the trained state."""
-        aliases = tied_names(self._skeleton)
-        plain, new_opt = super().release(model, opt, make_opt)
-        return retie(plain, aliases), new_opt
 
     def shard(self, dl: DataLoader) -> DistributedDL:
         """This dp group's part of `dl`: the ranks of one tp group get the same batches."""

@@ -35,6 +35,7 @@ class Strategy:
     """Base class: one process, one device. Subclasses override what their engine changes."""
 
     name = "single"
+    _skeleton: nn.Module | None = None  # a sharding engine's meta copy of the user's module, taken before it wraps
 
     def __init__(self, device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else env.default_device()
@@ -177,6 +178,17 @@ class Strategy:
     def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
         opt.load_state_dict(state)
 
+    def plain_copy(self, model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+        """A plain module of the user's architecture on the CPU holding `state` (full weights from `model_state_dict`),
+        its tied weights tied: what an export changes (a peft adapter merged in) without touching the trained model.
+
+        >>> merged = strategy.plain_copy(model, strategy.model_state_dict(model)).merge_and_unload()
+        """
+        template = self._skeleton if self._skeleton is not None else self.unwrap(model)
+        plain = rebuild(meta_copy(template), "cpu")
+        plain.load_state_dict(state)
+        return plain
+
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Unsharded weights on the CPU, for export (`save_model`); meaningful on the main process."""
         return {k: v.detach().cpu() for k, v in self.model_state_dict(model).items()}
@@ -201,7 +213,7 @@ class Strategy:
 def meta_copy(model: nn.Module) -> nn.Module:
     """A copy of `model` on the meta device (no memory): the skeleton a sharding engine rebuilds the plain module from.
 
-    >>> skeleton = meta_copy(model); ...; plain = skeleton.to_empty(device="cpu"); plain.load_state_dict(full_weights)
+    >>> skeleton = meta_copy(model); ...; plain = rebuild(skeleton, "cpu"); plain.load_state_dict(full_weights)
     """
     def empty(t: torch.Tensor) -> torch.Tensor:  # a DeepSpeed ZeRO-3 partition knows its whole shape (ds_shape)
         return torch.empty(getattr(t, "ds_shape", t.shape), dtype=t.dtype, device="meta")
@@ -209,6 +221,43 @@ def meta_copy(model: nn.Module) -> nn.Module:
     memo = {id(t): nn.Parameter(empty(t), t.requires_grad) if isinstance(t, nn.Parameter) else empty(t)
             for t in (*model.parameters(), *model.buffers())}
     return copy.deepcopy(model, memo)
+
+
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """Every other name of a Parameter that several modules share (tied weights) -> the name it is stored under.
+
+    The stored name is the one transformers keeps (not a key of the model's `all_tied_weights_keys`), else the
+    first in `named_parameters` order, as safetensors' `save_model` keeps.
+
+    >>> tied_names(gpt2)
+    {'lm_head.weight': 'transformer.wte.weight'}
+    """
+    declared = set(getattr(model, "all_tied_weights_keys", None) or ())  # transformers 5: {tied name: source}
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    aliases = {}
+    for names in names_of.values():
+        kept = next((n for n in names if n not in declared), names[0])
+        aliases.update({n: kept for n in names if n != kept})
+    return aliases
+
+
+def retie(model: nn.Module, aliases: dict[str, str]) -> nn.Module:
+    """Point every alias of `aliases` (from `tied_names`) at its source's Parameter again; returns `model`.
+
+    `Module.to_empty` (and any rebuild that replaces parameters module by module) gives each module its own.
+    """
+    for alias, source in aliases.items():
+        owner, _, attr = alias.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(source))
+    return model
+
+
+def rebuild(skeleton: nn.Module, device: torch.device | str) -> nn.Module:
+    """`skeleton` (from `meta_copy`) materialised, uninitialised, on `device`, its tied weights still tied."""
+    aliases = tied_names(skeleton)  # before: to_empty replaces the parameters in place
+    return retie(skeleton.to_empty(device=device), aliases)
 
 
 def _on_meta(model: nn.Module) -> bool:
