@@ -19,8 +19,9 @@ format (torch.distributed.checkpoint), which loads on another mesh or in one pro
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -50,11 +51,11 @@ class ModelParallel(FSDP):
     name = "model_parallel"
 
     def __init__(self, device: torch.device | str | None = None, tp_size: int | None = None,
-                 parallelize: Parallelize | None = None, **fsdp_options: Any):
+                 parallelize: Parallelize | None = None, loss_parallel: bool = False, **fsdp_options: Any):
         super().__init__(device, **fsdp_options)
         if tp_size is None or int(tp_size) < 1:
             raise ValueError(f"model_parallel needs tp_size, a whole number >= 1 dividing the process count; got {tp_size!r}")
-        self.tp_size, self.parallelize = int(tp_size), parallelize
+        self.tp_size, self.parallelize, self.loss_parallel = int(tp_size), parallelize, loss_parallel
         self.device_mesh = None
 
     # ------------------------------------------------------------------ the mesh
@@ -94,6 +95,15 @@ class ModelParallel(FSDP):
         model, opt = super().setup(model, make_opt, precision)
         self._skeleton = skeleton
         return model, opt
+
+    def loss_context(self) -> ContextManager | None:
+        """With `loss_parallel`: torch's `loss_parallel()`, cross-entropy on logits sliced over the vocabulary."""
+        return _loss_parallel() if self.loss_parallel and env.is_initialized() else None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """With `loss_parallel`, the backward of the sliced cross-entropy runs inside it too (torch requires both)."""
+        with _loss_parallel() if self.loss_parallel and env.is_initialized() else contextlib.nullcontext():
+            super().backward(loss)
 
     def shard(self, dl: DataLoader) -> DistributedDL:
         """This dp group's part of `dl`: the ranks of one tp group get the same batches."""
@@ -143,6 +153,7 @@ class ModelParallel(FSDP):
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over the dp group (the tp ranks of a group hold the same values)."""
+        t = _whole(t)
         if self.dp_size == 1:
             return t
         t = t.clone()
@@ -150,7 +161,8 @@ class ModelParallel(FSDP):
         return t
 
     def gather(self, t: torch.Tensor) -> torch.Tensor:
-        """Every dp group's `t` concatenated on dim 0 in dp order (lengths may differ)."""
+        """Every dp group's `t` concatenated on dim 0 in dp order (lengths may differ); sliced logits made whole."""
+        t = _whole(t)
         if self.dp_size == 1:
             return t
         group = self._dp_group()
@@ -161,6 +173,19 @@ class ModelParallel(FSDP):
         parts = [torch.empty_like(padded) for _ in range(self.dp_size)]
         dist.all_gather(parts, padded.contiguous(), group=group)
         return torch.cat([part[:int(n)] for part, n in zip(parts, sizes)])
+
+
+def _loss_parallel() -> ContextManager:
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (logits sliced over the vocabulary with loss_parallel) as the full local tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _retie_sliced(model: nn.Module, aliases: dict[str, str]) -> None:

@@ -7,19 +7,22 @@ from helpers import run_launch
 CHECKS = ("tied_while_sliced", "batches_per_group", "losses_and_norms", "weights_equal_reference", "valid_and_get_preds")
 
 
-def assert_checks(out: str) -> None:
-    for check in CHECKS:
-        assert f"CHECK {check} ok" in out, out
+def assert_checks(out: str, variants: tuple[str, ...]) -> None:
+    for variant in variants:
+        for check in CHECKS:
+            assert f"CHECK {variant}:{check} ok" in out, out
 
 
 @pytest.mark.slow
-def test_tensor_parallel_on_two_processes_equals_one_process_with_clipping_and_tied_embeddings():
-    assert_checks(run_launch("model_parallel.py", "2", "0.5", nproc=2, timeout=240).stdout)
+def test_tp_sp_loss_parallel_and_bf16_on_two_processes_equal_one_process_with_clipping_and_tied_embeddings():
+    variants = ("tp", "sp", "loss_parallel", "bf16")
+    assert_checks(run_launch("model_parallel.py", "0.5", *variants, nproc=2, timeout=300).stdout, variants)
 
 
 @pytest.mark.slow
-def test_tensor_parallel_inside_fsdp_on_a_2x2_mesh_equals_one_process_with_the_global_batch():
-    assert_checks(run_launch("model_parallel.py", "2", "0.5", nproc=4, timeout=300).stdout)
+def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_equal_one_process_with_the_global_batch():
+    variants = ("tp", "sp")
+    assert_checks(run_launch("model_parallel.py", "0.5", *variants, nproc=4, timeout=300).stdout, variants)
 
 
 def test_a_tp_size_that_does_not_divide_the_processes_is_refused_with_the_divisors():
