@@ -2,9 +2,10 @@
 
 The processes form a (dp, tp) mesh, tp innermost: the `tp` ranks of one group hold slices of the
 same layers and see the same batches; the `dp` groups see different data and shard what is left
-with FSDP2 (2-D parallelism). The user says how to slice the model: a function
+with FSDP2 (2-D parallelism). The model says how it is sliced: a function
 `parallelize(model, tp_mesh)` that calls `torch.distributed.tensor.parallel.parallelize_module`
-(ColwiseParallel, RowwiseParallel, SequenceParallel, ...), or a `model.parallelize(tp_mesh)` method.
+(ColwiseParallel, RowwiseParallel, SequenceParallel, ...), a `model.parallelize(tp_mesh)` method, or, for a
+Hugging Face model, the tensor-parallel plan its config carries (`base_model_tp_plan`: Llama, Mistral, Qwen...).
 
 >>> def parallelize(model, tp_mesh):
 ...     parallelize_module(model, tp_mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
@@ -86,12 +87,17 @@ class ModelParallel(FSDP):
         tp_mesh = self.device_mesh["tp"]
         if self.parallelize is not None:
             self.parallelize(model, tp_mesh)
+            _retie_sliced(model, ties)
         elif callable(getattr(model, "parallelize", None)):
             model.parallelize(tp_mesh)
+            _retie_sliced(model, ties)
+        elif _has_tp_plan(model):
+            _apply_tp_plan(model, tp_mesh, self.tp_size)
+            retie(model, ties)
         else:
-            raise ValueError("model_parallel needs a `parallelize=fn(model, tp_mesh)` argument or a "
-                             "`model.parallelize(tp_mesh)` method saying how to slice the layers")
-        _retie_sliced(model, ties)
+            raise ValueError(f"model_parallel does not know how to slice {type(model).__name__}: pass "
+                             f"`parallelize=fn(model, tp_mesh)`, give the model a `parallelize(tp_mesh)` method, "
+                             f"or use a Hugging Face model whose config has a `base_model_tp_plan`")
         model, opt = super().setup(model, make_opt, precision)
         self._skeleton = skeleton
         return model, opt
@@ -175,6 +181,21 @@ class ModelParallel(FSDP):
         return torch.cat([part[:int(n)] for part, n in zip(parts, sizes)])
 
 
+def _has_tp_plan(model: nn.Module) -> bool:
+    """A transformers model that carries its own tensor-parallel plan (Llama, Mistral, Qwen, ...)."""
+    return callable(getattr(model, "_resolve_parallel_plans", None)) and bool(getattr(model, "tp_plan", None))
+
+
+def _apply_tp_plan(model: nn.Module, tp_mesh: Any, tp_size: int) -> None:
+    """Slice a transformers model by its own plan, with transformers' own styles (its layers expect them)."""
+    from transformers.distributed.configuration_utils import DistributedConfig
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp_size))
+    aliases = tied_names(model)  # a tied weight is sliced once, through its first name (transformers 5.24 fails on
+    apply_tensor_parallelism(model, tp_mesh, {k: v for k, v in plan.items() if k not in aliases})  # the alias)
+
+
 def _loss_parallel() -> ContextManager:
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -192,13 +213,13 @@ def _retie_sliced(model: nn.Module, aliases: dict[str, str]) -> None:
     """parallelize_module gives each module its own sliced Parameter: tie them again, or refuse when the slices differ."""
     from torch.distributed.tensor import DTensor
 
-    def layout(name: str):
+    def layout(name: str) -> str:
         p = model.get_parameter(name)
-        return (tuple(p.placements), p.device_mesh) if isinstance(p, DTensor) else "not sliced"
+        return f"{tuple(p.placements)} on {p.device_mesh}" if isinstance(p, DTensor) else "not sliced"
 
     for alias, source in aliases.items():
         if layout(alias) != layout(source):
             raise ValueError(f"tied parameters {source!r} and {alias!r} were sliced differently by the parallelize "
-                             f"plan ({layout(source)[0]} and {layout(alias)[0]}); slice them the same way (e.g. the "
+                             f"plan ({layout(source)} and {layout(alias)}); slice them the same way (e.g. the "
                              f"embedding RowwiseParallel and the output layer ColwiseParallel: both Shard(0)) or untie them")
     retie(model, aliases)

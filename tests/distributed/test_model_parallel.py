@@ -25,6 +25,12 @@ def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_equal_one_process_with_the_globa
     assert_checks(run_launch("model_parallel.py", "0.5", *variants, nproc=4, timeout=300).stdout, variants)
 
 
+@pytest.mark.slow
+def test_a_hugging_face_llama_with_tied_embeddings_is_sliced_by_its_own_plan_and_trains_like_one_process():
+    out = run_launch("model_parallel_hf.py", nproc=2, timeout=300).stdout
+    assert "CHECK losses ok" in out and "CHECK weights ok" in out, out
+
+
 def test_a_tp_size_that_does_not_divide_the_processes_is_refused_with_the_divisors():
     from cadence.distributed.model_parallel import ModelParallel
 
