@@ -45,15 +45,24 @@ class ModelParallel(FSDP):
 
     Args:
         tp_size: processes per tensor-parallel group (a divisor of the world size).
-        parallelize: `fn(model, tp_mesh)` slicing the model's layers; else the model's own `parallelize(tp_mesh)`.
+        parallelize: `fn(model, tp_mesh)` slicing the model's layers; else the model's own `parallelize(tp_mesh)`,
+            else a Hugging Face model's `base_model_tp_plan`.
+        loss_parallel: the output layer leaves the logits sliced over the vocabulary (`use_local_output=False`) and
+            the loss is torch's parallel cross-entropy (forward and backward inside `loss_parallel()`).
+        cp_size: context parallelism; refused (1 only).
         Other keywords are FSDP's (`transformer_layer_cls_to_wrap`, `sharding_strategy`, ...), applied over dp.
     """
 
     name = "model_parallel"
 
     def __init__(self, device: torch.device | str | None = None, tp_size: int | None = None,
-                 parallelize: Parallelize | None = None, loss_parallel: bool = False, **fsdp_options: Any):
+                 parallelize: Parallelize | None = None, loss_parallel: bool = False, cp_size: int = 1,
+                 **fsdp_options: Any):
         super().__init__(device, **fsdp_options)
+        if int(cp_size) != 1:
+            raise ValueError(f"cp_size={cp_size}: context parallelism is not available in cadence yet (and torch has no "
+                             f"CPU implementation of sharded attention); shard long sequences with sequence "
+                             f"parallelism instead (SequenceParallel in the parallelize plan), cp_size=1")
         if tp_size is None or int(tp_size) < 1:
             raise ValueError(f"model_parallel needs tp_size, a whole number >= 1 dividing the process count; got {tp_size!r}")
         self.tp_size, self.parallelize, self.loss_parallel = int(tp_size), parallelize, loss_parallel

@@ -82,3 +82,10 @@ def test_a_2x2_run_killed_mid_training_resumes_bitwise_and_its_checkpoint_loads_
     assert on_1x2.keys() == in_one.keys() == {4, 12, 20}                       # dp=1: 8 steps per epoch
     for step in (12, 20):
         assert abs(on_1x2[step] - in_one[step]) <= 1e-6 * abs(in_one[step])      # TP and one process train alike
+
+
+def test_context_parallelism_is_refused_with_what_to_use_instead():
+    from cadence.distributed.model_parallel import ModelParallel
+
+    with pytest.raises(ValueError, match=r"cp_size=2: context parallelism is not available.*SequenceParallel"):
+        ModelParallel(device="cpu", tp_size=2, cp_size=2)
