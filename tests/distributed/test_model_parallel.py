@@ -89,3 +89,37 @@ def test_context_parallelism_is_refused_with_what_to_use_instead():
 
     with pytest.raises(ValueError, match=r"cp_size=2: context parallelism is not available.*SequenceParallel"):
         ModelParallel(device="cpu", tp_size=2, cp_size=2)
+
+
+@pytest.mark.slow
+def test_accelerates_parallelism_flags_make_a_plain_distrib_ctx_model_parallel():
+    out = run_launch("model_parallel_launch.py", nproc=4, timeout=300,
+                     flags=("--use_parallelism_config", "--parallelism_config_tp_size", "2")).stdout
+    assert "STRATEGY model_parallel tp 2 dp 2" in out and "TRAINED 4" in out, out
+
+
+@pytest.mark.parametrize("flags, said", [
+    (("--parallelism_config_tp_size", "3"), "tp_size=3 does not divide the 4 processes"),
+    (("--parallelism_config_tp_size", "2", "--parallelism_config_dp_shard_size", "4"), "dp_shard_size=4 x tp_size=2 = 8"),
+    (("--parallelism_config_tp_size", "2", "--parallelism_config_dp_replicate_size", "2"), "dp_replicate_size=2"),
+    (("--parallelism_config_tp_size", "2", "--parallelism_config_cp_size", "2"), "cp_size=2"),
+])
+def test_parallelism_sizes_that_do_not_fit_are_refused_before_any_worker_starts(flags, said, capsys):
+    from cadence.cli import main
+
+    assert main(["launch", "--cpu", "--num_processes", "4", "--use_parallelism_config", *flags, "train.py"]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_an_accelerate_config_files_parallelism_block_selects_model_parallel_with_its_sizes(tmp_path):
+    from cadence.distributed.config import load_config
+    from cadence.distributed.launch import launch_env
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 4\nuse_cpu: true\nfsdp_config:\n  fsdp_version: 2\n"
+                    "parallelism_config:\n  parallelism_config_dp_replicate_size: 1\n  parallelism_config_dp_shard_size: 2\n"
+                    "  parallelism_config_tp_size: 2\n  parallelism_config_cp_size: 1\n  parallelism_config_cp_backend: torch\n")
+    config = load_config(path)
+    config.check_engine_options()
+    env = launch_env(config)
+    assert env["CADENCE_STRATEGY"] == "model_parallel" and '"parallelism_config_tp_size": 2' in env["CADENCE_PARALLELISM_CONFIG"]
