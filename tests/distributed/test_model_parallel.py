@@ -26,9 +26,11 @@ def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_equal_one_process_with_the_globa
 
 
 @pytest.mark.slow
-def test_a_hugging_face_llama_with_tied_embeddings_is_sliced_by_its_own_plan_and_trains_like_one_process():
-    out = run_launch("model_parallel_hf.py", nproc=2, timeout=300).stdout
-    assert "CHECK losses ok" in out and "CHECK weights ok" in out, out
+def test_a_hugging_face_llama_with_tied_embeddings_is_sliced_by_its_own_plan_trains_like_one_process_and_exports(
+        tmp_path):
+    out = run_launch("model_parallel_hf.py", tmp_path / "export", nproc=2, timeout=300).stdout
+    for check in ("losses", "weights", "export_loads_with_from_pretrained"):
+        assert f"CHECK {check} ok" in out, out
 
 
 def test_a_tp_size_that_does_not_divide_the_processes_is_refused_with_the_divisors():
