@@ -2,7 +2,7 @@
 
 The processes form a (dp, tp) mesh, tp innermost: the `tp` ranks of one group hold slices of the
 same layers and see the same batches; the `dp` groups see different data and shard what is left
-with FSDP2 (2-D parallelism). The model says how it is sliced: a function
+with FSDP2 (2-D parallelism; with one dp group, no FSDP). The model says how it is sliced: a function
 `parallelize(model, tp_mesh)` that calls `torch.distributed.tensor.parallel.parallelize_module`
 (ColwiseParallel, RowwiseParallel, SequenceParallel, ...), a `model.parallelize(tp_mesh)` method, or, for a
 Hugging Face model, the tensor-parallel plan its config carries (`base_model_tp_plan`: Llama, Mistral, Qwen...).
@@ -132,7 +132,13 @@ class ModelParallel(FSDP):
             raise ValueError(f"model_parallel does not know how to slice {type(model).__name__}: pass "
                              f"`parallelize=fn(model, tp_mesh)`, give the model a `parallelize(tp_mesh)` method, "
                              f"or use a Hugging Face model whose config has a `base_model_tp_plan`")
-        model, opt = super().setup(model, make_opt, precision)
+        if self.dp_size > 1:
+            model, opt = super().setup(model, make_opt, precision)
+        else:  # tensor parallel only: no data-parallel dimension to shard (FSDP over one process costs 1.8x a step)
+            if precision is not None:
+                self.set_precision(precision)
+            self._precision_fixed = True
+            opt = make_opt(model)
         self._skeleton = skeleton
         return model, opt
 
