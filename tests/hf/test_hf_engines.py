@@ -26,7 +26,7 @@ RUNS = [
     {"name": "llama_fsdp_bf16", "model": "llama", "engine": "fsdp", "precision": "bf16"},
     {"name": "llama_zero2_bf16", "model": "llama", "engine": "zero2", "precision": "bf16"},
     {"name": "llama_zero3", "model": "llama", "engine": "zero3"},
-    {"name": "llama_fsdp_low_ram", "model": "llama", "engine": "fsdp", "low_ram": True},
+    {"name": "llama_fsdp_low_ram", "model": "llama", "engine": "fsdp", "init_options": {"cpu_ram_efficient_loading": True}},
     {"name": "lora_ddp", "model": "gpt2", "engine": "ddp", "lora": True},
     {"name": "lora_fsdp", "model": "gpt2", "engine": "fsdp", "lora": True},
 ]

@@ -2,8 +2,8 @@
 
 argv: OUT_DIR RUNS_JSON, a list of runs {"name", "model" ("gpt2"/"llama"), "engine" ("ddp", "fsdp", "zero2", "zero3"),
 "precision" ("no"/"bf16"), "shard" (save_model's max_shard_size), "lora" (a peft LoRA adapter), "checkpoint" (also
-save_state and learn.save inside the context, each loaded into a fresh Learner on the same engine), "low_ram" (FSDP's
-cpu_ram_efficient_loading, the model built in its init_context)}, each with its own distrib_ctx.
+save_state and learn.save inside the context, each loaded into a fresh Learner on the same engine), "init_options" (strategy
+options such as FSDP's cpu_ram_efficient_loading or zero3_init_flag; the model is built in its init_context)}, each with its own distrib_ctx.
 Rank 0 writes OUT_DIR/<name>/: export/ (save_model), logits.pt (the trained model's, after the context), result.json
 (whether lm_head and the input embedding are one Parameter after the context; the same and the logits' distance
 after loading each checkpoint).
@@ -29,10 +29,11 @@ def tied(model) -> bool:
 
 def run(out: Path, spec: dict) -> None:
     engine = ENGINES[spec["engine"]](LAYER[spec["model"]])
-    if spec.get("low_ram"):  # FSDP's cpu_ram_efficient_loading: rank 1 builds the model on the meta device
-        engine = {"strategy": get_strategy(engine.pop("strategy"), cpu_ram_efficient_loading=True, **engine)}
+    init_options = spec.get("init_options")  # the model built in the strategy's init_context
+    if init_options:
+        engine = {"strategy": get_strategy(engine.pop("strategy"), **init_options, **engine)}
     learn = lm_learner(spec["model"], lora=spec.get("lora", False),
-                       init_context=engine["strategy"].init_context() if spec.get("low_ram") else None)
+                       init_context=engine["strategy"].init_context() if init_options else None)
     if spec.get("precision") == "bf16":
         learn.to_bf16()
     with learn.distrib_ctx(**engine):
