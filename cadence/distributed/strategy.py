@@ -104,6 +104,10 @@ class Strategy:
         """Context the forward pass and loss run in (autocast for mixed precision)."""
         return self.precision.forward_context()
 
+    def loss_context(self) -> ContextManager | None:
+        """A context the forward pass and loss need besides precision (torch's `loss_parallel`); None for none."""
+        return None
+
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
         """With `enabled=False` the next forward and backward keep gradients local (accumulation micro-steps)."""
 
