@@ -131,10 +131,17 @@ def test_every_accelerate_launch_flag_is_taken_or_refused_with_a_reason():
     assert len(theirs) > 150 and "--use_megatron_lm" not in ours
 
 
-@pytest.mark.parametrize("flag", ["--use_megatron_lm", "--megatron_lm_tp_degree", "--use_parallelism_config"])
-def test_megatron_and_parallelism_config_point_to_the_model_parallel_strategy(flag, capsys):
+@pytest.mark.parametrize("flag", ["--use_megatron_lm", "--megatron_lm_tp_degree"])
+def test_megatron_points_to_the_model_parallel_strategy(flag, capsys):
     err = unknown_flag_error(flag, capsys)
     assert "not supported" in err and 'strategy="model_parallel"' in err, err
+
+
+@pytest.mark.parametrize("flag, said", [("--parallelism_config_sp_size", "SequenceParallel"),
+                                        ("--parallelism_config_cp_backend", "context parallelism")])
+def test_parallelism_flags_cadence_cannot_honour_say_why(flag, said, capsys):
+    err = unknown_flag_error(flag, capsys)
+    assert "not supported" in err and said in err, err
 
 
 def test_accelerate_launch_habits_are_honoured(monkeypatch, capsys):

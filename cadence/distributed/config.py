@@ -30,7 +30,7 @@ RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 ACCELERATE_ONLY_KEYS = frozenset({
     "same_network", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
     "dynamo_backend", "fp16", "fp8_config", "tp_config", "megatron_lm_config",
-    "ipex_config", "mpirun_config", "parallelism_config", "tpu_name", "tpu_zone", "tpu_use_cluster",
+    "ipex_config", "mpirun_config", "tpu_name", "tpu_zone", "tpu_use_cluster",
     "tpu_use_sudo", "tpu_vm", "tpu_env", "command_file", "commands",
 })
 # Values YAML 1.1 reads as booleans when left unquoted (`mixed_precision: no`), and old names.
@@ -76,6 +76,9 @@ class Config:
     debug: bool = _key("detailed distributed checks and launcher logs", False)
     fsdp_config: dict = _key("FSDP options (passed to the FSDP strategy)", kind=dict, default_factory=dict)
     deepspeed_config: dict = _key("DeepSpeed options (passed to the DeepSpeed strategy)", kind=dict, default_factory=dict)
+    parallelism_config: dict = _key("tensor-parallel sizes (Accelerate's parallelism_config block: "
+                                    "parallelism_config_tp_size, ...); selects the model_parallel strategy",
+                                    kind=dict, default_factory=dict)
     dynamo_config: dict = _key("torch.compile settings (Accelerate's dynamo_backend, dynamo_mode, dynamo_use_fullgraph, "
                                "dynamo_use_dynamic)", kind=dict, default_factory=dict)
 
@@ -104,6 +107,8 @@ class Config:
         >>> Config(distributed_type="FSDP", num_processes=4).strategy
         'fsdp'
         """
+        if self.parallelism_config:
+            return "model_parallel"
         named = {"FSDP": "fsdp", "DEEPSPEED": "deepspeed", "XLA": "xla"}.get(self.distributed_type)
         return named or ("ddp" if self.num_processes > 1 else None)
 

@@ -71,6 +71,7 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     add_fsdp_options(parser)
     add_dynamo_options(parser)
     add_deepspeed_options(parser)
+    add_parallelism_options(parser)
 
 
 def add_accelerate_options(parser: argparse.ArgumentParser) -> None:
@@ -173,6 +174,22 @@ def add_deepspeed_options(parser: argparse.ArgumentParser) -> None:
                            metavar="true|false" if kind is bool else None)
 
 
+# `--parallelism_config_<key>` flags: Accelerate's names; they fill the config's parallelism_config block
+PARALLELISM_FLAGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+
+
+def add_parallelism_options(parser: argparse.ArgumentParser) -> None:
+    """`--use_parallelism_config` and its sizes (see cadence.distributed.model_parallel.ModelParallel).
+
+    >>> p = argparse.ArgumentParser(); add_parallelism_options(p); p.parse_args(["--parallelism_config_tp_size", "2"])
+    Namespace(use_parallelism_config=False, parallelism_config_dp_replicate_size=None, parallelism_config_dp_shard_size=None, parallelism_config_tp_size=2, parallelism_config_cp_size=None)
+    """
+    group = parser.add_argument_group("Model parallel", "tensor parallelism inside FSDP2 (Accelerate's flag names)")
+    group.add_argument("--use_parallelism_config", action="store_true", help="train with the model_parallel strategy")
+    for key in PARALLELISM_FLAGS:
+        group.add_argument(f"--parallelism_config_{key}", type=int, default=None)
+
+
 def _engine_changes(args: argparse.Namespace, base: Config, use: str, distributed_type: str, block: str,
                     flags: dict[str, str]) -> dict:
     """Config changes from `--use_<engine>` and the engine's flags (flag name -> key in the config block)."""
@@ -192,6 +209,15 @@ def _deepspeed_changes(args: argparse.Namespace, base: Config) -> dict:
     return _engine_changes(args, base, "use_deepspeed", "DEEPSPEED", "deepspeed_config", {k: k for k in DEEPSPEED_FLAGS})
 
 
+def _parallelism_changes(args: argparse.Namespace, base: Config) -> dict:
+    """Config changes from `--use_parallelism_config` / `--parallelism_config_*`: the parallelism_config block."""
+    changes = _engine_changes(args, base, "use_parallelism_config", base.distributed_type, "parallelism_config",
+                              {f"parallelism_config_{k}": f"parallelism_config_{k}" for k in PARALLELISM_FLAGS})
+    if changes and not changes["parallelism_config"]:
+        changes["parallelism_config"] = {"parallelism_config_tp_size": 1}
+    return changes
+
+
 def resolve_config(args: argparse.Namespace) -> Config:
     """The config file (`--config_file` or the default one) with the flags in `args` applied on top.
 
@@ -205,6 +231,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     changes.update(_fsdp_changes(args, base))
     changes.update(_dynamo_changes(args, base))
     changes.update(_deepspeed_changes(args, base))
+    changes.update(_parallelism_changes(args, base))
     try:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
@@ -240,6 +267,7 @@ def launch_env(config: Config) -> dict[str, str | None]:
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL" if config.debug else os.environ.get("TORCH_DISTRIBUTED_DEBUG"),
         "CADENCE_FSDP_CONFIG": json.dumps(config.fsdp_config) if config.fsdp_config else None,
         "CADENCE_DEEPSPEED_CONFIG": json.dumps(config.deepspeed_config) if config.deepspeed_config else None,
+        "CADENCE_PARALLELISM_CONFIG": json.dumps(config.parallelism_config) if config.parallelism_config else None,
         "OMP_NUM_THREADS": str(threads),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") if config.gpu_ids == "all" else config.gpu_ids,
         **dynamo_env(config.dynamo_config),

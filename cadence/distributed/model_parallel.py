@@ -21,6 +21,8 @@ format (torch.distributed.checkpoint), which loads on another mesh or in one pro
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from collections.abc import Callable
 from typing import Any, ContextManager
 
@@ -44,20 +46,48 @@ class ModelParallel(FSDP):
     """Tensor parallelism over `tp_size` processes, FSDP2 over the `world // tp_size` data-parallel groups.
 
     Args:
-        tp_size: processes per tensor-parallel group (a divisor of the world size).
-        parallelize: `fn(model, tp_mesh)` slicing the model's layers; else the model's own `parallelize(tp_mesh)`.
+        tp_size: processes per tensor-parallel group (a divisor of the world size); `cadence launch
+            --use_parallelism_config --parallelism_config_tp_size N` (or the YAML's parallelism_config) sets it.
+        dp_shard_size: checked to be world // tp_size when given (Accelerate's name); dp_replicate_size: 1 only.
+        parallelize: `fn(model, tp_mesh)` slicing the model's layers; else the model's own `parallelize(tp_mesh)`,
+            else a Hugging Face model's `base_model_tp_plan`.
+        loss_parallel: the output layer leaves the logits sliced over the vocabulary (`use_local_output=False`) and
+            the loss is torch's parallel cross-entropy (forward and backward inside `loss_parallel()`).
+        cp_size: context parallelism; refused (1 only).
         Other keywords are FSDP's (`transformer_layer_cls_to_wrap`, `sharding_strategy`, ...), applied over dp.
     """
 
     name = "model_parallel"
 
     def __init__(self, device: torch.device | str | None = None, tp_size: int | None = None,
-                 parallelize: Parallelize | None = None, loss_parallel: bool = False, **fsdp_options: Any):
+                 parallelize: Parallelize | None = None, loss_parallel: bool = False, cp_size: int | None = None,
+                 dp_shard_size: int | None = None, dp_replicate_size: int | None = None, **fsdp_options: Any):
         super().__init__(device, **fsdp_options)
+        launched = _launcher_sizes()
+        tp_size = launched.get("tp_size") if tp_size is None else tp_size
+        cp_size = launched.get("cp_size", 1) if cp_size is None else cp_size
+        self.dp_shard_size = launched.get("dp_shard_size") if dp_shard_size is None else dp_shard_size
+        dp_replicate_size = launched.get("dp_replicate_size", 1) if dp_replicate_size is None else dp_replicate_size
+        if int(dp_replicate_size) != 1:
+            raise ValueError(f"dp_replicate_size={dp_replicate_size}: replicated FSDP groups (HSDP) under tensor "
+                             f"parallelism are not in cadence yet; leave it 1 (dp = processes / tp_size, all sharded)")
+        if int(cp_size) != 1:
+            raise ValueError(f"cp_size={cp_size}: context parallelism is not available in cadence yet (and torch has no "
+                             f"CPU implementation of sharded attention); shard long sequences with sequence "
+                             f"parallelism instead (SequenceParallel in the parallelize plan), cp_size=1")
         if tp_size is None or int(tp_size) < 1:
             raise ValueError(f"model_parallel needs tp_size, a whole number >= 1 dividing the process count; got {tp_size!r}")
         self.tp_size, self.parallelize, self.loss_parallel = int(tp_size), parallelize, loss_parallel
         self.device_mesh = None
+
+    @classmethod
+    def check_launcher_config(cls, config: Any) -> None:
+        """The launcher's parallelism_config sizes (and fsdp_config) must fit its number of processes."""
+        options = {k.removeprefix("fsdp_"): v for k, v in config.fsdp_config.items()}
+        try:
+            cls(device="cpu", **parallelism_sizes(config.parallelism_config), **options)._mesh_shape_for(config.num_processes)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"parallelism_config: {e}") from None
 
     # ------------------------------------------------------------------ the mesh
     def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
@@ -66,6 +96,10 @@ class ModelParallel(FSDP):
         if world % self.tp_size:
             raise ValueError(f"tp_size={self.tp_size} does not divide the {world} processes: dp x tp = world, so "
                              f"tp_size must be one of {[d for d in range(1, world + 1) if world % d == 0]}")
+        if self.dp_shard_size is not None and self.dp_shard_size * self.tp_size != world:
+            raise ValueError(f"dp_shard_size={self.dp_shard_size} x tp_size={self.tp_size} = "
+                             f"{self.dp_shard_size * self.tp_size}, not the {world} processes: make dp_shard_size "
+                             f"{world // self.tp_size} or leave it out")
         return (world // self.tp_size, self.tp_size)
 
     def _mesh(self):
@@ -179,6 +213,28 @@ class ModelParallel(FSDP):
         parts = [torch.empty_like(padded) for _ in range(self.dp_size)]
         dist.all_gather(parts, padded.contiguous(), group=group)
         return torch.cat([part[:int(n)] for part, n in zip(parts, sizes)])
+
+
+SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+
+
+def parallelism_sizes(block: dict[str, Any]) -> dict[str, int]:
+    """The sizes of Accelerate's parallelism_config block (`parallelism_config_tp_size: 2`, ...) as ModelParallel's
+    arguments; its other keys (backends, Accelerate's DeepSpeed sequence parallelism) only with their size 1.
+
+    >>> parallelism_sizes({"parallelism_config_tp_size": 2, "parallelism_config_cp_backend": "torch"})
+    {'tp_size': 2}
+    """
+    plain = {k.removeprefix("parallelism_config_"): v for k, v in block.items()}
+    if int(plain.get("sp_size") or 1) != 1:
+        raise ValueError(f"sp_size={plain['sp_size']}: Accelerate's sequence parallelism (DeepSpeed's) is not in cadence; "
+                         f"sequence parallelism is part of the tensor-parallel plan (SequenceParallel): use tp_size")
+    return {k: int(plain[k]) for k in SIZES if plain.get(k) is not None}
+
+
+def _launcher_sizes() -> dict[str, int]:
+    """`$CADENCE_PARALLELISM_CONFIG`: the launcher's parallelism_config block."""
+    return parallelism_sizes(json.loads(os.environ.get("CADENCE_PARALLELISM_CONFIG") or "{}"))
 
 
 def _has_tp_plan(model: nn.Module) -> bool:

@@ -53,8 +53,9 @@ REFUSED = {
     # accelerate launch
     "--use_megatron_lm": f"not supported: Megatron-LM is not part of cadence; {_MODEL_PARALLEL}",
     "--megatron_lm_": f"not supported: Megatron-LM is not part of cadence; {_MODEL_PARALLEL}",
-    "--use_parallelism_config": f"not supported: {_MODEL_PARALLEL}",
-    "--parallelism_config_": f"not supported: {_MODEL_PARALLEL}",
+    "--parallelism_config_sp_": ("not supported: sequence parallelism in cadence is part of the tensor-parallel plan "
+                                 "(SequenceParallel in the parallelize function); use --parallelism_config_tp_size"),
+    "--parallelism_config_cp_": "not supported: context parallelism is not in cadence; use --parallelism_config_cp_size 1",
     "--tpu": _NO_TPU, "--tpu_": _NO_TPU, "--no_tpu_cluster": _NO_TPU, "--vm": _NO_TPU, "--env": _NO_TPU,
     "--downcast_bf16": _NO_TPU,
     "--fp8_": "not supported: fp8 training is not in cadence; use --mixed_precision bf16",

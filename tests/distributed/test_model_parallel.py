@@ -26,9 +26,11 @@ def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_equal_one_process_with_the_globa
 
 
 @pytest.mark.slow
-def test_a_hugging_face_llama_with_tied_embeddings_is_sliced_by_its_own_plan_and_trains_like_one_process():
-    out = run_launch("model_parallel_hf.py", nproc=2, timeout=300).stdout
-    assert "CHECK losses ok" in out and "CHECK weights ok" in out, out
+def test_a_hugging_face_llama_with_tied_embeddings_is_sliced_by_its_own_plan_trains_like_one_process_and_exports(
+        tmp_path):
+    out = run_launch("model_parallel_hf.py", tmp_path / "export", nproc=2, timeout=300).stdout
+    for check in ("losses", "weights", "export_loads_with_from_pretrained"):
+        assert f"CHECK {check} ok" in out, out
 
 
 def test_a_tp_size_that_does_not_divide_the_processes_is_refused_with_the_divisors():
@@ -82,3 +84,44 @@ def test_a_2x2_run_killed_mid_training_resumes_bitwise_and_its_checkpoint_loads_
     assert on_1x2.keys() == in_one.keys() == {4, 12, 20}                       # dp=1: 8 steps per epoch
     for step in (12, 20):
         assert abs(on_1x2[step] - in_one[step]) <= 1e-6 * abs(in_one[step])      # TP and one process train alike
+
+
+def test_context_parallelism_is_refused_with_what_to_use_instead():
+    from cadence.distributed.model_parallel import ModelParallel
+
+    with pytest.raises(ValueError, match=r"cp_size=2: context parallelism is not available.*SequenceParallel"):
+        ModelParallel(device="cpu", tp_size=2, cp_size=2)
+
+
+@pytest.mark.slow
+def test_accelerates_parallelism_flags_make_a_plain_distrib_ctx_model_parallel():
+    out = run_launch("model_parallel_launch.py", nproc=4, timeout=300,
+                     flags=("--use_parallelism_config", "--parallelism_config_tp_size", "2")).stdout
+    assert "STRATEGY model_parallel tp 2 dp 2" in out and "TRAINED 4" in out, out
+
+
+@pytest.mark.parametrize("flags, said", [
+    (("--parallelism_config_tp_size", "3"), "tp_size=3 does not divide the 4 processes"),
+    (("--parallelism_config_tp_size", "2", "--parallelism_config_dp_shard_size", "4"), "dp_shard_size=4 x tp_size=2 = 8"),
+    (("--parallelism_config_tp_size", "2", "--parallelism_config_dp_replicate_size", "2"), "dp_replicate_size=2"),
+    (("--parallelism_config_tp_size", "2", "--parallelism_config_cp_size", "2"), "cp_size=2"),
+])
+def test_parallelism_sizes_that_do_not_fit_are_refused_before_any_worker_starts(flags, said, capsys):
+    from cadence.cli import main
+
+    assert main(["launch", "--cpu", "--num_processes", "4", "--use_parallelism_config", *flags, "train.py"]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_an_accelerate_config_files_parallelism_block_selects_model_parallel_with_its_sizes(tmp_path):
+    from cadence.distributed.config import load_config
+    from cadence.distributed.launch import launch_env
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 4\nuse_cpu: true\nfsdp_config:\n  fsdp_version: 2\n"
+                    "parallelism_config:\n  parallelism_config_dp_replicate_size: 1\n  parallelism_config_dp_shard_size: 2\n"
+                    "  parallelism_config_tp_size: 2\n  parallelism_config_cp_size: 1\n  parallelism_config_cp_backend: torch\n")
+    config = load_config(path)
+    config.check_engine_options()
+    env = launch_env(config)
+    assert env["CADENCE_STRATEGY"] == "model_parallel" and '"parallelism_config_tp_size": 2' in env["CADENCE_PARALLELISM_CONFIG"]

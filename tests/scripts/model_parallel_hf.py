@@ -2,8 +2,12 @@
 built from a config) fine-tuned by the Learner (dict batches, the model's own loss) under
 `distrib_ctx(strategy="model_parallel", tp_size=2)` with no parallelize function: the model's own
 tensor-parallel plan slices it. Rank 0 prints `CHECK <name> ok` for each check against a hand-written
-one-process loop over the same global batches: per-step losses (dp=1), weights after training, the tie.
+one-process loop over the same global batches: per-step losses (dp=1), weights after training, the tie,
+and `save_model(EXPORT_DIR)` under the sliced model loaded by `from_pretrained` (no missing keys, fp32, the
+same logits). Usage: `model_parallel_hf.py EXPORT_DIR`.
 """
+
+import sys
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -63,6 +67,7 @@ def ok(name):
 
 
 def main():
+    export_dir = sys.argv[1]
     ds = Tokens(N, 1)
     dls = DataLoaders(DataLoader(ds, batch_size=BS), DataLoader(Tokens(4, 2), batch_size=BS), device="cpu")
     losses = Losses()
@@ -73,6 +78,7 @@ def main():
         assert type(model.model.layers[0].mlp.up_proj.weight).__name__ == "DTensor", "the model's plan was not applied"
         assert model.lm_head.weight is model.model.embed_tokens.weight, "tie lost while sliced"
         learn.fit(EPOCHS)
+        learn.save_model(export_dir)          # every rank: the sliced weights are gathered
     ref, ref_losses = reference(ds, dp)
     if dp == 1:
         torch.testing.assert_close(torch.tensor(losses.values), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
@@ -82,6 +88,14 @@ def main():
     for (name, a), b in zip(ref.named_parameters(), plain.parameters()):  # AdamW magnifies rounding: 1e-4 of lr 1e-2
         torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
     ok("weights")
+    if rank() == 0:
+        loaded, info = LlamaForCausalLM.from_pretrained(export_dir, output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"], info
+        assert loaded.dtype == torch.float32 and loaded.lm_head.weight is loaded.model.embed_tokens.weight
+        ids = ds.ids[:2]
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(input_ids=ids).logits, plain(input_ids=ids).logits)
+    ok("export_loads_with_from_pretrained")
 
 
 if __name__ == "__main__":
