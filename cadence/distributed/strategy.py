@@ -242,7 +242,7 @@ def tied_names(model: nn.Module) -> dict[str, str]:
     """Every other name of a Parameter that several modules share (tied weights) -> the name it is stored under.
 
     The stored name is the one transformers keeps (not a key of the model's `all_tied_weights_keys`), else the
-    first in `named_parameters` order, as safetensors' `save_model` keeps.
+    first in `named_parameters` order (the module registered first: GPT-2's embedding before its head).
 
     >>> tied_names(gpt2)
     {'lm_head.weight': 'transformer.wte.weight'}
