@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
-from .strategy import MakeOpt, OwnsPrecision, Strategy, meta_copy, rebuild, tied_names
+from .strategy import (MakeOpt, OwnsPrecision, Strategy, meta_copy, non_persistent_buffers, rebuild, set_buffers,
+                       tied_names)
 
 __all__ = ["FSDP", "SHARDING_STRATEGIES", "AUTO_WRAP_POLICIES"]
 
@@ -175,6 +176,8 @@ class FSDP(OwnsPrecision, Strategy):
         if precision is not None:
             self.precision = _sharded_scaler(precision)
         self._precision_fixed = True
+        buffers = self._rank0_buffers(model) if self.cpu_ram_efficient_loading else []
+        set_buffers(model, buffers)  # before the skeleton is taken: it keeps them for `release`
         self._skeleton = meta_copy(model)
         full_state = _full_cpu_state(model) if self.cpu_ram_efficient_loading and env.is_main_process() else None
         if self.activation_checkpointing:
@@ -194,6 +197,7 @@ class FSDP(OwnsPrecision, Strategy):
         fully_shard(model, **kwargs)
         if self.cpu_ram_efficient_loading:
             self._load_broadcast(model, full_state)
+            set_buffers(model, buffers)  # to_empty emptied them
         return model, make_opt(model)
 
     def _groups(self, model: nn.Module) -> list[nn.Module]:
@@ -214,6 +218,19 @@ class FSDP(OwnsPrecision, Strategy):
         else:
             chosen = []
         return sorted(chosen, key=lambda m: -_depth(model, m))
+
+    def _rank0_buffers(self, model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+        """Rank 0's non-persistent buffers (a rotary embedding's `inv_freq`) on every rank: no state dict carries them,
+        and a rank that built the model on the meta device has none (it trained on uninitialised memory)."""
+        import torch.distributed as dist
+
+        placed = []
+        for name, t in non_persistent_buffers(model):
+            value = (t.detach().to(self.device).clone() if env.is_main_process() else
+                     torch.empty(t.shape, dtype=t.dtype, device=self.device))
+            dist.broadcast(value, src=0)
+            placed.append((name, value.cpu() if self.offload else value))
+        return placed
 
     def _load_broadcast(self, model: nn.Module, full_state: dict | None) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -225,14 +225,15 @@ def meta_copy(model: nn.Module) -> nn.Module:
     def empty(t: torch.Tensor) -> torch.Tensor:  # a DeepSpeed ZeRO-3 partition knows its whole shape (ds_shape)
         return torch.empty(getattr(t, "ds_shape", t.shape), dtype=t.dtype, device="meta")
 
-    kept = {id(t) for _, t in _non_persistent_buffers(model)}
+    kept = {id(t) for _, t in non_persistent_buffers(model)}
     memo = {id(t): nn.Parameter(empty(t), t.requires_grad) if isinstance(t, nn.Parameter) else
             t.detach().clone() if id(t) in kept else empty(t)
             for t in (*model.parameters(), *model.buffers())}
     return copy.deepcopy(model, memo)
 
 
-def _non_persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+def non_persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every buffer no state dict carries (`register_buffer(..., persistent=False)`)."""
     return [(f"{owner}.{name}" if owner else name, module._buffers[name]) for owner, module in model.named_modules()
             for name in module._non_persistent_buffers_set if module._buffers.get(name) is not None]
 
@@ -241,7 +242,7 @@ def tied_names(model: nn.Module) -> dict[str, str]:
     """Every other name of a Parameter that several modules share (tied weights) -> the name it is stored under.
 
     The stored name is the one transformers keeps (not a key of the model's `all_tied_weights_keys`), else the
-    first in `named_parameters` order, as safetensors' `save_model` keeps.
+    first in `named_parameters` order (the module registered first: GPT-2's embedding before its head).
 
     >>> tied_names(gpt2)
     {'lm_head.weight': 'transformer.wte.weight'}
@@ -272,12 +273,17 @@ def rebuild(skeleton: nn.Module, device: torch.device | str) -> nn.Module:
     """`skeleton` (from `meta_copy`) materialised on `device`: its weights uninitialised (load a state dict next),
     its tied weights still tied, its non-persistent buffers as `meta_copy` kept them."""
     aliases = tied_names(skeleton)  # both read first: to_empty replaces every tensor in place
-    buffers = [(name, t) for name, t in _non_persistent_buffers(skeleton) if not t.is_meta]
+    buffers = [(name, t) for name, t in non_persistent_buffers(skeleton) if not t.is_meta]
     plain = retie(skeleton.to_empty(device=device), aliases)
+    set_buffers(plain, [(name, value.to(device)) for name, value in buffers])
+    return plain
+
+
+def set_buffers(model: nn.Module, buffers: list[tuple[str, torch.Tensor]]) -> None:
+    """Register each (name, tensor) of `buffers` in place of the buffer of that name (persistence unchanged)."""
     for name, value in buffers:
         owner, _, attr = name.rpartition(".")
-        plain.get_submodule(owner)._buffers[attr] = value.to(device)
-    return plain
+        model.get_submodule(owner)._buffers[attr] = value
 
 
 def _on_meta(model: nn.Module) -> bool:

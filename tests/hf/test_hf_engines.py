@@ -6,6 +6,7 @@ below read what it wrote.
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -26,6 +27,9 @@ RUNS = [
     {"name": "llama_fsdp_bf16", "model": "llama", "engine": "fsdp", "precision": "bf16"},
     {"name": "llama_zero2_bf16", "model": "llama", "engine": "zero2", "precision": "bf16"},
     {"name": "llama_zero3", "model": "llama", "engine": "zero3"},
+    {"name": "llama_fsdp_low_ram", "model": "llama", "engine": "fsdp", "init_options": {"cpu_ram_efficient_loading": True}},
+    *({"name": f"gpt2_zero3_init_{source}", "model": "gpt2", "engine": "zero3", "init_options": {"zero3_init_flag": True},
+       "source": source} for source in ("pretrained", "config")),
     {"name": "lora_ddp", "model": "gpt2", "engine": "ddp", "lora": True},
     {"name": "lora_fsdp", "model": "gpt2", "engine": "fsdp", "lora": True},
 ]
@@ -40,7 +44,7 @@ FULL = [r["name"] for r in RUNS if not r.get("lora")]
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf")
     proc = run_launch("hf_finetune.py", out, json.dumps(RUNS), timeout=600)
-    assert "HF RUNS DONE 14" in proc.stdout
+    assert f"HF RUNS DONE {len(RUNS)}" in proc.stdout
     return out, proc
 
 
@@ -90,6 +94,16 @@ def test_fp32_engines_train_alike_and_bf16_close(runs):
     reference = torch.load(out / "gpt2_ddp" / "logits.pt")
     for name in ("gpt2_fsdp", "gpt2_zero2", "gpt2_zero3"):
         torch.testing.assert_close(torch.load(out / name / "logits.pt"), reference, rtol=1e-4, atol=1e-4)
+    # Llama's rotary inv_freq is in no state dict: ZeRO-3 and FSDP (also when rank 1 built the model on the meta
+    # device) must train and give back the model DDP does
+    for name in ("llama_zero3", "llama_fsdp_low_ram"):
+        torch.testing.assert_close(torch.load(out / name / "logits.pt"), torch.load(out / "llama_ddp" / "logits.pt"),
+                                   rtol=1e-4, atol=1e-4)
+    # built under zero.Init (zero3_init_flag): from_pretrained loads into the partitions, from_config initialises them
+    torch.testing.assert_close(torch.load(out / "gpt2_zero3_init_pretrained" / "logits.pt"), reference,
+                               rtol=1e-4, atol=1e-4)
+    first = result(out, "gpt2_zero3_init_config")["losses"][0]
+    assert abs(first - math.log(128)) < 0.1, first  # GPT-2's init (std 0.02): a uniform guess over the vocabulary
     moved = (reference - logits(tiny_model("gpt2"))).norm()  # what training changed
     for name in ("gpt2_ddp_bf16", "gpt2_fsdp_bf16", "gpt2_zero2_bf16", "gpt2_zero3_bf16"):  # bf16 lands near fp32
         assert (torch.load(out / name / "logits.pt") - reference).norm() < moved / 10, name

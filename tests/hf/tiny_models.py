@@ -6,6 +6,7 @@ different engines can be compared. Also imported by tests/scripts/hf_finetune.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -46,11 +47,22 @@ def token_data(n: int, seed: int) -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-def lm_learner(name: str, seed: int = 0, lora: bool = False) -> Learner:
-    """A Learner fine-tuning tiny `name` on dict batches, the model computing its own loss (loss_func=None)."""
+def lm_learner(name: str, seed: int = 0, lora: bool = False, init_context=None, source: str | Path | None = None
+               ) -> Learner:
+    """A Learner fine-tuning tiny `name` on dict batches, the model computing its own loss (loss_func=None).
+
+    `init_context`: the strategy's, to build the model in (FSDP's cpu_ram_efficient_loading: meta on ranks > 0).
+    `source`: how the model is built: its class (None), `AutoModelForCausalLM.from_config` ("config") or
+    `from_pretrained` of a directory.
+    """
+    from transformers import AutoModelForCausalLM
+
     dls = DataLoaders(DataLoader(token_data(64, seed=1), batch_size=8),
                       DataLoader(token_data(16, seed=2), batch_size=8), device="cpu")
-    model = tiny_model(name, seed)
+    config = tiny_model(name).config if source == "config" else None
+    with init_context or contextlib.nullcontext():
+        model = (tiny_model(name, seed) if source is None else AutoModelForCausalLM.from_config(config)
+                 if source == "config" else AutoModelForCausalLM.from_pretrained(source))
     if lora:
         from peft import LoraConfig, get_peft_model
 

@@ -2,7 +2,9 @@
 
 argv: OUT_DIR RUNS_JSON, a list of runs {"name", "model" ("gpt2"/"llama"), "engine" ("ddp", "fsdp", "zero2", "zero3"),
 "precision" ("no"/"bf16"), "shard" (save_model's max_shard_size), "lora" (a peft LoRA adapter), "checkpoint" (also
-save_state and learn.save inside the context, each loaded into a fresh Learner on the same engine)}, each with its own distrib_ctx.
+save_state and learn.save inside the context, each loaded into a fresh Learner on the same engine), "init_options" (strategy
+options such as FSDP's cpu_ram_efficient_loading or zero3_init_flag; the model is built in its init_context),
+"source" ("config": AutoModelForCausalLM.from_config, "pretrained": from_pretrained of the tiny model saved first)}, each with its own distrib_ctx.
 Rank 0 writes OUT_DIR/<name>/: export/ (save_model), logits.pt (the trained model's, after the context), result.json
 (whether lm_head and the input embedding are one Parameter after the context; the same and the logits' distance
 after loading each checkpoint).
@@ -15,9 +17,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
-from tiny_models import ENGINES, LAYER, lm_learner, logits  # noqa: E402
+from tiny_models import ENGINES, LAYER, lm_learner, logits, tiny_model  # noqa: E402
 
 from cadence import rank  # noqa: E402
+from cadence.distributed import get_strategy  # noqa: E402
 
 
 def tied(model) -> bool:
@@ -26,10 +29,18 @@ def tied(model) -> bool:
 
 
 def run(out: Path, spec: dict) -> None:
-    learn = lm_learner(spec["model"], lora=spec.get("lora", False))
+    engine = ENGINES[spec["engine"]](LAYER[spec["model"]])
+    init_options = spec.get("init_options")  # the model built in the strategy's init_context
+    if init_options:
+        engine = {"strategy": get_strategy(engine.pop("strategy"), **init_options, **engine)}
+    source = spec.get("source")
+    if source == "pretrained":  # the same tiny model, saved by every rank (no rank waits for another's file)
+        source = out / f"pretrained-rank{rank()}"
+        tiny_model(spec["model"]).save_pretrained(source)
+    learn = lm_learner(spec["model"], lora=spec.get("lora", False),
+                       init_context=engine["strategy"].init_context() if init_options else None, source=source)
     if spec.get("precision") == "bf16":
         learn.to_bf16()
-    engine = ENGINES[spec["engine"]](LAYER[spec["model"]])
     with learn.distrib_ctx(**engine):
         learn.fit(1)
         learn.save_model(out / "export", max_shard_size=spec.get("shard", "2GB"))
