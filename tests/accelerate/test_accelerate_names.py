@@ -237,3 +237,11 @@ def test_patch_environment_and_synchronize_rng_states_on_one_process(monkeypatch
     assert torch.equal(torch.rand(2), torch.manual_seed(3) and torch.rand(2))
     with pytest.raises(ValueError, match="not 'xla'"):
         synchronize_rng_states(["xla"])
+
+
+def test_ddp_options_under_another_engine_are_not_used_and_a_warning_says_so():
+    # Accelerate uses DistributedDataParallelKwargs only under DDP; an FSDP run of a script that sets them must start
+    with pytest.warns(UserWarning, match="DistributedDataParallelKwargs options are DDP's"):
+        accelerator = Accelerator(cpu=True, strategy="fsdp",
+                                  kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    assert accelerator.strategy.name == "fsdp"
