@@ -50,6 +50,7 @@ def test_distributed_type_is_read_off_the_strategy():
     assert distributed_type_of("ddp", cpu, 1) == DistributedType.NO
     assert distributed_type_of("fsdp", cuda, 2) == DistributedType.FSDP
     assert distributed_type_of("deepspeed", cpu, 1) == DistributedType.DEEPSPEED
+    assert distributed_type_of("model_parallel", cuda, 4) == DistributedType.FSDP
     accelerator = Accelerator(cpu=True)
     assert accelerator.distributed_type == DistributedType.NO == accelerator.state.distributed_type
 
