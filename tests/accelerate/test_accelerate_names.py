@@ -246,3 +246,14 @@ def test_ddp_options_under_another_engine_are_not_used_and_a_warning_says_so():
         accelerator = Accelerator(cpu=True, strategy="fsdp",
                                   kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     assert accelerator.strategy.name == "fsdp"
+
+
+def test_the_accelerate_modules_never_import_accelerate():
+    import subprocess
+    import sys
+
+    code = ("import sys, cadence, cadence.utils, cadence.utils.dataclasses, cadence.logging, cadence.local_sgd\n"
+            "cadence.Accelerator(cpu=True)\n"
+            "print('accelerate' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
