@@ -38,7 +38,6 @@ from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, loa
                             save_accelerator_state)
 from .clipping import clip_grad_norm
 from .collectives import ProcessHelpers
-from .properties import RunProperties
 from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                        InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
@@ -46,6 +45,7 @@ from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType,
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
 from .preparation import (autocast_forward, choose_engine, make_strategy, optimizes, owns_parameters, restore_forward,
                           retarget, sort_handlers, split_loader)
+from .properties import RunProperties
 from .saving import save_object
 from .state import GradientState, PartialState
 from .trackers import TrackerSet
