@@ -108,6 +108,7 @@ class Accelerator(RunProperties, ProcessHelpers):
         self.strategy.setup_environment()
         self.state.distributed_type = self.distributed_type
         self.state.fsdp_plugin = fsdp_plugin if self.distributed_type == DistributedType.FSDP else None
+        self.state.deepspeed_plugin = None
         if self.distributed_type == DistributedType.DEEPSPEED:
             self.state.deepspeed_plugin = deepspeed_plugin or DeepSpeedPlugin.from_launcher()
             self.state.deepspeed_plugin.deepspeed_config = self.strategy.config   # the config the engine is built from

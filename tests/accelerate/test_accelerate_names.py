@@ -257,3 +257,14 @@ def test_the_accelerate_modules_never_import_accelerate():
             "print('accelerate' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_accelerator_state_deepspeed_plugin_is_the_engines_config_or_none(monkeypatch):
+    monkeypatch.setenv("CADENCE_STRATEGY", "deepspeed")
+    monkeypatch.setenv("CADENCE_DEEPSPEED_CONFIG", json.dumps({"deepspeed_zero_stage": 2}))
+    assert Accelerator(cpu=True, strategy="ddp").state.deepspeed_plugin is None   # the Accelerator's engine decides
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.distributed_type == DistributedType.DEEPSPEED
+    assert accelerator.state.deepspeed_plugin.deepspeed_config is accelerator.strategy.config
+    assert accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]["stage"] == 2
+    accelerator.strategy.teardown()
