@@ -115,6 +115,8 @@ class Accelerator(RunProperties, ProcessHelpers):
         scaler = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs() if self.mixed_precision == "fp16" else {}
         self.strategy.set_precision(make_precision(self.mixed_precision, self.strategy.device, **scaler))
         self.gradient_state = GradientState(self.gradient_accumulation_plugin.num_steps)
+        if _engine_accumulation(self.state.deepspeed_plugin) is not None:   # Accelerate uses DeepSpeed's number
+            self.gradient_accumulation_steps = _engine_accumulation(self.state.deepspeed_plugin)
         self.trackers = TrackerSet(log_with, self.logging_dir)
         self.step = 0   # micro-steps seen by `accumulate` in the current window
         self._models: list[nn.Module] = []
@@ -424,6 +426,12 @@ class Accelerator(RunProperties, ProcessHelpers):
     def __repr__(self) -> str:
         return (f"Accelerator(strategy={self.strategy.name!r}, mixed_precision={self.mixed_precision!r}, "
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps}, {self.state!r})")
+
+
+def _engine_accumulation(plugin: DeepSpeedPlugin | None) -> int | None:
+    """The accumulation steps a DeepSpeed config fixes (None: "auto" or no DeepSpeed)."""
+    configured = plugin.deepspeed_config.get("gradient_accumulation_steps", "auto") if plugin is not None else "auto"
+    return None if configured == "auto" else int(configured)
 
 
 def _accumulation_plugin(steps: int | None, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:

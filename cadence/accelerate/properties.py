@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..distributed.strategy import OwnsAccumulation
 from .plugins import DeepSpeedPlugin, DistributedType, distributed_type_of
 
 __all__ = ["RunProperties"]
@@ -69,6 +70,10 @@ class RunProperties:
     def gradient_accumulation_steps(self, steps: int) -> None:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be a positive int, got {steps!r}")
+        if isinstance(self.strategy, OwnsAccumulation) and self.state.deepspeed_plugin is not None:
+            # the engine's own number must agree (a config's fixed value is refused if it differs), and the engine
+            # then leaves the loss scaling to `backward`
+            self.strategy.configure_accumulation(steps)
         self.gradient_state.num_steps = self.gradient_accumulation_plugin.num_steps = steps
 
     @property

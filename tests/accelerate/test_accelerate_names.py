@@ -268,3 +268,30 @@ def test_accelerator_state_deepspeed_plugin_is_the_engines_config_or_none(monkey
     assert accelerator.state.deepspeed_plugin.deepspeed_config is accelerator.strategy.config
     assert accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]["stage"] == 2
     accelerator.strategy.teardown()
+
+
+def test_a_deepspeed_config_fixing_the_accumulation_sets_the_accelerators_window():
+    # Accelerate: "Gradient accumulation steps mismatch ... Using DeepSpeed's value"; the loss is scaled once
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=0, gradient_accumulation_steps=2))
+    assert accelerator.gradient_accumulation_steps == 2
+    torch.manual_seed(0)
+    model, xs = nn.Linear(3, 1), torch.randn(4, 3)
+    reference = nn.Linear(3, 1)
+    reference.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, dl = accelerator.prepare(model, opt, DataLoader(xs, batch_size=1))
+    for x in dl:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(x).pow(2).sum())
+            opt.step()
+            opt.zero_grad()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for window in xs.split(2):                      # by hand: one step per window on the mean of its losses
+        reference(window).pow(2).sum(1).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    trained = accelerator.get_state_dict(model)
+    assert torch.allclose(trained["weight"], reference.weight, atol=1e-6)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
+        accelerator.gradient_accumulation_steps = 4
+    accelerator.strategy.teardown()
