@@ -202,12 +202,20 @@ def _keep_masks(source: Any, ranks: list[int], parts: list[torch.Tensor], start:
         masks = source.last_batch_masks(ranks)
         if masks is not None and [len(m) for m in masks] == [len(p) for p in parts]:
             return masks
-        if masks is not None and any(len(p) != getattr(source, "per_rank", None) for p in parts):
+        if masks is not None and any(len(p) != _shard_len(source) for p in parts):
             # not one row per sample (`loss.repeat(batch_size)` on a smaller last batch): as Accelerate does, keep
             # as many gathered rows as this step had real samples over all ranks
             return _first_rows([len(p) for p in parts], int(sum(int(m.sum()) for m in masks)))
     first = start if start is not None else _default_start(source, len(parts[0]))
     return [_keep_mask(source, r, first, len(p)) for r, p in zip(ranks, parts)]
+
+
+def _shard_len(source: Any) -> int | None:
+    """Items in each rank's whole shard (None when the loader cannot tell: an unsized iterable)."""
+    try:
+        return source.per_rank
+    except (AttributeError, TypeError):
+        return None
 
 
 def _first_rows(lengths: list[int], keep: int) -> list[torch.Tensor]:

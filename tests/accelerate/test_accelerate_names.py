@@ -50,6 +50,7 @@ def test_distributed_type_is_read_off_the_strategy():
     assert distributed_type_of("ddp", cpu, 1) == DistributedType.NO
     assert distributed_type_of("fsdp", cuda, 2) == DistributedType.FSDP
     assert distributed_type_of("deepspeed", cpu, 1) == DistributedType.DEEPSPEED
+    assert distributed_type_of("model_parallel", cuda, 4) == DistributedType.FSDP
     accelerator = Accelerator(cpu=True)
     assert accelerator.distributed_type == DistributedType.NO == accelerator.state.distributed_type
 
@@ -237,3 +238,60 @@ def test_patch_environment_and_synchronize_rng_states_on_one_process(monkeypatch
     assert torch.equal(torch.rand(2), torch.manual_seed(3) and torch.rand(2))
     with pytest.raises(ValueError, match="not 'xla'"):
         synchronize_rng_states(["xla"])
+
+
+def test_ddp_options_under_another_engine_are_not_used_and_a_warning_says_so():
+    # Accelerate uses DistributedDataParallelKwargs only under DDP; an FSDP run of a script that sets them must start
+    with pytest.warns(UserWarning, match="DistributedDataParallelKwargs options are DDP's"):
+        accelerator = Accelerator(cpu=True, strategy="fsdp",
+                                  kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    assert accelerator.strategy.name == "fsdp"
+
+
+def test_the_accelerate_modules_never_import_accelerate():
+    import subprocess
+    import sys
+
+    code = ("import sys, cadence, cadence.utils, cadence.utils.dataclasses, cadence.logging, cadence.local_sgd\n"
+            "cadence.Accelerator(cpu=True)\n"
+            "print('accelerate' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_accelerator_state_deepspeed_plugin_is_the_engines_config_or_none(monkeypatch):
+    monkeypatch.setenv("CADENCE_STRATEGY", "deepspeed")
+    monkeypatch.setenv("CADENCE_DEEPSPEED_CONFIG", json.dumps({"deepspeed_zero_stage": 2}))
+    assert Accelerator(cpu=True, strategy="ddp").state.deepspeed_plugin is None   # the Accelerator's engine decides
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.distributed_type == DistributedType.DEEPSPEED
+    assert accelerator.state.deepspeed_plugin.deepspeed_config is accelerator.strategy.config
+    assert accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]["stage"] == 2
+    accelerator.strategy.teardown()
+
+
+def test_a_deepspeed_config_fixing_the_accumulation_sets_the_accelerators_window():
+    # Accelerate: "Gradient accumulation steps mismatch ... Using DeepSpeed's value"; the loss is scaled once
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=DeepSpeedPlugin(zero_stage=0, gradient_accumulation_steps=2))
+    assert accelerator.gradient_accumulation_steps == 2
+    torch.manual_seed(0)
+    model, xs = nn.Linear(3, 1), torch.randn(4, 3)
+    reference = nn.Linear(3, 1)
+    reference.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, dl = accelerator.prepare(model, opt, DataLoader(xs, batch_size=1))
+    for x in dl:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(x).pow(2).sum())
+            opt.step()
+            opt.zero_grad()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for window in xs.split(2):                      # by hand: one step per window on the mean of its losses
+        reference(window).pow(2).sum(1).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    trained = accelerator.get_state_dict(model)
+    assert torch.allclose(trained["weight"], reference.weight, atol=1e-6)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
+        accelerator.gradient_accumulation_steps = 4
+    accelerator.strategy.teardown()

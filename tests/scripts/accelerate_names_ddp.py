@@ -6,6 +6,7 @@ several processes, each checked here against Accelerate's documented behaviour; 
 - gather_for_metrics(loss.repeat(bs)) on a smaller last batch keeps the real number of samples;
 - LocalSGD: weights drift apart between averagings and are equal after one, also with accumulation inside;
 - trigger_sync_in_backward: a backward after a no_sync forward averages the gradients;
+- GradientAccumulationPlugin(sync_each_batch=True) averages gradients on every micro-step, False only at the end;
 - synchronize_rng_states(["torch"]): every process draws the main process's numbers;
 - model.no_sync() on an FSDP-prepared model: a micro-step without sync then a synced one gives DDP's weights.
 """
@@ -15,7 +16,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from cadence import Accelerator, DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
+from cadence import (Accelerator, DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType,
+                     GradientAccumulationPlugin)
 from cadence.local_sgd import LocalSGD
 from cadence.utils import set_seed, synchronize_rng_states
 
@@ -100,6 +102,19 @@ def trigger_sync_in_backward() -> None:
     ok("trigger_sync_in_backward")
 
 
+def sync_each_batch() -> None:
+    synced = {}
+    for each in (False, True):
+        acc = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2,
+                                                                                            sync_each_batch=each))
+        model = acc.prepare(linear())
+        with acc.accumulate(model):                    # the first micro-step of a window of 2
+            acc.backward(model(rank_input()).sum())
+        synced[each] = same_on_all_ranks(model.module.weight.grad)
+    assert synced == {False: False, True: True}, synced
+    ok("sync_each_batch")
+
+
 def rng_states() -> None:
     set_seed(dist.get_rank())
     synchronize_rng_states(["torch"])
@@ -130,5 +145,6 @@ if __name__ == "__main__":
     local_sgd(accumulation=1)
     local_sgd(accumulation=2)
     trigger_sync_in_backward()
+    sync_each_batch()
     rng_states()
     fsdp_no_sync_matches_ddp()
