@@ -50,8 +50,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
-def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
+def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """Write a state dict as safetensors, atomically. Tied (shared) tensors are stored once.
+
+    `metadata`: more string entries for the file's header (`save_model` stamps its save id there).
 
     The file loads with `safetensors.torch.load_file`; `load_weights` restores the tied names.
     """
@@ -65,7 +67,7 @@ def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike) -> Non
             seen[key] = name
         tensors[name] = t.detach().contiguous().cpu()
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={_ALIASES_KEY: json.dumps(aliases)})
+        save_file(tensors, str(tmp), metadata={**(metadata or {}), _ALIASES_KEY: json.dumps(aliases)})
 
 
 def load_weights(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -299,3 +301,6 @@ def parse_size(size: int | str, what: str = "size") -> int:
             if text.endswith(unit) and number.replace(".", "", 1).isdigit():
                 return int(float(number) * factor)
     raise ValueError(f"{what} must be a number of bytes or a size such as '2GB' or '500MiB', got {size!r}")
+
+
+SAVE_ID_KEY = "cadence_save_id"  # one id per `save_model`, in every shard's header and in the index: shards of two saves never pass as one
