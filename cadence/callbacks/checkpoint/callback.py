@@ -81,8 +81,8 @@ class Checkpoint(Callback):
         """Around the whole fit (the Learner enters it), whatever ends it: the directory is locked, the
         preemption signals are handled, and the user's train loader is given back afterwards."""
         lock = self._lock_directory()
-        self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
         try:
+            self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
             with self._watch.installed():
                 yield
         finally:

@@ -40,8 +40,8 @@ def check_state(state: dict[str, Any], file: Path) -> None:
     _check_bool(file, "epoch_complete", state["epoch_complete"])
     n_epoch = state.get("n_epoch")
     if n_epoch is not None:
-        check_int(file, "n_epoch", n_epoch, least=1)
-        if state["epoch"] >= n_epoch:
+        check_int(file, "n_epoch", n_epoch)  # 0: saved by hand before any fit
+        if n_epoch and state["epoch"] >= n_epoch:
             raise refuse(file, "epoch", state["epoch"], f"less than n_epoch ({n_epoch}), the fit's length")
     _check_sampler(file, state["sampler"])
     callbacks = state["callbacks"]
