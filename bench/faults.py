@@ -328,12 +328,14 @@ def trial_two_jobs(workdir: Path, i: int) -> tuple[bool, str]:
     cmd = [sys.executable, str(SCRIPTS / "resume.py"), "--keep-last", "2"]
     ref = _reference(workdir, *cmd)
     run = workdir / f"run{i}"
-    first = subprocess.Popen([*cmd, "--ckpt", str(run), "--out", str(run / "first.st"), "--step-delay", "0.6"],
+    first = subprocess.Popen([*cmd, "--ckpt", str(run), "--out", str(run / "first.st"), "--step-delay", "1.2"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=workdir)
     deadline = time.monotonic() + 120
     while not (run / ".lock").exists() and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(rng.uniform(0, 8))                 # its start-up, training, checkpoints, validation (~25 s)
+    # a random moment of its start-up, training, checkpoints, validation (~45 s): the second job starts then and
+    # reaches the directory after its own start-up (5-20 s on a loaded machine), while the first still runs
+    time.sleep(rng.uniform(0, 8))
     launched = i % 2 == 1
     second_cmd = launch_cmd("resume.py", "--max_restarts", "0") if launched else cmd
     second = subprocess.run([*second_cmd, "--ckpt", str(run), "--out", str(workdir / "second.st"), "--keep-last", "2"],

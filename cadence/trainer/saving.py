@@ -5,8 +5,9 @@
 
 The pair is written into a staged directory and renamed into place, so a kill at any moment
 leaves the previous pair or the new one, never a mix. The directory is checked before the
-weights are gathered; a failed write names it and its free space and leaves no staged directory. `load` also reads the layout of cadence
-0.1 (`models/stage1.safetensors` + `models/stage1.opt.pt`).
+weights are gathered; a failed write names it and its free space and leaves no staged
+directory. `load` also reads the layout of cadence 0.1 (`models/stage1.safetensors` +
+`models/stage1.opt.pt`).
 
 >>> learn.save("stage1"); learn.load("stage1")
 """
@@ -17,8 +18,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..serialization import (check_state_dict, check_writable, commit_dir, load_torch, load_weights, recover_dir,
-                             save_torch, save_weights, sibling, staging_dir, writing, STAGED)
+from ..serialization import (STAGED, check_state_dict, check_writable, commit_dir, load_torch, load_weights,
+                             recover_dir, save_torch, save_weights, sibling, staging_dir, writing)
 
 MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.pt"
 

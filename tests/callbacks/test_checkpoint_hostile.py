@@ -95,3 +95,20 @@ def test_a_bad_value_in_state_json_is_refused_naming_the_file_and_field_before_l
         learn.fit(2, resume="step-00000002")
     assert learn.step == 0 and learn.recorder.losses == []
     assert all(torch.equal(before[k], v) for k, v in learn.model.state_dict().items())
+
+
+def test_a_state_saved_by_hand_before_any_fit_loads(dls, tmp_path):
+    learn = make_learner(dls, tmp_path)
+    learn.save_state(tmp_path / "before")                     # n_epoch 0, epoch 0: nothing trained yet
+    other = make_learner(dls, tmp_path)
+    other.load_state(tmp_path / "before")
+    assert other.step == 0 and all(torch.equal(a, b) for a, b in zip(learn.model.parameters(), other.model.parameters()))
+
+
+def test_a_checkpoint_beyond_the_fits_length_is_refused_not_silently_skipped(dls, tmp_path):
+    make_learner(dls, tmp_path, [Checkpoint()]).fit(3)
+    learn = make_learner(dls, tmp_path, [Checkpoint()])
+    with pytest.raises(ValueError, match=r"step-00000012/state.json: the checkpoint is at epoch 3 of 3, beyond this "
+                                         r"fit's n_epoch=1: fit\(3\) continues it"):
+        learn.fit(1, resume="auto")                           # trained nothing and exited 0 before
+    assert learn.step == 0

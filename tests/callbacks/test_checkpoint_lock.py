@@ -95,3 +95,17 @@ def test_every_rank_of_a_refused_ddp_job_ends_with_the_holder_named(tmp_path):
     refusals = proc.stderr.count(f"{root} is in use by another job (pid {os.getpid()}")
     assert refusals >= 2, proc.stderr[-3000:]            # rank 0 found it; rank 1 says the same, it does not hang
     assert took < 60 and not list(root.glob("step-*"))
+
+
+def test_a_filesystem_without_locks_warns_and_trains(dls, tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):                                     # a mock: no filesystem here refuses flock
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    learn = make_learner(dls, tmp_path, [Checkpoint()])
+    with pytest.warns(UserWarning, match=r"checkpoints is on a filesystem without locks \(No locks available\)"):
+        learn.fit(1)
+    assert names(tmp_path / "checkpoints") == ["step-00000004"]

@@ -22,8 +22,8 @@ from ...trainer.callback import Callback, Order
 from .lock import DirectoryLock
 from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
 from .state import load_state, make_resumable, read_state, save_state
-from .store import BEST, LATEST, STATE_FILE, CheckpointStore, is_checkpoint_name, resolve
-from .validate import refuse
+from .store import BEST, LATEST, STATE_FILE, CheckpointStore, resolve
+from .validate import check_checkpoint_state
 
 AUTO = "auto"
 
@@ -81,8 +81,8 @@ class Checkpoint(Callback):
         """Around the whole fit (the Learner enters it), whatever ends it: the directory is locked, the
         preemption signals are handled, and the user's train loader is given back afterwards."""
         lock = self._lock_directory()
-        self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
         try:
+            self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
             with self._watch.installed():
                 yield
         finally:
@@ -147,20 +147,8 @@ class Checkpoint(Callback):
                              f"this fit's n_epoch={self.learn.n_epoch}: fit({state.get('n_epoch', resumes_at)}) "
                              f"continues it")
         own = state["callbacks"].get(self.name)
-        if own is None:
-            return
-        history = own.get("history", [])
-        field = f"callbacks.{self.name}"
-        if not isinstance(history, list):
-            raise refuse(file, f"{field}.history", history, "a list of checkpoint names")
-        for i, name in enumerate(history):
-            if not is_checkpoint_name(name):
-                raise refuse(file, f"{field}.history[{i}]", name, "a checkpoint name such as 'step-00000200'; it "
-                             "is not a checkpoint name, and pruning would delete it")
-        if own.get("best_name") is not None and not is_checkpoint_name(own["best_name"]):
-            raise refuse(file, f"{field}.best_name", own["best_name"], "a checkpoint name or null")
-        if own.get("best") is not None and (isinstance(own["best"], bool) or not isinstance(own["best"], (int, float))):
-            raise refuse(file, f"{field}.best", own["best"], "a number or null")
+        if own is not None:
+            check_checkpoint_state(own, file, f"callbacks.{self.name}")
 
     def before_fit(self):
         if self.monitor is not None and self.monitor not in self.learn.recorder.metric_names:

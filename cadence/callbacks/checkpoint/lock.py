@@ -13,12 +13,14 @@ different files.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
 
 LOCK_FILE = ".lock"
@@ -37,12 +39,19 @@ class DirectoryLock:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace")
+            except OSError as e:
+                if isinstance(e, BlockingIOError):
+                    holder = os.pread(fd, 4096, 0).decode(errors="replace")
+                    os.close(fd)
+                    raise RuntimeError(f"{self.root} is in use by another job ({describe(holder)}): two jobs writing "
+                                       f"one checkpoint directory corrupt each other's checkpoints. Wait for it to "
+                                       f"end, or give this job its own Checkpoint(dir=...)") from None
                 os.close(fd)
-                raise RuntimeError(f"{self.root} is in use by another job ({describe(holder)}): two jobs writing "
-                                   f"one checkpoint directory corrupt each other's checkpoints. Wait for it to end, "
-                                   f"or give this job its own Checkpoint(dir=...)") from None
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise
+                warnings.warn(f"{self.root} is on a filesystem without locks ({e.strerror}): a second job writing "
+                              f"there would not be detected; run one job per checkpoint directory", stacklevel=3)
+                return
             except BaseException:
                 os.close(fd)
                 raise

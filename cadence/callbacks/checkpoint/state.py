@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader
 from ... import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.env import rank, world_size
-from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch, save_weights,
-                               sibling, staging_dir, writing)
+from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
+                               save_weights, sibling, staging_dir, writing)
 from .rng import rng_state, set_rng_state
 from .store import STATE_FILE
 from .validate import check_state

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .store import is_checkpoint_name
+
 
 def refuse(file: Path, field: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"{file}: {field} is {value!r}: expected {expected}. The file was edited or damaged; "
@@ -40,8 +42,8 @@ def check_state(state: dict[str, Any], file: Path) -> None:
     _check_bool(file, "epoch_complete", state["epoch_complete"])
     n_epoch = state.get("n_epoch")
     if n_epoch is not None:
-        check_int(file, "n_epoch", n_epoch, least=1)
-        if state["epoch"] >= n_epoch:
+        check_int(file, "n_epoch", n_epoch)  # 0: saved by hand before any fit
+        if n_epoch and state["epoch"] >= n_epoch:
             raise refuse(file, "epoch", state["epoch"], f"less than n_epoch ({n_epoch}), the fit's length")
     _check_sampler(file, state["sampler"])
     callbacks = state["callbacks"]
@@ -68,3 +70,20 @@ def _check_sampler(file: Path, sampler: Any) -> None:
         check_int(file, "sampler.batch_size", sampler["batch_size"], least=1)
     if "epoch_complete" in sampler:
         _check_bool(file, "sampler.epoch_complete", sampler["epoch_complete"])
+
+
+def check_checkpoint_state(own: dict[str, Any], file: Path, field: str) -> None:
+    """The Checkpoint callback's state (at `field`): its history names only checkpoints, since pruning deletes
+    what it names (never a path: `../x` or `/x` would be deleted outside the directory)."""
+    history = own.get("history", [])
+    if not isinstance(history, list):
+        raise refuse(file, f"{field}.history", history, "a list of checkpoint names")
+    for i, name in enumerate(history):
+        if not is_checkpoint_name(name):
+            raise refuse(file, f"{field}.history[{i}]", name, "a checkpoint name such as 'step-00000200'; it is not "
+                         "a checkpoint name, and pruning would delete it")
+    if own.get("best_name") is not None and not is_checkpoint_name(own["best_name"]):
+        raise refuse(file, f"{field}.best_name", own["best_name"], "a checkpoint name or null")
+    best = own.get("best")
+    if best is not None and (isinstance(best, bool) or not isinstance(best, (int, float))):
+        raise refuse(file, f"{field}.best", best, "a number or null")
