@@ -7,6 +7,9 @@ examples (examples/*.py, examples/by_feature/*.py) import must be found there.
 
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -230,7 +233,6 @@ def test_patch_environment_and_synchronize_rng_states_on_one_process(monkeypatch
 
     monkeypatch.delenv("CADENCE_TEST_VAR", raising=False)
     with patch_environment(cadence_test_var=1):
-        import os
         assert os.environ["CADENCE_TEST_VAR"] == "1"
     assert "CADENCE_TEST_VAR" not in os.environ
     torch.manual_seed(3)
@@ -249,9 +251,6 @@ def test_ddp_options_under_another_engine_are_not_used_and_a_warning_says_so():
 
 
 def test_the_accelerate_modules_never_import_accelerate():
-    import subprocess
-    import sys
-
     code = ("import sys, cadence, cadence.utils, cadence.utils.dataclasses, cadence.logging, cadence.local_sgd\n"
             "cadence.Accelerator(cpu=True)\n"
             "print('accelerate' in sys.modules)")
