@@ -1,5 +1,6 @@
 """Tiny GPT-2 (tied lm_head/wte) and Llama fine-tuned by the Learner on 2 processes under DDP, FSDP2, ZeRO-2 and
-ZeRO-3, fp32 and bf16, then loaded back as a user would: `AutoModelForCausalLM.from_pretrained`, `PeftModel`.
+ZeRO-3, fp32 and bf16 (also built under FSDP's cpu_ram_efficient_loading and ZeRO-3's zero3_init_flag; LoRA under
+DDP and FSDP), then loaded back as a user would: `AutoModelForCausalLM.from_pretrained`, `PeftModel`.
 
 One launch runs every engine in sequence (tests/scripts/hf_finetune.py, each run its own distrib_ctx); the tests
 below read what it wrote.
@@ -20,16 +21,19 @@ from tiny_models import logits, stored, tiny_model  # noqa: E402
 
 RUNS = [
     # GPT-2: every engine x precision; fp32 runs also save_state and learn.save, reloaded on the same engine
-    *({"name": f"gpt2_{e}", "model": "gpt2", "engine": e, "checkpoint": True} for e in ("ddp", "fsdp", "zero2", "zero3")),
+    *({"name": f"gpt2_{e}", "model": "gpt2", "engine": e, "checkpoint": True}
+      for e in ("ddp", "fsdp", "zero2", "zero3")),
     *({"name": f"gpt2_{e}_bf16", "model": "gpt2", "engine": e, "precision": "bf16"}
       for e in ("ddp", "fsdp", "zero2", "zero3")),
     {"name": "llama_ddp", "model": "llama", "engine": "ddp"},
     {"name": "llama_fsdp_bf16", "model": "llama", "engine": "fsdp", "precision": "bf16"},
     {"name": "llama_zero2_bf16", "model": "llama", "engine": "zero2", "precision": "bf16"},
     {"name": "llama_zero3", "model": "llama", "engine": "zero3"},
-    {"name": "llama_fsdp_low_ram", "model": "llama", "engine": "fsdp", "init_options": {"cpu_ram_efficient_loading": True}},
-    *({"name": f"gpt2_zero3_init_{source}", "model": "gpt2", "engine": "zero3", "init_options": {"zero3_init_flag": True},
-       "source": source} for source in ("pretrained", "config")),
+    # built in the strategy's init_context: FSDP's cpu_ram_efficient_loading (meta on rank 1), ZeRO-3's zero.Init
+    {"name": "llama_fsdp_low_ram", "model": "llama", "engine": "fsdp",
+     "init_options": {"cpu_ram_efficient_loading": True}},
+    *({"name": f"gpt2_zero3_init_{source}", "model": "gpt2", "engine": "zero3",
+       "init_options": {"zero3_init_flag": True}, "source": source} for source in ("pretrained", "config")),
     {"name": "lora_ddp", "model": "gpt2", "engine": "ddp", "lora": True},
     {"name": "lora_fsdp", "model": "gpt2", "engine": "fsdp", "lora": True},
 ]

@@ -81,7 +81,8 @@ def test_a_peft_model_saves_its_adapter_or_the_merged_model_as_asked(tmp_path):
     learn.save_model(tmp_path / "merged", merge_adapter=True)
     model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
-    assert not any("lora" in k for k in stored(tmp_path / "merged")) and "lm_head.weight" not in stored(tmp_path / "merged")
+    merged = stored(tmp_path / "merged")
+    assert not any("lora" in k for k in merged) and "lm_head.weight" not in merged
     torch.testing.assert_close(logits(model), trained, rtol=0, atol=1e-5)
     assert type(learn.model).__name__ == "PeftModel"  # merging worked on a copy: the Learner's model keeps its adapter
     torch.testing.assert_close(logits(learn.model), trained, rtol=0, atol=0)

@@ -67,8 +67,9 @@ def lm_learner(name: str, seed: int = 0, lora: bool = False, init_context=None, 
         from peft import LoraConfig, get_peft_model
 
         targets = ["c_attn"] if name == "gpt2" else ["q_proj", "v_proj"]
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=name == "gpt2",
-                                                 init_lora_weights=False))
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=name == "gpt2",
+                          init_lora_weights=False)  # random B: the adapter changes the logits from the start
+        model = get_peft_model(model, lora)
     learn = Learner(dls, model, loss_func=None, opt_func=torch.optim.AdamW, lr=1e-2)
     learn.remove_cb(learn.progress)
     return learn

@@ -1,13 +1,15 @@
 """Launched on 2 processes by tests/hf/test_hf_engines.py: tiny GPT-2 (tied) and Llama fine-tuned on several engines.
 
-argv: OUT_DIR RUNS_JSON, a list of runs {"name", "model" ("gpt2"/"llama"), "engine" ("ddp", "fsdp", "zero2", "zero3"),
-"precision" ("no"/"bf16"), "shard" (save_model's max_shard_size), "lora" (a peft LoRA adapter), "checkpoint" (also
-save_state and learn.save inside the context, each loaded into a fresh Learner on the same engine), "init_options" (strategy
-options such as FSDP's cpu_ram_efficient_loading or zero3_init_flag; the model is built in its init_context),
-"source" ("config": AutoModelForCausalLM.from_config, "pretrained": from_pretrained of the tiny model saved first)}, each with its own distrib_ctx.
-Rank 0 writes OUT_DIR/<name>/: export/ (save_model), logits.pt (the trained model's, after the context), result.json
-(whether lm_head and the input embedding are one Parameter after the context; the same and the logits' distance
-after loading each checkpoint).
+argv: OUT_DIR RUNS_JSON, a list of runs, each with its own distrib_ctx:
+    name; model ("gpt2" or "llama"); engine ("ddp", "fsdp", "zero2", "zero3"); precision ("no" or "bf16");
+    shard (save_model's max_shard_size); lora (train a peft LoRA adapter);
+    checkpoint (also save_state and learn.save inside the context, each loaded into a fresh Learner on that engine);
+    init_options (strategy options such as FSDP's cpu_ram_efficient_loading or zero3_init_flag: the model is
+        built in the strategy's init_context);
+    source ("config": AutoModelForCausalLM.from_config; "pretrained": from_pretrained of the tiny model saved first).
+Rank 0 writes OUT_DIR/<name>/: export/ (save_model), logits.pt (the trained model's, after the context) and
+result.json (whether lm_head and the input embedding are one Parameter after the context; the same, and the
+logits' distance, after loading each checkpoint).
 """
 
 import json
