@@ -29,6 +29,7 @@ class Order:
     PRECISION = 10
     CLIP = 20           # after unscaling (PRECISION), before the step
     SCHEDULE = 30
+    GUARD = 40          # NaN checks: stop before the Recorder records a non-finite loss (fastai runs them first)
     RECORD = 50         # Recorder: sees the final loss and metrics
     REPORT = 60         # progress, trackers: read what the Recorder stored
     STOP = 70           # early stopping, NaN checks: decide after everything is recorded
