@@ -106,7 +106,8 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
         self.training, self.n_epoch, self.steps_per_epoch = False, 0, 0
         self._sync_gradients = True
         self.epoch = self.iter = self.train_iter = self.step = 0
-        self.dl = self.xb = self.yb = self.pred = self.loss_grad = self._loss = None
+        self.dl = self.xb = self.yb = self.pred = self.loss_grad = None
+        self._loss = torch.tensor(0.0)  # fastai's value before any batch
         self.add_cbs([Recorder(_listify(metrics)), *_default_cbs(), *_listify(cbs)])
         self("after_create")
 
