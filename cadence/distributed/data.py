@@ -141,6 +141,9 @@ class DistributedDL:
     def _build_loader(self) -> DataLoader:
         kw = _loader_kwargs(self.dl)
         unbatched = self.dl.batch_size is None and self.kind != "batch_sampler"
+        if sampling.sampler_yields_batches(self.dl):  # dataset[indices], one batch of indices at a time
+            self._batches = _Batches(flat=False)
+            return DataLoader(self.dl.dataset, sampler=self._batches, batch_size=None, generator=self._generator, **kw)
         if self.iterable:
             bs = self.dl.batch_size or 1
             self._stream = (PlannedStream(self.dl.dataset, len(self.dl.dataset)) if self.sized else

@@ -17,14 +17,25 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-__all__ = ["kind", "draw", "random_source"]
+__all__ = ["kind", "draw", "random_source", "sampler_yields_batches"]
+
+
+def sampler_yields_batches(dl: DataLoader) -> bool:
+    """`DataLoader(ds, sampler=BatchSampler(...), batch_size=None)`: each "index" is a whole batch of indices,
+    fetched as `dataset[indices]` (a pattern Accelerate's tests use)."""
+    return dl.batch_size is None and dl.batch_sampler is None and isinstance(dl.sampler, BatchSampler)
+
+
+def _batch_source(dl: DataLoader) -> Any:
+    """What yields `dl`'s batches of indices: its batch sampler, or its sampler when that is a BatchSampler."""
+    return dl.sampler if sampler_yields_batches(dl) else dl.batch_sampler
 
 
 def kind(dl: DataLoader) -> str:
     """How `dl` orders an epoch: "sequential", "shuffle", "sampler" (any other) or "batch_sampler" (a custom one)."""
-    if dl.batch_size is None and dl.batch_sampler is not None:
+    if (dl.batch_size is None and dl.batch_sampler is not None) or sampler_yields_batches(dl):
         return "batch_sampler"
     sampler = dl.sampler
     if type(sampler) is SequentialSampler:
@@ -73,14 +84,14 @@ def draw(dl: DataLoader, seed: int | None, epoch: int) -> tuple[torch.Tensor, li
         return torch.randperm(len(dl.dataset), generator=torch.Generator().manual_seed(seed + epoch)), None
     if how == "sampler":
         return torch.tensor(_iterate(dl.sampler, seed, epoch), dtype=torch.long), None
-    batches = [list(b) for b in _iterate(dl.batch_sampler, seed, epoch)]
+    batches = [list(b) for b in _iterate(_batch_source(dl), seed, epoch)]
     flat = [i for b in batches for i in b]
     return torch.tensor(flat, dtype=torch.long), [len(b) for b in batches]
 
 
 def random_source(dl: DataLoader) -> torch.Generator | None:
     """The generator the user gave the loader's sampler or the loader, if any (a shared seed is drawn from it)."""
-    for obj in (dl.sampler, getattr(dl.batch_sampler, "sampler", None), dl.batch_sampler):
+    for obj in (dl.sampler, getattr(dl.batch_sampler, "sampler", None), dl.batch_sampler, getattr(dl.sampler, "sampler", None)):
         gen = getattr(obj, "generator", None)
         if isinstance(gen, torch.Generator):
             return gen
