@@ -30,6 +30,7 @@ from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
 from .features import FeatureMethods
+from .inference import InferenceMethods
 from .recorder import Recorder
 from .policies import FitPolicies
 from .schedule import set_hyper
@@ -50,7 +51,7 @@ def _listify(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-class Learner(FitPolicies, TransferMethods, FeatureMethods):
+class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
     """Trains `model` on `dls` with `loss_func`, an optimizer from `opt_func`, and callbacks.
 
     Args:
@@ -462,59 +463,6 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
 
     def _end_cleanup(self) -> None:
         self.dl = self.xb = self.yb = self.pred = self.loss = self.loss_grad = None
-
-    # ------------------------------------------------------------------ inference
-    def validate(self, dl: Iterable | None = None, cbs: Any = None) -> dict[str, float | None]:
-        """Run one validation pass; returns `{"valid_loss": ..., <metric>: ...}`.
-
-        >>> learn.validate()["accuracy"]
-        """
-        dl = self._inference_dl(dl, "validate")
-        with self.added_cbs(cbs):
-            self._do_epoch_validate(dl)
-            self._end_cleanup()
-        return self.recorder.valid_values()
-
-    def get_preds(self, dl: Iterable | None = None, with_input: bool = False, with_loss: bool = False,
-                  act: Callable | None = None) -> tuple:
-        """Predictions and targets over `dl` (default: the validation set), concatenated.
-
-        Returns `(preds, targs)`, with the inputs first if `with_input` and the per-item losses
-        last if `with_loss`. `act` is applied to the predictions (default: `loss_func.activation`
-        if the loss defines one).
-
-        >>> preds, targs = learn.get_preds()
-        >>> inps, preds, targs, losses = learn.get_preds(with_input=True, with_loss=True, act=torch.softmax)
-        """
-        from .gather import GatherPreds
-
-        dl = self._inference_dl(dl, "get_preds")
-        gatherer = GatherPreds(with_input, with_loss)
-        with self.no_bar(), self.added_cbs(gatherer):
-            self._do_epoch_validate(dl)
-            self._end_cleanup()
-        act = act if act is not None else getattr(self.loss_func, "activation", None)
-        return gatherer.result(act)
-
-    def predict(self, item: Any, act: Callable | None = None) -> Any:
-        """The model's output for one item (its input tensor, or a tuple of them), without a batch dimension.
-
-        >>> probs = learn.predict(x_valid[0], act=partial(torch.softmax, dim=-1))
-        """
-        xb = item if isinstance(item, tuple) else (item,)
-        xb = to_device(tuple(x.unsqueeze(0) if isinstance(x, torch.Tensor) else x for x in xb), self.strategy.device)
-        self.model.eval()
-        with torch.no_grad(), self._forward_context():
-            pred = self.model(*xb)
-        act = act if act is not None else getattr(self.loss_func, "activation", None)
-        pred = act(pred) if act is not None else pred
-        return pred[0]
-
-    def _inference_dl(self, dl: Iterable | None, what: str) -> Iterable:
-        dl = self.dls.valid if dl is None else dl
-        if dl is None:
-            raise ValueError(f"{what} needs data: pass {what}(dl=...) or build DataLoaders with a validation set")
-        return dl
 
     # ------------------------------------------------------------------ saving
     def save(self, name: str | Path, with_opt: bool = True) -> Path:

@@ -1,0 +1,98 @@
+"""Launched on 2 and 3 processes by tests/trainer/test_fastai_ddp.py; each check prints `CHECK <name> ok` on rank 0.
+
+- get_preds: every item of the data set once, in data set order, from a shuffled drop_last loader
+  (the train loader, ds_idx=0) and from the valid loader, with inputs, decoded classes and per-item losses;
+- MixUp: a DDP fit with batch b per process equals one process (the same script, no distribution)
+  fitting batches of b * world_size made of the same items: the same mixed inputs, bitwise, at every
+  step, and the same weights after it.
+"""
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import Callback, DataLoaders, Learner, Order
+from cadence.callbacks.mixup import MixUp
+from cadence.distributed.env import rank, world_size
+
+N_TRAIN, N_VALID, BS = 48, 37, 4   # 37 valid items: padded shards on 2 and 3 processes
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N_TRAIN + N_VALID, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    return x, y
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def check(name, ok):
+    assert ok, name
+    if rank() == 0:
+        print(f"CHECK {name} ok", flush=True)
+
+
+class SeeInputs(Callback):
+    """Every training batch's inputs after MixUp (it runs after MixUp's before_batch), gathered over processes."""
+
+    order = Order.DEFAULT + 1
+
+    def before_fit(self):
+        self.seen = []
+
+    def before_batch(self):
+        if self.training:
+            self.seen.append(self.learn.strategy.gather(self.learn.xb[0]))
+
+
+def check_get_preds(x, y):
+    train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS * 2 + 1, shuffle=True, drop_last=True)
+    valid = DataLoader(TensorDataset(x[N_TRAIN:], y[N_TRAIN:]), batch_size=BS)
+    learn = Learner(DataLoaders(train, valid, device="cpu"), model(), loss_func=nn.CrossEntropyLoss())
+    with learn.no_bar(), learn.distrib_ctx():
+        learn.fit(1, lr=0.1)
+        inps, preds, targs, decoded, losses = learn.get_preds(ds_idx=0, with_input=True, with_decoded=True,
+                                                              with_loss=True)
+        vpreds, vtargs = learn.get_preds()
+    out = learn.model(x)
+    check("get_preds_train_all_items_in_order", torch.equal(inps, x[:N_TRAIN]) and torch.equal(targs, y[:N_TRAIN]))
+    check("get_preds_train_values", torch.allclose(preds, out[:N_TRAIN], atol=1e-6)
+          and torch.equal(decoded, preds.argmax(1))
+          and torch.allclose(losses, nn.functional.cross_entropy(out[:N_TRAIN], y[:N_TRAIN], reduction="none"),
+                             atol=1e-6))
+    check("get_preds_valid_all_items_in_order", torch.equal(vtargs, y[N_TRAIN:])
+          and torch.allclose(vpreds, out[N_TRAIN:], atol=1e-6))
+
+
+def check_mixup(x, y):
+    n = world_size()
+    train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS)
+    learn = Learner(DataLoaders(train, device="cpu"), model(), loss_func=nn.CrossEntropyLoss(),
+                    opt_func=torch.optim.SGD, lr=0.1, cbs=SeeInputs())
+    with learn.no_bar(), learn.distrib_ctx():
+        # the global batch of step t: each process's batch t, in rank order (contiguous shards)
+        steps = [sum((learn.dls.train.get_idxs(r)[t * BS:(t + 1) * BS] for r in range(n)), [])
+                 for t in range(len(learn.dls.train))]
+        torch.manual_seed(7)
+        learn.fit(2, cbs=MixUp(0.4))
+        ddp = ({k: v.clone() for k, v in learn.strategy.unwrap(learn.model).state_dict().items()}, learn.see_inputs.seen)
+
+    one = Learner(DataLoaders(DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_sampler=steps), device="cpu"),
+                  model(), loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.SGD, lr=0.1, cbs=SeeInputs())
+    torch.manual_seed(7)
+    with one.no_bar():
+        one.fit(2, cbs=MixUp(0.4))
+    check("mixup_same_mixed_inputs", len(ddp[1]) == len(one.see_inputs.seen) == 2 * len(steps)
+          and all(torch.equal(a, b) for a, b in zip(ddp[1], one.see_inputs.seen)))
+    check("mixup_same_weights", all(torch.allclose(ddp[0][k], v, atol=1e-6) for k, v in one.model.state_dict().items()))
+    check("mixup_inputs_were_mixed", not torch.equal(one.see_inputs.seen[0], x[steps[0]]))
+
+
+if __name__ == "__main__":
+    x, y = data()
+    check_get_preds(x, y)
+    check_mixup(x, y)
