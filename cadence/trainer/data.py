@@ -45,6 +45,21 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
     return batch
 
 
+def to_detach(b: Any, cpu: bool = True) -> Any:
+    """The tensors of `b` (tuples, lists and dicts of them) detached from the graph, moved to the CPU if `cpu`.
+
+    >>> to_detach((pred, {"h": hidden}))        # no graph, on the CPU
+    """
+    if isinstance(b, torch.Tensor):
+        b = b.detach()
+        return b.cpu() if cpu else b
+    if isinstance(b, Mapping):
+        return type(b)({k: to_detach(v, cpu) for k, v in b.items()})
+    if isinstance(b, (list, tuple)):
+        return type(b)(to_detach(v, cpu) for v in b)
+    return b
+
+
 def n_batches(dl: Iterable) -> int | None:
     """`len(dl)`, or None for a loader without a length (a stream: an IterableDataset without __len__).
 

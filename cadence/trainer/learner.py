@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .callback import Callback, event_methods
+from .callback import Callback, Order, event_methods
 from .data import DataLoaders, n_batches, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
@@ -104,7 +104,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
         self._forward_cbs: list[Callback] = []
-        self.training, self.n_epoch, self.steps_per_epoch = False, 0, 0
+        self.training, self.n_epoch, self.steps_per_epoch, self._batches_per_epoch = False, 0, 0, 0
         self._sync_gradients = True
         self.epoch = self.iter = self.train_iter = self.step = 0
         self.dl = self.xb = self.yb = self.pred = self.loss_grad = None
@@ -216,6 +216,16 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
             handlers = [type(h.__self__).__name__ for h in self._train_handlers[name]]
             print(f"{indent}{name:<{30 - len(indent)}}{handlers}")
 
+    def ordered_cbs(self, event: str | Event) -> list[Callback]:
+        """The callbacks that handle `event`, in the order they run (fastai's).
+
+        >>> learn.ordered_cbs("after_batch")
+        [Recorder(), ProgressCallback()]
+        """
+        if str(event) not in EVENT_NAMES:
+            raise ValueError(f"unknown event {str(event)!r}; events are listed in cadence.Event")
+        return [h.__self__ for h in self._train_handlers[str(event)]]
+
     # ------------------------------------------------------------------ optimizer
     def create_opt(self) -> torch.optim.Optimizer:
         """(Re)build `learn.opt` from `opt_func` over the current model (parameter groups from `splitter`).
@@ -281,7 +291,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
             final()
 
     def fit(self, n_epoch: int, lr: float | slice | None = None, wd: float | None = None, cbs: Any = None,
-            resume: str | Path | None = None) -> None:
+            resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`), validating after each.
 
         `resume` continues a run saved by the `Checkpoint` callback exactly where it stopped,
@@ -289,16 +299,28 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         otherwise: one command line for the first run, restarts and requeues), "latest" (there
         must be one), or a checkpoint name or path.
 
+        `start_epoch` (fastai's) skips the epochs before it: training starts there, the counters and
+        any schedule as if those epochs had run (e.g. after `learn.load` of a model saved then).
+
         >>> learn.fit(3, lr=1e-2)
         >>> learn.fit(3, lr=1e-2, cbs=Checkpoint(every_n_steps=100), resume="auto")
+        >>> learn.fit_one_cycle(10, 1e-2, start_epoch=4)       # epochs 4..9 of the 10-epoch schedule
         """
         if not isinstance(n_epoch, int) or n_epoch < 1:
             raise ValueError(f"n_epoch must be a positive int, got {n_epoch!r}")
+        if not isinstance(start_epoch, int) or not 0 <= start_epoch < n_epoch:
+            raise ValueError(f"start_epoch must be an int in [0, n_epoch={n_epoch}), got {start_epoch!r}")
+        if start_epoch and resume is not None:
+            raise ValueError("fit(start_epoch=...) and fit(resume=...) both say where to start: a resumed run "
+                             "continues where its checkpoint stopped; pass only one")
+        if start_epoch:
+            cbs = [*_listify(cbs), _SkipToEpoch(start_epoch)]
         with self.added_cbs(cbs), self._fit_contexts():
             set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
             if wd is not None:
                 set_hyper(self.opt, "wd", wd)
             self.n_epoch, self.steps_per_epoch = n_epoch, n_batches(self.dls.train)  # None: a stream
+            self._batches_per_epoch = self.steps_per_epoch
             self.epoch = self.iter = self.train_iter = self.step = 0
             if resume is not None:
                 self._resume(resume)
@@ -443,6 +465,35 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
     def loss(self, value: torch.Tensor | None) -> None:
         self._loss = value
 
+    @property
+    def x(self) -> Any:
+        """fastai's alias: the batch's input (`xb[0]` when there is one, else `xb`)."""
+        return _detuplify(self.xb)
+
+    @property
+    def y(self) -> Any:
+        """fastai's alias: the batch's target (`yb[0]` when there is one, else `yb`)."""
+        return _detuplify(self.yb)
+
+    @property
+    def pct_train(self) -> float | None:
+        """The fraction of the fit's training batches done (fastai's); None for a loader without a length."""
+        n = self._batches_per_epoch
+        return self.train_iter / (self.n_epoch * n) if n and self.n_epoch else None
+
+    def to_detach(self, b: Any, cpu: bool = True, gather: bool = True) -> Any:
+        """The tensors of `b` detached, with `gather` concatenated over processes (every process must call
+        it then), with `cpu` on the CPU (fastai's).
+
+        >>> preds = learn.to_detach(learn.pred)          # this batch's predictions of every process
+        """
+        from .data import to_detach
+
+        if gather:
+            b = to_detach(b, cpu=False)
+            b = _map_tensors(self.strategy.gather, b)
+        return to_detach(b, cpu=cpu)
+
     def _backward(self) -> None:
         self.strategy.backward(self.loss_grad)
 
@@ -486,6 +537,36 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
 
     def __repr__(self) -> str:
         return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"
+
+
+def _detuplify(x: Any) -> Any:
+    return x[0] if isinstance(x, tuple) and len(x) == 1 else x
+
+
+def _map_tensors(f: Callable, b: Any) -> Any:
+    if isinstance(b, torch.Tensor):
+        return f(b)
+    if isinstance(b, Mapping):
+        return type(b)({k: _map_tensors(f, v) for k, v in b.items()})
+    if isinstance(b, (list, tuple)):
+        return type(b)(_map_tensors(f, v) for v in b)
+    return b
+
+
+class _SkipToEpoch(Callback):
+    """`fit(start_epoch=k)`: after every callback's before_fit (GradAccum fixes the steps per epoch), start at
+    epoch k with the counters of a run that did epochs 0..k-1."""
+
+    order = Order.DEFAULT
+
+    def __init__(self, start_epoch: int):
+        self.start_epoch = start_epoch
+
+    def before_fit(self):
+        learn, k = self.learn, self.start_epoch
+        learn.epoch = k
+        learn.step = k * (learn.steps_per_epoch or 0)
+        learn.train_iter = k * (learn._batches_per_epoch or 0)
 
 
 def _check_opt_func(opt_func: Any) -> None:

@@ -1,0 +1,117 @@
+"""fastai APIs, each against fastai's documented behaviour (one process)."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import (Callback, DataLoaders, Learner, Recorder, ShortEpochCallback, ValueMetric, accuracy,
+                     before_batch_cb, to_detach)
+
+
+def learner(n_train=32, bs=8, n_valid=16, **kw):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n_train + n_valid, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    dls = DataLoaders(DataLoader(TensorDataset(x[:n_train], y[:n_train]), batch_size=bs),
+                      DataLoader(TensorDataset(x[n_train:], y[n_train:]), batch_size=bs), device="cpu")
+    torch.manual_seed(0)
+    learn = Learner(dls, nn.Sequential(nn.Linear(6, 3)), loss_func=nn.CrossEntropyLoss(), **kw)
+    learn.remove_cb(learn.progress)
+    return learn
+
+
+class Log(Callback):
+    def before_fit(self):
+        self.pct, self.epochs = [], []
+
+    def before_batch(self):
+        if self.training:
+            self.pct.append(self.learn.pct_train)
+            self.epochs.append(self.learn.epoch)
+
+
+def test_fit_one_cycle_start_epoch_continues_the_schedule_of_the_whole_fit():
+    full = learner(cbs=Log())
+    full.fit_one_cycle(4, 1e-2)
+    later = learner(cbs=Log())
+    later.fit_one_cycle(4, 1e-2, start_epoch=2)
+    assert later.recorder.lrs == pytest.approx(full.recorder.lrs[8:])            # 4 batches per epoch: the last 8
+    assert [r["epoch"] for r in later.recorder.values] == [2, 3] and later.step == full.step == 16
+    assert later.log.epochs == [2] * 4 + [3] * 4
+    assert full.log.pct == pytest.approx([i / 16 for i in range(16)])             # fastai's pct_train
+    assert later.log.pct == pytest.approx([i / 16 for i in range(8, 16)])
+    later.fit(3, lr=1e-3, start_epoch=1)
+    assert [r["epoch"] for r in later.recorder.values] == [1, 2]
+    with pytest.raises(ValueError, match=r"start_epoch must be an int in \[0, n_epoch=2\), got 2"):
+        later.fit(2, start_epoch=2)
+    with pytest.raises(ValueError, match="pass only one"):
+        later.fit(2, start_epoch=1, resume="auto")
+
+
+def test_callback_from_functions_before_batch_cb_and_ordered_cbs():
+    seen = []
+    learn = learner(cbs=[before_batch_cb(lambda cb, xb, yb: ((xb[0] * 0,), yb)),
+                         Callback(after_pred=lambda cb: seen.append(cb.learn.x.abs().sum().item()))])
+    assert learn.ordered_cbs("after_pred") == [learn.cbs[1]] and learn.ordered_cbs("before_batch") == [learn.cbs[0]]
+    assert [type(cb).__name__ for cb in learn.ordered_cbs("after_batch")] == ["Recorder"]
+    learn.fit(1)
+    assert seen == [0.0] * 4 + [0.0] * 2       # every batch's inputs were replaced (training and validation)
+    with pytest.raises(ValueError, match="'after_bacth' is not a training event. Did you mean 'after_batch'"):
+        Callback(after_bacth=print)
+
+
+def test_x_y_aliases_and_to_detach():
+    got = []
+    learn = learner(cbs=Callback(after_loss=lambda cb: got.append((cb.learn.x, cb.learn.y, cb.learn.to_detach(
+        cb.learn.loss_grad)))))
+    assert learn.x is None and torch.equal(learn.loss, torch.tensor(0.0))
+    learn.fit(1)
+    x, y, loss = got[0]
+    assert x.shape == (8, 6) and y.shape == (8,)
+    assert not loss.requires_grad and loss.device.type == "cpu"
+    nested = to_detach({"a": (torch.ones(2, requires_grad=True) * 2,)})
+    assert not nested["a"][0].requires_grad
+
+
+def test_value_metric_and_recorder_train_metrics_without_time():
+    calls = []
+
+    def best():
+        calls.append(1)
+        return torch.tensor(0.5)
+
+    learn = learner(metrics=[accuracy, ValueMetric(best, "best")])
+    learn.fit(1)
+    assert learn.recorder.values[-1]["best"] == 0.5 and len(calls) == 1
+    assert ValueMetric(best).name == "best"
+
+    class Preds(Callback):
+        def before_fit(self):
+            self.hits, self.n = 0, 0
+
+        def after_loss(self):
+            if self.training:
+                self.hits += int((self.learn.pred.argmax(1) == self.learn.y).sum())
+                self.n += len(self.learn.y)
+
+    learn = learner(cbs=Preds())
+    learn.remove_cb(learn.recorder).add_cb(Recorder([accuracy], train_metrics=True, add_time=False))
+    learn.fit(1)
+    assert learn.recorder.metric_names == ["epoch", "train_loss", "train_accuracy", "valid_loss", "valid_accuracy"]
+    row = learn.recorder.values[-1]
+    assert list(row) == learn.recorder.metric_names
+    assert row["train_accuracy"] == pytest.approx(learn.preds.hits / learn.preds.n)
+    assert row["valid_accuracy"] == pytest.approx(learn.validate()["valid_accuracy"])
+
+
+def test_short_epoch_callback_runs_a_fraction_of_each_pass():
+    batches = []
+    learn = learner(n_train=80, n_valid=80, cbs=[Callback(after_batch=lambda cb: batches.append(cb.learn.training)),
+                                                 ShortEpochCallback(pct=0.3)])
+    learn.fit(1)
+    # 10 batches each: fastai stops after the batch where iter / n_iter >= pct, the 4th
+    assert batches.count(True) == 4 and batches.count(False) == 4
+    learn.remove_cb(ShortEpochCallback)
+    learn.fit(1, cbs=ShortEpochCallback(pct=0.3, short_valid=False))
+    assert batches.count(True) == 8 and batches.count(False) == 4 + 10
