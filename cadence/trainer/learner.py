@@ -16,6 +16,7 @@ import contextlib
 import functools
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         params = ([{"params": list(g)} for g in self.splitter(model)] if self.splitter
                   else list(model.parameters()))
         opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(params) if self.splitter else 1)[-1]))
+        self._opt_built_with = self.opt_func
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"opt_func must return a torch.optim.Optimizer, got {type(opt).__name__}; "
                             f"use e.g. opt_func=torch.optim.AdamW or functools.partial(torch.optim.SGD, momentum=0.9)")
@@ -315,6 +317,10 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
                              "continues where its checkpoint stopped; pass only one")
         if start_epoch:
             cbs = [*_listify(cbs), _SkipToEpoch(start_epoch)]
+        if self.opt_func is not self._opt_built_with:
+            warnings.warn("learn.opt_func was changed after the optimizer was built: this fit still uses the "
+                          f"{type(self.opt).__name__} built with the Learner (fastai builds it lazily in fit); "
+                          "call learn.create_opt() to use the new opt_func (see docs/fastai.md)", stacklevel=2)
         with self.added_cbs(cbs), self._fit_contexts():
             set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
             if wd is not None:

@@ -115,3 +115,19 @@ def test_short_epoch_callback_runs_a_fraction_of_each_pass():
     learn.remove_cb(ShortEpochCallback)
     learn.fit(1, cbs=ShortEpochCallback(pct=0.3, short_valid=False))
     assert batches.count(True) == 8 and batches.count(False) == 4 + 10
+
+
+def test_warnings_where_fastai_users_would_be_surprised(tmp_path):
+    import functools
+
+    learn = learner(path=tmp_path)
+    learn.opt_func = functools.partial(torch.optim.SGD, momentum=0.9)
+    with pytest.warns(UserWarning, match="opt_func was changed after the optimizer was built.*learn.create_opt"):
+        learn.fit(1)
+    assert isinstance(learn.opt, torch.optim.AdamW)                 # the fit kept the Learner's optimizer
+    learn.create_opt()
+    assert isinstance(learn.opt, torch.optim.SGD)
+    with pytest.warns(UserWarning, match="writes a directory"):
+        saved = learn.save("stage1.pth")
+    assert (saved / "model.safetensors").is_file()
+    learn.load("stage1.pth")
