@@ -34,8 +34,8 @@ from .features import FeatureMethods
 from .inference import InferenceMethods
 from .recorder import Recorder
 from .policies import FitPolicies
-from .schedule import set_hyper
-from .transfer import TransferMethods
+from .schedule import GROUP_KEY, NO_WD_KEY, n_groups, set_hyper
+from .transfer import TransferMethods, norm_bias_params
 
 _INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
                            "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
@@ -71,6 +71,9 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         wd: weight decay; None keeps the optimizer's default.
         strategy: how to run backward/step (`SingleDevice` by default; `distrib_ctx` swaps it).
         train_bn: BatchNorm layers of frozen parameter groups keep training (`freeze`, `fine_tune`).
+        wd_bn_bias: weight decay on normalisation and bias parameters too (torch's optimizers' way, the
+            default); False keeps them from decaying, fastai's default (each splitter group is then two
+            optimizer groups; lrs, freezing and schedules still count splitter groups).
         compile: torch.compile the model: True (torch's defaults), a backend name, a dict of
             torch.compile options, False; None follows `cadence launch --dynamo_backend` (see `learn.compile`).
 
@@ -82,7 +85,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
                  opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice | None = None,
                  splitter: Callable[[nn.Module], Iterable] | None = None, cbs: Any = None, metrics: Any = None,
                  path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None,
-                 train_bn: bool = True, compile: bool | str | dict | None = None):
+                 train_bn: bool = True, compile: bool | str | dict | None = None, wd_bn_bias: bool = True):
         if not isinstance(dls, DataLoaders):
             raise TypeError(f"dls must be a cadence.DataLoaders, got {type(dls).__name__}: "
                             f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
@@ -98,7 +101,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         self.dls, self.loss_func, self.opt_func, self.splitter = dls, loss_func, opt_func, splitter
         self.lr = _default_lr(opt_func) if lr is None else lr
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
-        self.train_bn = train_bn
+        self.train_bn, self.wd_bn_bias = train_bn, wd_bn_bias
         self.model, self.opt = strategy.setup(model, self._make_opt)
         self._set_compile(compile)
         self.cbs: list[Callback] = []
@@ -238,14 +241,21 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
 
     def _make_opt(self, model: nn.Module) -> torch.optim.Optimizer:
         """The optimizer over `model`'s parameters: what a strategy calls once it has wrapped the model."""
-        params = ([{"params": list(g)} for g in self.splitter(model)] if self.splitter
-                  else list(model.parameters()))
-        opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(params) if self.splitter else 1)[-1]))
+        groups = [list(g) for g in self.splitter(model)] if self.splitter else [list(model.parameters())]
+        if self.wd_bn_bias:
+            params = [{"params": g} for g in groups] if self.splitter else groups[0]
+        else:  # fastai's default: normalisation and bias parameters in groups of their own, never decayed
+            no_wd = norm_bias_params(model)
+            params = [{"params": ps, GROUP_KEY: i, **({NO_WD_KEY: True, "weight_decay": 0.0} if skip else {})}
+                      for i, g in enumerate(groups)
+                      for ps, skip in (([p for p in g if id(p) not in no_wd], False), ([p for p in g if id(p) in no_wd], True))
+                      if ps]
+        opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(groups))[-1]))
         self._opt_built_with = self.opt_func
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"opt_func must return a torch.optim.Optimizer, got {type(opt).__name__}; "
                             f"use e.g. opt_func=torch.optim.AdamW or functools.partial(torch.optim.SGD, momentum=0.9)")
-        set_hyper(opt, "lr", self._group_lrs(self.lr, len(opt.param_groups)))
+        set_hyper(opt, "lr", self._group_lrs(self.lr, n_groups(opt)))
         if self.wd is not None:
             set_hyper(opt, "wd", self.wd)
         return opt
@@ -322,7 +332,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
                           f"{type(self.opt).__name__} built with the Learner (fastai builds it lazily in fit); "
                           "call learn.create_opt() to use the new opt_func (see docs/fastai.md)", stacklevel=2)
         with self.added_cbs(cbs), self._fit_contexts():
-            set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
+            set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, n_groups(self.opt)))
             if wd is not None:
                 set_hyper(self.opt, "wd", wd)
             self.n_epoch, self.steps_per_epoch = n_epoch, n_batches(self.dls.train)  # None: a stream

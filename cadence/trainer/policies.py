@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .lr_find import LRFinder, Suggestion, show_or_explain, valley
-from .schedule import ParamScheduler, SchedCos, combine_scheds, combined_cos
+from .schedule import ParamScheduler, SchedCos, combine_scheds, combined_cos, n_groups
 
 if TYPE_CHECKING:
     from .learner import Learner
@@ -33,7 +33,7 @@ class FitPolicies:
 
     def _peak_lrs(self: "Learner", lr: Any):
         """One peak rate per parameter group, from `lr` (float, slice or list) or the Learner's default."""
-        return self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups))
+        return self._group_lrs(self.lr if lr is None else lr, n_groups(self.opt))
 
     def fit_one_cycle(self: "Learner", n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
                       div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,

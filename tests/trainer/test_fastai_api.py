@@ -131,3 +131,33 @@ def test_warnings_where_fastai_users_would_be_surprised(tmp_path):
         saved = learn.save("stage1.pth")
     assert (saved / "model.safetensors").is_file()
     learn.load("stage1.pth")
+
+
+def test_wd_bn_bias_false_keeps_norm_and_bias_parameters_from_decaying():
+    """Zero gradients: an AdamW step only decays, p *= 1 - lr * wd. fastai's wd_bn_bias=False spares norms and biases."""
+    def make(**kw):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 4), nn.LayerNorm(4), nn.BatchNorm1d(4), nn.Linear(4, 3))
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+        learn = Learner(DataLoaders(DataLoader(TensorDataset(x, y), batch_size=16), device="cpu"), model,
+                        loss_func=lambda pred, y: pred.sum() * 0, lr=0.1, wd=0.5,
+                        splitter=lambda m: [m[:2].parameters(), m[2:].parameters()], **kw)
+        learn.remove_cb(learn.progress)
+        return learn, {k: v.clone() for k, v in model.state_dict().items()}
+
+    fastai, before = make(wd_bn_bias=False)
+    assert len(fastai.opt.param_groups) == 4                       # two splitter groups, each split in two
+    fastai.fit(1, lr=slice(0.05, 0.1))
+    decayed = {"0.weight": 1 - 0.05 * 0.5, "3.weight": 1 - 0.1 * 0.5}
+    for k, v in fastai.model.state_dict().items():
+        if k.endswith(("weight", "bias")):
+            assert torch.allclose(v, before[k] * decayed.get(k, 1.0)), k
+    assert [g["lr"] for g in fastai.opt.param_groups] == [0.05, 0.05, 0.1, 0.1]
+    fastai.freeze()                                                  # freezes the first splitter group, both parts
+    assert [p.requires_grad for p in fastai.model[0].parameters()] == [False, False]
+    assert all(p.requires_grad for p in fastai.model[3].parameters())
+
+    torch_way, before = make()
+    torch_way.fit(1)
+    assert torch.allclose(torch_way.model[0].bias, before["0.bias"] * 0.95)   # the default decays every parameter
