@@ -2,6 +2,8 @@
 
 - get_preds: every item of the data set once, in data set order, from a shuffled drop_last loader
   (the train loader, ds_idx=0) and from the valid loader, with inputs, decoded classes and per-item losses;
+- Recorder: `train_loss` is the mean of the processes' own smoothed losses (fastai's smoothing, written out
+  here), equal on every process; with `train_metrics=True`, `train_accuracy` is over every process's batches;
 - MixUp: a DDP fit with batch b per process equals one process (the same script, no distribution)
   fitting batches of b * world_size made of the same items: the same mixed inputs, bitwise, at every
   step, and the same weights after it.
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cadence import Callback, DataLoaders, Learner, Order
+from cadence import Callback, DataLoaders, Learner, Order, Recorder, accuracy
 from cadence.callbacks.mixup import MixUp
 from cadence.distributed.env import rank, world_size
 
@@ -68,6 +70,40 @@ def check_get_preds(x, y):
           and torch.allclose(vpreds, out[N_TRAIN:], atol=1e-6))
 
 
+class TrainHits(Callback):
+    def before_fit(self):
+        self.raw, self.hits = [], 0
+
+    def after_loss(self):
+        if self.training:
+            self.raw.append(self.learn.loss.item())
+            self.hits += int((self.learn.pred.argmax(1) == self.learn.y).sum())
+
+
+def check_recorder(x, y):
+    train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS)
+    valid = DataLoader(TensorDataset(x[N_TRAIN:], y[N_TRAIN:]), batch_size=BS)
+    learn = Learner(DataLoaders(train, valid, device="cpu"), model(), loss_func=nn.CrossEntropyLoss(), cbs=TrainHits())
+    learn.remove_cb(learn.recorder).add_cb(Recorder([accuracy], train_metrics=True))
+    with learn.no_bar(), learn.distrib_ctx():
+        learn.fit(2, lr=0.1)
+        val, mine = 0.0, []
+        for i, loss in enumerate(learn.train_hits.raw, 1):
+            val = 0.98 * val + 0.02 * loss
+            mine.append(val / (1 - 0.98 ** i))
+        ends = learn.strategy.gather(torch.tensor([mine[len(mine) // 2 - 1], mine[-1]], dtype=torch.float64))
+        hits = learn.strategy.all_sum(torch.tensor(float(learn.train_hits.hits)))
+        values = learn.strategy.gather(torch.tensor([r["train_loss"] for r in learn.recorder.values]))
+    means = ends.reshape(world_size(), 2).mean(0)
+    check("recorder_losses_are_this_process_smoothed", len(learn.recorder.losses) == len(mine)
+          and all(abs(a - b) < 1e-9 for a, b in zip(learn.recorder.losses, mine)))
+    check("recorder_train_loss_is_the_mean_over_processes",
+          torch.allclose(values.reshape(world_size(), 2), means.float().expand(world_size(), 2)))
+    # no padding (48 items on 2 or 3 processes, batches of 4): each epoch's accuracy is its hits / 48
+    check("recorder_train_accuracy_over_all_processes",
+          abs(sum(r["train_accuracy"] for r in learn.recorder.values) - float(hits) / N_TRAIN) < 1e-6)
+
+
 def check_mixup(x, y):
     n = world_size()
     train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS)
@@ -95,4 +131,5 @@ def check_mixup(x, y):
 if __name__ == "__main__":
     x, y = data()
     check_get_preds(x, y)
+    check_recorder(x, y)
     check_mixup(x, y)

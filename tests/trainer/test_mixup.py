@@ -86,3 +86,21 @@ def test_cutmix_pastes_a_box_of_the_partner_and_weights_by_its_area():
         learner(torch.randn(16, 6), y, CutMix()).fit(1)
     with pytest.raises(ValueError, match="alpha"):
         MixUp(0)
+
+
+def test_mixup_resumed_from_a_mid_epoch_checkpoint_ends_equal(tmp_path):
+    """MixUp's generators are saved with the checkpoint: the resumed run mixes as the uninterrupted one did."""
+    from cadence.callbacks.checkpoint import Checkpoint
+
+    x, y = torch.randn(32, 6), torch.randint(0, 3, (32,))
+
+    def run(name, resume=None):
+        learn = learner(x, y, MixUp(0.4))
+        learn.path = tmp_path / name
+        torch.manual_seed(1)
+        learn.fit(3, cbs=Checkpoint(every_n_steps=3), resume=resume)
+        return {k: v.clone() for k, v in learn.model.state_dict().items()}
+
+    full = run("full")
+    resumed = run("resumed", resume=tmp_path / "full" / "checkpoints" / "step-00000006")
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
