@@ -378,9 +378,11 @@ class DistributedDL:
         epoch, done = state["epoch"], state["batches_done"]
         self.seed = state["seed"]
         self.set_epoch(epoch)
+        if self.draw_like_loader and "generators" not in state:  # saved by a seeded DistributedDL (cadence < 0.2):
+            self.draw_like_loader = False                           # its orders come from that seed
         if self.draw_like_loader:
             self._drawn = state.get("drawn")
-            sampling.set_generator_states(self.dl, state.get("generators", []))
+            sampling.set_generator_states(self.dl, state["generators"])
         layout = {"world_size": state.get("world_size", self.world_size),
                   "batch_size": state.get("batch_size", self.dl.batch_size), "batches_done": done}
         layout["samples_done"] = state.get("samples_done", done * (layout["batch_size"] or 1) * layout["world_size"])
@@ -447,9 +449,10 @@ class DistributedDL:
         # as the plain loader: the iterator draws its base seed from the loader's generator (or torch's), then
         # the sampler draws the order; a resumed epoch's iterator draws from this loader's own generator
         self._loader.generator = self.dl.generator if fresh else self._generator
-        if fresh and self._random and not self.iterable:
-            self._batches.prepare = lambda: (self._draw_now(), prepare())
-        else:
+        lazy = fresh and self._random and not self.iterable
+        if not self.iterable:  # (an iteration abandoned before its first batch left its own)
+            self._batches.prepare = (lambda: (self._draw_now(), prepare())) if lazy else None
+        if not lazy:
             prepare()
         for t, batch in enumerate(self._loader, first):
             starts, lens = plan[0].starts[self.rank], plan[0].lens[self.rank]

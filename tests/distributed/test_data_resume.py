@@ -259,3 +259,15 @@ def test_draw_like_loader_changes_nothing_and_resumes_mid_epoch_exactly(name):
     assert [head + rest[0], *rest[1:4]] == plain[:4]
     with pytest.raises(ValueError, match="one process"):
         DistributedDL(LOADERS[name](Ids(20)), rank=0, world_size=2, draw_like_loader=True)
+
+
+def test_a_position_saved_by_a_seeded_wrapper_resumes_with_its_seed():
+    """Checkpoints written before draw_like_loader hold a seed: the resumed loader keeps drawing from it."""
+    old = DistributedDL(LOADERS["shuffle"](Ids(20)), rank=0, world_size=1, seed=11)
+    it = iter(old)
+    next(it)
+    state = old.state_dict()
+    want = [b.tolist() for b in it]
+    new = DistributedDL(LOADERS["shuffle"](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    new.load_state_dict(state)
+    assert [b.tolist() for b in new] == want and new.seed == 11
