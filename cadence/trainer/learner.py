@@ -492,6 +492,12 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         return _detuplify(self.yb)
 
     @property
+    def smooth_loss(self) -> torch.Tensor:
+        """fastai's `learn.smooth_loss`: the Recorder's smoothed training loss so far (`tensor(0.)` before any)."""
+        value = self.recorder.smooth_loss
+        return torch.tensor(0.0 if value is None else value)
+
+    @property
     def pct_train(self) -> float | None:
         """The fraction of the fit's training batches done (fastai's); None for a loader without a length."""
         n = self._batches_per_epoch

@@ -92,6 +92,7 @@ class Recorder(Callback):
         self._batch_sizes: list[int] = []
         self._resumed = False
         self._train_values: dict[str, float | None] = {}
+        self._live: tuple[int, SmoothLoss | None] = (0, None)  # smooth_loss read mid-epoch: batches folded in, state
         self.hps: dict[str, list] = {}  # per batch, the values a ParamScheduler set (plot_sched)
 
     @property
@@ -106,12 +107,16 @@ class Recorder(Callback):
 
     @property
     def smooth_loss(self) -> float | None:
-        """The smoothed training loss so far (fastai's `learn.smooth_loss`)."""
-        if self._batch_losses:
-            probe = SmoothLoss(self.smooth.beta)
-            probe.val, probe.count = self.smooth.val, self.smooth.count
-            return probe.update([float(x) for x in self._batch_losses])[-1]
-        return self.smooth.value
+        """The smoothed training loss so far (fastai's `learn.smooth_loss`), read as late as asked."""
+        if not self._batch_losses:
+            return self.smooth.value
+        done, live = self._live
+        if live is None:
+            done, live = 0, SmoothLoss(self.smooth.beta)
+            live.val, live.count = self.smooth.val, self.smooth.count
+        live.update([float(x) for x in self._batch_losses[done:]])
+        self._live = (len(self._batch_losses), live)
+        return live.value
 
     def _on_cpu(self) -> bool:
         return self.learn.strategy.device.type == "cpu"
@@ -120,6 +125,7 @@ class Recorder(Callback):
         # On an accelerator a batch loss stays a tensor (reading it would wait for the device). On the
         # CPU reading it costs nothing, and a float is cheaper to keep than thousands of small tensors.
         self._float_losses = self._on_cpu()
+        self._live = (0, None)
         if self._resumed:  # load_state_dict restored the history of the interrupted run
             if self.losses:  # the smoothed loss continues where the saved run's stood
                 self.smooth.restore(self.losses[-1], len(self.losses))
@@ -131,6 +137,7 @@ class Recorder(Callback):
         self.smooth.reset()
 
     def before_epoch(self):
+        self._live = (0, None)
         self.start_time = time.perf_counter()
         self.train_loss.reset()
         self._train_values = {}
@@ -200,6 +207,7 @@ class Recorder(Callback):
         raw = (self._batch_losses if self._float_losses
                else torch.stack(self._batch_losses).double().cpu().tolist())
         raw = [float(x) for x in raw]
+        self._live = (0, None)
         self.raw_losses.extend(raw)
         self.losses.extend(self.smooth.update(raw))
         self._batch_losses = []
