@@ -25,15 +25,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from .callback import Callback, Order, event_methods
-from .data import DataLoaders, n_batches, to_device
+from .callback import Callback, event_methods
+from .data import DataLoaders, apply_to_tensors, n_batches, to_detach, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
 from .features import FeatureMethods
 from .inference import InferenceMethods
 from .recorder import Recorder
-from .policies import FitPolicies
+from .policies import FitPolicies, SkipToEpoch
 from .schedule import GROUP_KEY, NO_WD_KEY, n_groups, set_hyper
 from .transfer import TransferMethods, norm_bias_params
 
@@ -326,7 +326,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
             raise ValueError("fit(start_epoch=...) and fit(resume=...) both say where to start: a resumed run "
                              "continues where its checkpoint stopped; pass only one")
         if start_epoch:
-            cbs = [*_listify(cbs), _SkipToEpoch(start_epoch)]
+            cbs = [*_listify(cbs), SkipToEpoch(start_epoch)]
         if self.opt_func is not self._opt_built_with:
             warnings.warn("learn.opt_func was changed after the optimizer was built: this fit still uses the "
                           f"{type(self.opt).__name__} built with the Learner (fastai builds it lazily in fit); "
@@ -509,11 +509,9 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
 
         >>> preds = learn.to_detach(learn.pred)          # this batch's predictions of every process
         """
-        from .data import to_detach
-
+        b = to_detach(b, cpu=False)
         if gather:
-            b = to_detach(b, cpu=False)
-            b = _map_tensors(self.strategy.gather, b)
+            b = apply_to_tensors(self.strategy.gather, b)
         return to_detach(b, cpu=cpu)
 
     def _backward(self) -> None:
@@ -563,32 +561,6 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
 
 def _detuplify(x: Any) -> Any:
     return x[0] if isinstance(x, tuple) and len(x) == 1 else x
-
-
-def _map_tensors(f: Callable, b: Any) -> Any:
-    if isinstance(b, torch.Tensor):
-        return f(b)
-    if isinstance(b, Mapping):
-        return type(b)({k: _map_tensors(f, v) for k, v in b.items()})
-    if isinstance(b, (list, tuple)):
-        return type(b)(_map_tensors(f, v) for v in b)
-    return b
-
-
-class _SkipToEpoch(Callback):
-    """`fit(start_epoch=k)`: after every callback's before_fit (GradAccum fixes the steps per epoch), start at
-    epoch k with the counters of a run that did epochs 0..k-1."""
-
-    order = Order.DEFAULT
-
-    def __init__(self, start_epoch: int):
-        self.start_epoch = start_epoch
-
-    def before_fit(self):
-        learn, k = self.learn, self.start_epoch
-        learn.epoch = k
-        learn.step = k * (learn.steps_per_epoch or 0)
-        learn.train_iter = k * (learn._batches_per_epoch or 0)
 
 
 def _check_opt_func(opt_func: Any) -> None:

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .callback import Callback, Order
 from .lr_find import LRFinder, Suggestion, show_or_explain, valley
 from .schedule import ParamScheduler, SchedCos, combine_scheds, combined_cos, n_groups
 
@@ -108,3 +109,19 @@ class FitPolicies:
         if show_plot:
             show_or_explain(finder, suggestions, points)
         return suggestions
+
+
+class SkipToEpoch(Callback):
+    """`fit(start_epoch=k)`: after every callback's before_fit (GradAccum fixes the steps per epoch), start at
+    epoch k with the counters of a run that did epochs 0..k-1."""
+
+    order = Order.DEFAULT
+
+    def __init__(self, start_epoch: int):
+        self.start_epoch = start_epoch
+
+    def before_fit(self):
+        learn, k = self.learn, self.start_epoch
+        learn.epoch = k
+        learn.step = k * (learn.steps_per_epoch or 0)
+        learn.train_iter = k * (learn._batches_per_epoch or 0)
