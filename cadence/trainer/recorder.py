@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .callback import Callback, Order
-from .metrics import AvgLoss, Metric, as_metric, batch_size
+from .metrics import AvgLoss, Metric, as_metric
 
 
 class SmoothLoss:
@@ -89,7 +89,7 @@ class Recorder(Callback):
         self.lrs: list[float] = []
         self._batch_losses: list[torch.Tensor | float] = []  # floats on the CPU, tensors on an accelerator
         self._float_losses = True
-        self._batch_sizes: list[int] = []
+        self._batch_sizes: list[int] = []  # unused since the smoothed loss (unweighted, as fastai's); kept for state_dict
         self._resumed = False
         self._train_values: dict[str, float | None] = {}
         self._live: tuple[int, SmoothLoss | None] = (0, None)  # smooth_loss read mid-epoch: batches folded in, state
@@ -174,10 +174,7 @@ class Recorder(Callback):
         if loss is None:  # batch cancelled before its loss
             return
         if learn.training:
-            b = learn.yb or learn.xb
-            first = b[0] if type(b) is tuple else b  # xb is a dict for dict batches without targets
             self._batch_losses.append(loss.item() if self._float_losses else loss.detach())
-            self._batch_sizes.append(first.shape[0] if type(first) is torch.Tensor else batch_size(first))
             self.lrs.append(learn.opt.param_groups[-1]["lr"])
             if self.train_metrics and learn.yb:
                 for m in self.metrics:
@@ -192,7 +189,6 @@ class Recorder(Callback):
         strategy = self.learn.strategy
         if self._batch_losses:
             self._flush_losses()
-            self._batch_sizes = []
         if self.smooth.count:
             self.train_loss.sums = torch.tensor([self.smooth.value, 1.0], dtype=torch.float64, device=strategy.device)
             self.train_loss.sync(strategy.all_sum, strategy.gather)
