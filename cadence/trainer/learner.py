@@ -100,6 +100,9 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
             strategy = SingleDevice(dls.device)
         self.dls, self.loss_func, self.opt_func, self.splitter = dls, loss_func, opt_func, splitter
         self.lr = _default_lr(opt_func) if lr is None else lr
+        if lr is not None and _default_lr(opt_func, None) not in (None, lr):
+            warnings.warn(f"Learner(lr={lr!r}) and opt_func's lr={_default_lr(opt_func)!r} differ: cadence trains at "
+                          f"lr={lr!r} (fastai would take the opt_func's; see docs/fastai.md)", stacklevel=2)
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
         self.train_bn, self.wd_bn_bias = train_bn, wd_bn_bias
         self.model, self.opt = strategy.setup(model, self._make_opt)
@@ -619,11 +622,11 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-def _default_lr(opt_func: Callable) -> float:
-    """An lr bound in `opt_func=partial(Adam, lr=...)` is the Learner's default (as in fastai); else 1e-3."""
+def _default_lr(opt_func: Callable, otherwise: float | None = 1e-3) -> float | None:
+    """An lr bound in `opt_func=partial(Adam, lr=...)` is the Learner's default (as in fastai); else `otherwise`."""
     if isinstance(opt_func, functools.partial) and "lr" in opt_func.keywords:
         return opt_func.keywords["lr"]
-    return 1e-3
+    return otherwise
 
 
 def _default_cbs() -> list[Callback]:

@@ -127,6 +127,9 @@ def test_warnings_where_fastai_users_would_be_surprised(tmp_path):
     assert isinstance(learn.opt, torch.optim.AdamW)                 # the fit kept the Learner's optimizer
     learn.create_opt()
     assert isinstance(learn.opt, torch.optim.SGD)
+    with pytest.warns(UserWarning, match=r"Learner\(lr=0.1\) and opt_func's lr=0.5 differ: cadence trains at lr=0.1"):
+        other = learner(opt_func=functools.partial(torch.optim.SGD, lr=0.5), lr=0.1)
+    assert other.opt.param_groups[0]["lr"] == 0.1
     with pytest.warns(UserWarning, match="writes a directory"):
         saved = learn.save("stage1.pth")
     assert (saved / "model.safetensors").is_file()
