@@ -4,6 +4,8 @@
   (the train loader, ds_idx=0) and from the valid loader, with inputs, decoded classes and per-item losses;
 - Recorder: `train_loss` is the mean of the processes' own smoothed losses (fastai's smoothing, written out
   here), equal on every process; with `train_metrics=True`, `train_accuracy` is over every process's batches;
+- DistributedDL over DataLoader(sampler=BatchSampler(RandomSampler), batch_size=None) (Accelerate's pattern): the
+  processes share one draw and together take every batch of it once (the last round padded);
 - MixUp: a DDP fit with batch b per process equals one process (the same script, no distribution)
   fitting batches of b * world_size made of the same items: the same mixed inputs, bitwise, at every
   step, and the same weights after it.
@@ -104,6 +106,24 @@ def check_recorder(x, y):
           abs(sum(r["train_accuracy"] for r in learn.recorder.values) - float(hits) / N_TRAIN) < 1e-6)
 
 
+def check_batch_sampler_as_sampler():
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    from cadence.distributed import DistributedDL, setup_distrib, teardown_distrib
+    from cadence.distributed.ops import gather_object
+
+    setup_distrib()                                # a process group for the shared seed and the gather
+    ds = TensorDataset(torch.arange(30))
+    dl = DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size=4, drop_last=False), batch_size=None)
+    ddl = DistributedDL(dl)                        # rank, world size and the shared seed from the process group
+    every = gather_object([b[0].tolist() for b in ddl])
+    teardown_distrib()
+    steps = [b for step in zip(*every) for b in step]           # step by step, rank by rank
+    real = steps[:8]                                              # 30 items: 8 batches (the last of 2)
+    check("batch_sampler_as_sampler_every_batch_once", sorted(i for b in real for i in b) == list(range(30))
+          and len({len(m) for m in every}) == 1 and steps[8:] == real[:len(steps) - 8])
+
+
 def check_mixup(x, y):
     n = world_size()
     train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS)
@@ -132,4 +152,5 @@ if __name__ == "__main__":
     x, y = data()
     check_get_preds(x, y)
     check_recorder(x, y)
+    check_batch_sampler_as_sampler()
     check_mixup(x, y)

@@ -41,6 +41,12 @@ def test_fit_one_cycle_start_epoch_continues_the_schedule_of_the_whole_fit():
     assert later.log.epochs == [2] * 4 + [3] * 4
     assert full.log.pct == pytest.approx([i / 16 for i in range(16)])             # fastai's pct_train
     assert later.log.pct == pytest.approx([i / 16 for i in range(8, 16)])
+    from cadence import GradAccum
+
+    accum_full, accum_later = learner(), learner()
+    accum_full.fit_one_cycle(3, 1e-2, cbs=GradAccum(steps=2))
+    accum_later.fit_one_cycle(3, 1e-2, cbs=GradAccum(steps=2), start_epoch=1)   # 2 optimizer steps per epoch
+    assert accum_later.step == accum_full.step == 6 and accum_later.recorder.lrs == pytest.approx(accum_full.recorder.lrs[4:])
     later.fit(3, lr=1e-3, start_epoch=1)
     assert [r["epoch"] for r in later.recorder.values] == [1, 2]
     with pytest.raises(ValueError, match=r"start_epoch must be an int in \[0, n_epoch=2\), got 2"):
