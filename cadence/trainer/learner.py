@@ -248,11 +248,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         if self.wd_bn_bias:
             params = [{"params": g} for g in groups] if self.splitter else groups[0]
         else:  # fastai's default: normalisation and bias parameters in groups of their own, never decayed
-            no_wd = norm_bias_params(model)
-            params = [{"params": ps, GROUP_KEY: i, **({NO_WD_KEY: True, "weight_decay": 0.0} if skip else {})}
-                      for i, g in enumerate(groups)
-                      for ps, skip in (([p for p in g if id(p) not in no_wd], False), ([p for p in g if id(p) in no_wd], True))
-                      if ps]
+            params = _without_wd_on_norm_bias(groups, norm_bias_params(model))
         opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(groups))[-1]))
         self._opt_built_with = self.opt_func
         if not isinstance(opt, torch.optim.Optimizer):
@@ -560,6 +556,19 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
 
     def __repr__(self) -> str:
         return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"
+
+
+def _without_wd_on_norm_bias(groups: list[list[nn.Parameter]], no_wd: set[int]) -> list[dict]:
+    """Each splitter group as up to two optimizer groups tagged with its index: the rest, then `no_wd`'s
+    parameters with weight decay 0 (which `set_hyper(opt, "wd", ...)` leaves alone)."""
+    out = []
+    for i, group in enumerate(groups):
+        decayed, kept = [p for p in group if id(p) not in no_wd], [p for p in group if id(p) in no_wd]
+        if decayed:
+            out.append({"params": decayed, GROUP_KEY: i})
+        if kept:
+            out.append({"params": kept, GROUP_KEY: i, NO_WD_KEY: True, "weight_decay": 0.0})
+    return out
 
 
 def _detuplify(x: Any) -> Any:
