@@ -11,6 +11,10 @@ __version__ = "0.1.0"
 from .accelerate import (Accelerator, DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                          InitProcessGroupKwargs, PartialState, ProjectConfiguration, find_executable_batch_size,
                          set_seed)
+# Accelerate's top-level names (accelerate/__init__.py) that cadence.accelerate implements
+from .accelerate import (DataLoaderConfiguration, DDPCommunicationHookType, DeepSpeedPlugin, DistributedType,
+                         FullyShardedDataParallelPlugin, GradientAccumulationPlugin, ProfileKwargs,
+                         synchronize_rng_states)
 from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
                            load_checkpoint_and_dispatch)
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
@@ -68,6 +72,8 @@ __all__ = [
     "MonitorCallback", "ReduceLROnPlateau", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
     "Accelerator", "PartialState", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
     "ProjectConfiguration", "DummyOptim", "DummyScheduler", "find_executable_batch_size", "set_seed",
+    "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin", "DistributedType",
+    "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "ProfileKwargs", "synchronize_rng_states",
     "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",
     # fastai names (issue 21)
     "CutMix", "MixUp", "ShortEpochCallback", "before_batch_cb", "to_detach", "ValueMetric", "SmoothLoss",
