@@ -381,6 +381,7 @@ class DistributedDL:
         if self.draw_like_loader and "generators" not in state:  # saved by a seeded DistributedDL (cadence < 0.2):
             self.draw_like_loader = False                           # its orders come from that seed
         if self.draw_like_loader:
+            sampling.check_state(state.get("drawn"), state["generators"])
             self._drawn = state.get("drawn")
             sampling.set_generator_states(self.dl, state["generators"])
         layout = {"world_size": state.get("world_size", self.world_size),

@@ -120,7 +120,36 @@ def _encode(state: torch.Tensor) -> str:
 
 
 def _decode(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+
+
+def check_state(drawn: Any, states: Any) -> None:
+    """ValueError naming the field unless `drawn` (None or {"epoch", "rng"} from `capture`) and `states`
+    (generator states) are what a DistributedDL with `draw_like_loader` saved: a damaged or edited file."""
+    def bad(field: str) -> ValueError:
+        return ValueError(f"the loader position's {field} is not what cadence saved (the checkpoint was edited or "
+                          f"damaged): resume from another checkpoint")
+
+    def check_states(field: str, value: Any) -> None:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(field)
+        try:
+            for v in value:
+                _decode(v)
+        except ValueError:
+            raise bad(field) from None
+
+    check_states("generators", states)
+    if drawn is None:
+        return
+    if not isinstance(drawn, dict) or not isinstance(drawn.get("epoch"), int) or not isinstance(drawn.get("rng"), dict):
+        raise bad("drawn")
+    rng = drawn["rng"]
+    check_states("drawn.rng.torch", [rng.get("torch")])
+    check_states("drawn.rng.generators", rng.get("generators"))
+    for key in ("numpy", "python"):
+        if key in rng and not isinstance(rng[key], list):
+            raise bad(f"drawn.rng.{key}")
 
 
 def capture(dl: DataLoader) -> dict[str, Any]:
@@ -142,7 +171,11 @@ def set_generator_states(dl: DataLoader, states: list[str]) -> None:
         raise ValueError(f"the loader draws from {len(gens)} torch generator(s) but the saved state has {len(states)}: "
                          f"build the loader as in the run that was saved")
     for gen, text in zip(gens, states):
-        gen.set_state(_decode(text))
+        try:
+            gen.set_state(_decode(text))
+        except (RuntimeError, ValueError):
+            raise ValueError("a saved generator state does not fit the loader's generator (the checkpoint was "
+                             "edited or damaged, or the loader is another one): resume from another checkpoint") from None
 
 
 @contextlib.contextmanager

@@ -271,3 +271,15 @@ def test_a_position_saved_by_a_seeded_wrapper_resumes_with_its_seed():
     new = DistributedDL(LOADERS["shuffle"](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
     new.load_state_dict(state)
     assert [b.tolist() for b in new] == want and new.seed == 11
+
+
+@pytest.mark.parametrize("field, value", [("generators", ["not base64!"]), ("generators", "x"),
+                                          ("drawn", {"epoch": "0", "rng": {}}), ("drawn", [1])])
+def test_a_damaged_draw_state_is_refused_naming_the_field(field, value):
+    first = DistributedDL(LOADERS["shuffle with a generator"](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    it = iter(first)
+    next(it)
+    state = {**first.state_dict(), field: value}
+    resumed = DistributedDL(LOADERS["shuffle with a generator"](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    with pytest.raises(ValueError, match=f"position's {field} is not what cadence saved"):
+        resumed.load_state_dict(state)
