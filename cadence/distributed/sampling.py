@@ -183,14 +183,14 @@ def replayed(dl: DataLoader, state: dict[str, Any]) -> Iterator[None]:
     """Every random source as `capture` recorded it; all restored on exit (drawing here changes nothing outside)."""
     saved = capture(dl)
     saved_np, saved_py = np.random.get_state(), random.getstate()
-    torch.set_rng_state(_decode(state["torch"]))
-    set_generator_states(dl, state["generators"])
-    if "numpy" in state:
-        name, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
     try:
+        torch.set_rng_state(_decode(state["torch"]))
+        set_generator_states(dl, state["generators"])
+        if "numpy" in state:
+            name, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+            version, internal, gauss = state["python"]
+            random.setstate((version, tuple(internal), gauss))
         yield
     finally:
         torch.set_rng_state(_decode(saved["torch"]))
