@@ -197,6 +197,7 @@ LOADERS = {  # each built afresh, as a script would: the same arguments, a gener
         torch.linspace(0.1, 1, 20), 15)),
     "bucketing batch sampler": lambda ds: DataLoader(ds, batch_sampler=Bucketing(20)),
     "sequential": lambda ds: DataLoader(ds, batch_size=6),
+    "shuffle with worker processes": lambda ds: DataLoader(ds, batch_size=6, shuffle=True, num_workers=2),
 }
 
 
