@@ -80,7 +80,7 @@ def test_x_y_aliases_and_to_detach():
     assert not nested["a"][0].requires_grad
 
 
-def test_value_metric_and_recorder_train_metrics_without_time():
+def test_value_metric_and_recorder_train_metrics_without_time(tmp_path):
     calls = []
 
     def best():
@@ -101,14 +101,22 @@ def test_value_metric_and_recorder_train_metrics_without_time():
                 self.hits += int((self.learn.pred.argmax(1) == self.learn.y).sum())
                 self.n += len(self.learn.y)
 
-    learn = learner(cbs=Preds())
+    from cadence import Tracker
+
+    learn = learner(cbs=Preds(), path=tmp_path)
     learn.remove_cb(learn.recorder).add_cb(Recorder([accuracy], train_metrics=True, add_time=False))
-    learn.fit(1)
+    learn.fit(1, cbs=Tracker("csv", project="p", run_name="r", dir=tmp_path))
     assert learn.recorder.metric_names == ["epoch", "train_loss", "train_accuracy", "valid_loss", "valid_accuracy"]
     row = learn.recorder.values[-1]
     assert list(row) == learn.recorder.metric_names
     assert row["train_accuracy"] == pytest.approx(learn.preds.hits / learn.preds.n)
     assert row["valid_accuracy"] == pytest.approx(learn.validate()["valid_accuracy"])
+    import csv
+
+    with open(tmp_path / "p" / "r" / "metrics.csv") as f:
+        logged = [r for r in csv.DictReader(f) if r["valid/accuracy"]]
+    assert float(logged[0]["valid/accuracy"]) == pytest.approx(row["valid_accuracy"])    # the tracker finds both
+    assert float(logged[0]["train/accuracy"]) == pytest.approx(row["train_accuracy"])
 
 
 def test_short_epoch_callback_runs_a_fraction_of_each_pass():
