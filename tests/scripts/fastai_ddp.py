@@ -1,6 +1,6 @@
 """Launched on 2 and 3 processes by tests/trainer/test_fastai_ddp.py; each check prints `CHECK <name> ok` on rank 0.
 
-- get_preds: every item of the data set once, in data set order, from a shuffled drop_last loader
+- get_preds (and tta, built on it): every item of the data set once, in data set order, from a shuffled drop_last loader
   (the train loader, ds_idx=0) and from the valid loader, with inputs, decoded classes and per-item losses;
 - Recorder: `train_loss` is the mean of the processes' own smoothed losses (fastai's smoothing, written out
   here), equal on every process; with `train_metrics=True`, `train_accuracy` is over every process's batches;
@@ -62,6 +62,7 @@ def check_get_preds(x, y):
         inps, preds, targs, decoded, losses = learn.get_preds(ds_idx=0, with_input=True, with_decoded=True,
                                                               with_loss=True)
         vpreds, vtargs = learn.get_preds()
+        tta, ttargs = learn.tta(n=2, batch_tfms=lambda t: t + 1)
     out = learn.model(x)
     check("get_preds_train_all_items_in_order", torch.equal(inps, x[:N_TRAIN]) and torch.equal(targs, y[:N_TRAIN]))
     check("get_preds_train_values", torch.allclose(preds, out[:N_TRAIN], atol=1e-6)
@@ -70,6 +71,8 @@ def check_get_preds(x, y):
                              atol=1e-6))
     check("get_preds_valid_all_items_in_order", torch.equal(vtargs, y[N_TRAIN:])
           and torch.allclose(vpreds, out[N_TRAIN:], atol=1e-6))
+    check("tta_lerps_augmented_and_plain_in_order", torch.equal(ttargs, y[N_TRAIN:])
+          and torch.allclose(tta, torch.lerp(learn.model(x[N_TRAIN:] + 1), out[N_TRAIN:], 0.25), atol=1e-6))
 
 
 class TrainHits(Callback):

@@ -5,6 +5,7 @@ import pytest
 from helpers import run_launch
 
 CHECKS = ["get_preds_train_all_items_in_order", "get_preds_train_values", "get_preds_valid_all_items_in_order",
+          "tta_lerps_augmented_and_plain_in_order",
           "recorder_losses_are_this_process_smoothed", "recorder_train_loss_is_the_mean_over_processes",
           "recorder_train_accuracy_over_all_processes", "batch_sampler_as_sampler_every_batch_once",
           "mixup_same_mixed_inputs", "mixup_same_weights", "mixup_inputs_were_mixed"]
