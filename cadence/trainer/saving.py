@@ -27,6 +27,10 @@ MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.pt"
 def save(learn: Any, name: str | Path, with_opt: bool = True) -> Path:
     """Write `path/model_dir/<name>/` (the main process writes; under a sharded engine every rank must call it)."""
     target = _target(learn, name)
+    if Path(name).suffix in (".pth", ".pt", ".pkl") and learn.strategy.is_main:
+        warnings.warn(f"learn.save({str(name)!r}) writes a directory, {target}/ ({MODEL_FILE}, {OPTIMIZER_FILE}), "
+                      f"not fastai's single .pth file; load it with learn.load({str(name)!r}) (see docs/fastai.md)",
+                      stacklevel=3)
     strategy = learn.strategy
     if strategy.is_main:
         check_writable(target.parent, "model directory")  # before the (collective) gathering of the weights

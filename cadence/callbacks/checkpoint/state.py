@@ -47,11 +47,13 @@ def make_resumable(learn: Any) -> DataLoader | None:
     """Make `learn.dls.train` a loader whose position can be saved and restored; returns the one replaced.
 
     Under distribution it already is a DistributedDL. A plain torch DataLoader is wrapped in a
-    one-process DistributedDL (same batches; shuffling from a seed kept in the checkpoint).
+    one-process DistributedDL that draws each epoch as the loader itself would (`draw_like_loader`):
+    the same batches and the same random numbers after them, so adding a Checkpoint changes nothing
+    in the run; the random states each epoch was drawn from go into the checkpoint.
     """
     dl = learn.dls.train
     if isinstance(dl, DataLoader):
-        learn.dls.train = DistributedDL(dl, rank=0, world_size=1)
+        learn.dls.train = DistributedDL(dl, rank=0, world_size=1, draw_like_loader=True)
         return dl
     return None
 
