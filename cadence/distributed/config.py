@@ -130,7 +130,7 @@ class Config:
     def check_engine_options(self) -> None:
         """ValueError, before any worker starts, when the engine refuses its options (`fsdp_config`, ...).
 
-        >>> Config(distributed_type="FSDP", num_processes=2, fsdp_config={"fsdp_sharding_strategy": 9}).check_engine_options()
+        >>> Config(distributed_type="FSDP", num_processes=2, fsdp_config={"fsdp_sharding_strategy": 9}).check_engine_options()  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ValueError: fsdp_config: FSDP sharding_strategy 9 does not exist; ...
         """

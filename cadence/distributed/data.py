@@ -107,10 +107,11 @@ class DistributedDL:
     """
 
     def __init__(self, dl: DataLoader, rank: int | None = None, world_size: int | None = None,
-                 device: torch.device | str | None = None, seed: int | None = None, draw_like_loader: bool = False):
+                 device: torch.device | str | None = None, seed: int | None = None, draw_like_loader: bool = False,
+                 group: Any = None):
         if not isinstance(dl, DataLoader):
             raise TypeError(f"DistributedDL wraps a torch DataLoader, got {type(dl).__name__}")
-        self.dl, self.device = dl, device
+        self.dl, self.device, self.group = dl, device, group  # group: the ranks that agree on a stream's end
         self.rank = env.rank() if rank is None else rank
         self.world_size = env.world_size() if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
@@ -484,10 +485,10 @@ class DistributedDL:
             yield got[1]
 
     def _agree(self, n: int) -> list[int]:
-        """Every rank's `n` (one all-gather); without a process group only this rank's."""
-        if not env.is_initialized() or env.world_size() != self.world_size:
+        """Every rank's `n` (one all-gather over `group`, the world by default); without a process group only this rank's."""
+        if not env.is_initialized() or dist.get_world_size(self.group) != self.world_size:
             return [n if r == self.rank else 0 for r in range(self.world_size)]
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
         out = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
-        dist.all_gather(out, torch.tensor([n], dtype=torch.long, device=device))
+        dist.all_gather(out, torch.tensor([n], dtype=torch.long, device=device), group=self.group)
         return [int(o) for o in out]

@@ -149,11 +149,8 @@ class FSDP(OwnsPrecision, Strategy):
         return (world,)
 
     def _mesh(self):
-        from torch.distributed.device_mesh import init_device_mesh
-
         shape = self._mesh_shape()
-        names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
-        return init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return env.device_mesh(self.device.type, shape, ("replicate", "shard") if len(shape) == 2 else ("shard",))
 
     # ------------------------------------------------------------------ model and optimizer
     def init_context(self) -> ContextManager:

@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -114,8 +115,9 @@ def _guard() -> None:
 @contextlib.contextmanager
 def kill_survivors_of_failure(status_dir: str, grace_s: float = TEARDOWN_GRACE_S, poll_s: float = 0.2) -> Iterator[None]:
     """In the launcher, around torch's agent: once a worker has failed (`status.failed_ranks`), SIGKILL the
-    workers of its group still alive `grace_s` seconds later (and their process groups, as the agent
-    does). A group restarted after the failure (`--max_restarts`) is a new group, left alone.
+    workers of its group still alive `grace_s` seconds later, or at once when stopped (SIGSTOP, a
+    debugger: they cannot act on SIGTERM), with their process groups, as the agent does. A group
+    restarted after the failure (`--max_restarts`) is a new group, left alone.
 
     The agent sends SIGTERM at once; a worker that can act on it has ended by then. Only this
     process's own children are killed, so a pid reused since its status was written is left alone.
@@ -135,11 +137,16 @@ def kill_survivors_of_failure(status_dir: str, grace_s: float = TEARDOWN_GRACE_S
             handled |= groups
             survivors = {record["pid"] for rank, record in status.read_statuses(status_dir).items()
                          if rank not in failed and record.get("restart", 0) in groups}
-            if stop.wait(grace_s):
-                return
-            for pid in survivors:
-                if _is_child(pid):
-                    _kill_group(pid)
+            deadline = time.monotonic() + grace_s
+            while survivors and not stop.is_set():
+                for pid in list(survivors):
+                    state = _child_state(pid)
+                    if state is None:
+                        survivors.discard(pid)
+                    elif state in "tT" or time.monotonic() >= deadline:   # stopped: it cannot act on SIGTERM
+                        _kill_group(pid)
+                        survivors.discard(pid)
+                stop.wait(poll_s)
 
     watcher = threading.Thread(target=watch, name="cadence-teardown", daemon=True)
     watcher.start()
@@ -150,12 +157,13 @@ def kill_survivors_of_failure(status_dir: str, grace_s: float = TEARDOWN_GRACE_S
         watcher.join()
 
 
-def _is_child(pid: int) -> bool:
-    """`pid` is a live (not yet reaped) child of this process."""
+def _child_state(pid: int) -> str | None:
+    """The state letter (R, S, T, Z, ...) of `pid` if it is a child of this process, else None."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0] if int(fields[1]) == os.getpid() else None
     except (OSError, IndexError, ValueError):
-        return False
+        return None
 
 
 def _kill_group(pid: int) -> None:

@@ -104,9 +104,7 @@ class ModelParallel(FSDP):
 
     def _mesh(self):
         if self.device_mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            self.device_mesh = init_device_mesh(self.device.type, self._mesh_shape(), mesh_dim_names=("dp", "tp"))
+            self.device_mesh = env.device_mesh(self.device.type, self._mesh_shape(), ("dp", "tp"))
         return self.device_mesh["dp"]
 
     # ------------------------------------------------------------------ model and optimizer
@@ -153,7 +151,8 @@ class ModelParallel(FSDP):
 
     def shard(self, dl: DataLoader) -> DistributedDL:
         """This dp group's part of `dl`: the ranks of one tp group get the same batches."""
-        return DistributedDL(dl, rank=self.dp_rank, world_size=self.dp_size, device=self.device)
+        group = self._dp_group() if env.is_initialized() else None   # a stream's end is agreed over dp
+        return DistributedDL(dl, rank=self.dp_rank, world_size=self.dp_size, device=self.device, group=group)
 
     def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
