@@ -125,3 +125,19 @@ def test_an_accelerate_config_files_parallelism_block_selects_model_parallel_wit
     config.check_engine_options()
     env = launch_env(config)
     assert env["CADENCE_STRATEGY"] == "model_parallel" and '"parallelism_config_tp_size": 2' in env["CADENCE_PARALLELISM_CONFIG"]
+
+
+@pytest.mark.slow
+def test_an_iterable_without_length_is_agreed_over_dp_and_validates_exactly_on_a_2x2_mesh():
+    out = run_launch("model_parallel_stream.py", nproc=4, timeout=300, flags=("--timeout", "60")).stdout
+    assert "CHECK steps_agreed_over_dp ok" in out and "CHECK valid_loss_exact ok" in out, out
+
+
+@pytest.mark.slow
+def test_a_rank_hung_in_a_mesh_subgroup_collective_times_out_with_the_runs_timeout():
+    import time
+
+    start = time.monotonic()
+    proc = run_launch("mesh_timeout.py", nproc=2, timeout=120, flags=("--timeout", "5"), check=False)
+    assert proc.returncode != 0 and time.monotonic() - start < 60, proc.stderr[-2000:]
+    assert "rank 1 stopped responding" in proc.stderr, proc.stderr[-2000:]
