@@ -4,12 +4,13 @@ A checkpoint is a directory::
 
     model.safetensors, optimizer.pt   the engine's format (FSDP: sharded/ written by every rank)
     rng-rank<r>.pt                    python, numpy and torch random states of each rank
-    callbacks.safetensors             the tensors of callback states (the Recorder's per-step history)
+    callbacks.tensors                 the tensors of callback states (the Recorder's per-step history),
+                                      in the safetensors layout (not named *.safetensors: no weights)
     state.json                        counters, callback states, sampler position, world size and the
                                       list of the other files (all must be there); written last
 
 state.json stays the same size however long the run: per-step histories travel as tensors in
-callbacks.safetensors (a state_dict value that is a tensor goes there), so a save costs the same
+callbacks.tensors (a state_dict value that is a tensor goes there), so a save costs the same
 at step 20,000 as at step 1,000.
 
 >>> learn.save_state("checkpoints/before-finetune")
@@ -37,10 +38,10 @@ from .rng import rng_state, set_rng_state
 from .store import STATE_FILE
 from .validate import check_state
 
-FORMAT = 2  # 2: callback tensors in callbacks.safetensors, the files listed; 1 (all in state.json) still loads
+FORMAT = 2  # 2: callback tensors in callbacks.tensors, the files listed; 1 (all in state.json) still loads
 READS = (1, 2)
-TENSORS_FILE = "callbacks.safetensors"
-_TENSOR_REF = "__cadence_tensor__"  # what stands in state.json for a tensor of callbacks.safetensors
+TENSORS_FILE = "callbacks.tensors"
+_TENSOR_REF = "__cadence_tensor__"  # what stands in state.json for a tensor of callbacks.tensors
 REQUIRED_KEYS = ("format", "epoch", "epoch_complete", "step", "train_iter", "world_size", "sampler", "callbacks")
 
 
