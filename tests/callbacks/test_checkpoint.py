@@ -20,7 +20,7 @@ def test_directory_format(dls, tmp_path):
     assert names == ["step-00000003", "step-00000004", "step-00000006", "step-00000008"]  # every 3 steps + epoch ends
     assert (root / "latest").read_text() == "step-00000008"
     ckpt = root / "step-00000008"
-    files = ["callbacks.safetensors", "model.safetensors", "optimizer.pt", "rng-rank0.pt"]
+    files = ["callbacks.tensors", "model.safetensors", "optimizer.pt", "rng-rank0.pt"]
     assert sorted(p.name for p in ckpt.iterdir()) == [*files, "state.json"]
     weights = load_file(str(ckpt / "model.safetensors"))
     for k, v in learn.model.state_dict().items():
@@ -29,7 +29,7 @@ def test_directory_format(dls, tmp_path):
     assert (state["epoch"], state["step"], state["epoch_complete"], state["world_size"]) == (1, 8, True, 1)
     assert "recorder" in state["callbacks"] and state["sampler"]["batches_done"] == 4
     assert state["files"] == files                      # a checkpoint is complete only when all of them are there
-    assert load_file(str(ckpt / "callbacks.safetensors"))["recorder.losses"].tolist() == learn.recorder.losses
+    assert load_file(str(ckpt / "callbacks.tensors"))["recorder.losses"].tolist() == learn.recorder.losses
     mid = json.loads((root / "step-00000003" / "state.json").read_text())
     assert (mid["epoch"], mid["sampler"]["batches_done"], mid["epoch_complete"]) == (0, 3, False)
     torch.load(ckpt / "optimizer.pt", weights_only=True)

@@ -4,12 +4,13 @@ A checkpoint is a directory::
 
     model.safetensors, optimizer.pt   the engine's format (FSDP: sharded/ written by every rank)
     rng-rank<r>.pt                    python, numpy and torch random states of each rank
-    callbacks.safetensors             the tensors of callback states (the Recorder's per-step history)
+    callbacks.tensors                 the tensors of callback states (the Recorder's per-step history),
+                                      in the safetensors layout (not named *.safetensors: no weights)
     state.json                        counters, callback states, sampler position, world size and the
                                       list of the other files (all must be there); written last
 
 state.json stays the same size however long the run: per-step histories travel as tensors in
-callbacks.safetensors (a state_dict value that is a tensor goes there), so a save costs the same
+callbacks.tensors (a state_dict value that is a tensor goes there), so a save costs the same
 at step 20,000 as at step 1,000.
 
 >>> learn.save_state("checkpoints/before-finetune")
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,15 +33,15 @@ from ... import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.env import rank, world_size
 from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
-                               save_weights, sibling, staging_dir, writing)
+                               sibling, staging_dir, writing)
 from .rng import rng_state, set_rng_state
 from .store import STATE_FILE
 from .validate import check_state
 
-FORMAT = 2  # 2: callback tensors in callbacks.safetensors, the files listed; 1 (all in state.json) still loads
+FORMAT = 2  # 2: callback tensors in callbacks.tensors, the files listed; 1 (all in state.json) still loads
 READS = (1, 2)
-TENSORS_FILE = "callbacks.safetensors"
-_TENSOR_REF = "__cadence_tensor__"  # what stands in state.json for a tensor of callbacks.safetensors
+TENSORS_FILE = "callbacks.tensors"
+_TENSOR_REF = "__cadence_tensor__"  # what stands in state.json for a tensor of callbacks.tensors
 REQUIRED_KEYS = ("format", "epoch", "epoch_complete", "step", "train_iter", "world_size", "sampler", "callbacks")
 
 
@@ -81,7 +83,7 @@ def save_state(learn: Any, directory: str | os.PathLike, epoch_complete: bool = 
             state = _train_state(learn, epoch_complete)
             state["callbacks"], tensors = _split_tensors(state["callbacks"])
             if tensors:
-                save_weights(tensors, staged / TENSORS_FILE)
+                _save_tensors(tensors, staged / TENSORS_FILE)
             state["files"] = _files(staged)
             with atomic_path(staged / STATE_FILE) as f:
                 f.write_text(json.dumps(state, indent=1))
@@ -93,6 +95,31 @@ def save_state(learn: Any, directory: str | os.PathLike, epoch_complete: bool = 
 def _files(directory: Path) -> list[str]:
     """Every file under `directory` (relative paths): state.json lists them, completeness checks them."""
     return [p.relative_to(directory).as_posix() for p in sorted(directory.rglob("*")) if p.is_file()]
+
+
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `tensors` in the safetensors layout straight from their memory, atomically. safetensors' own
+    `save_file` copies everything once more first: at 20k steps of history that copy was most of what a
+    save's cost still grew by (0.3 -> 0.9 ms for 4 x 20k float64; this: 0.23 -> 0.44 ms)."""
+    header, parts, offset = {}, [], 0
+    for key, t in tensors.items():
+        t = t.detach().cpu().contiguous()
+        data = t.reshape(-1).view(torch.uint8).numpy()
+        header[key] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                       "data_offsets": [offset, offset + data.nbytes]}
+        parts.append(data)
+        offset += data.nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for data in parts:
+            f.write(memoryview(data))
 
 
 def _split_tensors(obj: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:

@@ -61,7 +61,7 @@ def _check_sampler(file: Path, sampler: Any) -> None:
     if not isinstance(sampler, dict):
         raise refuse(file, "sampler", sampler, "an object (the training loader's position) or null")
     seed = sampler.get("seed")
-    if seed is not None and not _is_int(abs(seed) if isinstance(seed, int) else seed, 0):
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise refuse(file, "sampler.seed", seed, "an int or null")
     for key, least in (("epoch", 0), ("batches_done", 0), ("world_size", 1), ("samples_done", 0)):
         if key in sampler or key in ("epoch", "batches_done"):
