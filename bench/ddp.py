@@ -8,6 +8,9 @@ thread per process; the batches are built in memory beforehand (no loader cost o
   averaged through shared memory when every rank is on this machine's CPU).
 - **raw FSDP2**: `fully_shard` on each Linear, then on the root; the same step.
 - **cadence FSDP2**: `learn.distrib_ctx(strategy="fsdp", transformer_layer_cls_to_wrap="Linear")`.
+- **raw TP**: `parallelize_module` (Linear 0 and 4 column-wise, 2 and 6 row-wise) over both processes, the same
+  step (every rank sees the same batch).
+- **cadence TP**: `learn.distrib_ctx(strategy="model_parallel", tp_size=2, parallelize=...)` with that plan.
 - **raw DeepSpeed**: `deepspeed.initialize(model, optimizer=SGD, config=ZeRO-2)`, then `engine(x)`, loss,
   `engine.backward(loss)`, `engine.step()` (DeepSpeed's documented loop); gradient clipping off.
 - **cadence DeepSpeed**: `learn.distrib_ctx(strategy="deepspeed", zero_stage=2)` (only when deepspeed is installed).
@@ -77,6 +80,19 @@ def fsdp_wrap(model):
     return fully_shard(model)
 
 
+def tensor_parallel(model, tp_mesh=None):
+    """Megatron-style pairs: Linear 0 and 4 column-wise, 2 and 6 (the head) row-wise, over all processes."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    import torch
+
+    tp_mesh = tp_mesh or init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    parallelize_module(model, tp_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel(),
+                                        "4": ColwiseParallel(), "6": RowwiseParallel()})
+    return model
+
+
 DEEPSPEED_CONFIG = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
                     "zero_optimization": {"stage": 2}, "steps_per_print": 2**31 - 1, "zero_allow_untested_optimizer": True}
 
@@ -113,8 +129,11 @@ def cadence_loop(strategy, **kwargs):
 
 
 LOOPS = {"raw DDP": raw_loop(ddp_wrap), "cadence DDP": cadence_loop("ddp"),
-         "raw FSDP2": raw_loop(fsdp_wrap), "cadence FSDP2": cadence_loop("fsdp", transformer_layer_cls_to_wrap="Linear")}
-BASELINE = {"cadence DDP": "raw DDP", "cadence FSDP2": "raw FSDP2", "cadence DeepSpeed": "raw DeepSpeed"}
+         "raw FSDP2": raw_loop(fsdp_wrap), "cadence FSDP2": cadence_loop("fsdp", transformer_layer_cls_to_wrap="Linear"),
+         "raw TP": raw_loop(tensor_parallel),
+         "cadence TP": cadence_loop("model_parallel", tp_size=2, parallelize=tensor_parallel)}
+BASELINE = {"cadence DDP": "raw DDP", "cadence FSDP2": "raw FSDP2", "cadence DeepSpeed": "raw DeepSpeed",
+            "cadence TP": "raw TP"}
 
 
 def _add_deepspeed() -> None:

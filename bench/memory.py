@@ -9,7 +9,8 @@ tensor its ZeRO optimizer holds (fp32 master partitions, Adam's moments, its gra
 except its communication buckets, which are "buffers": the ZeRO paper counts parameters, gradients
 and optimizer state as model state and such fused buffers as residual state (constant size per rank,
 not divided by N). "estimate" is `cadence estimate-memory`'s model-state accounting for the same
-engine. Targets: FSDP FULL_SHARD and ZeRO-3 model state at most 1/N of DDP's + 5%.
+engine. Targets: FSDP FULL_SHARD and ZeRO-3 model state at most 1/N of DDP's + 5%; tensor parallelism
+(tp=2; on 4 processes inside FSDP2 over dp=2) at most 1/(tp x dp) of DDP's + 5%.
 
     .venv/bin/python bench/memory.py               # 2 and 4 processes (~1 min)
     .venv/bin/python bench/memory.py --nproc 2     # one size
@@ -27,7 +28,8 @@ ENGINES = {"DDP": ("ddp", {}, "no", "DDP"),
            "FSDP FULL_SHARD": ("fsdp", {"sharding_strategy": "FULL_SHARD", "transformer_layer_cls_to_wrap": "Linear"},
                                "no", "FSDP"),
            "FSDP SHARD_GRAD_OP": ("fsdp", {"sharding_strategy": "SHARD_GRAD_OP", "transformer_layer_cls_to_wrap": "Linear"},
-                                  "no", None)}
+                                  "no", None),
+           "TP x FSDP (tp=2, dp=rest)": ("model_parallel", {"tp_size": 2, "parallelize": "megatron_pairs"}, "no", None)}
 DEEPSPEED_ENGINES = {f"ZeRO-{k}{' bf16' if p == 'bf16' else ''}": ("deepspeed", {"zero_stage": k}, p, f"ZeRO-{k}")
                      for p in ("no", "bf16") for k in (1, 2, 3)}
 
@@ -38,6 +40,14 @@ def make_model():
 
     torch.manual_seed(0)
     return nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH)], nn.Linear(WIDTH, 10))
+
+
+def megatron_pairs(model, tp_mesh):
+    """Tensor parallelism for the bench model: each pair of hidden layers column- then row-wise (the 10-way head whole)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, tp_mesh, {str(i): ColwiseParallel() if i % 2 == 0 else RowwiseParallel()
+                                        for i in range(DEPTH)})
 
 
 def local(t):
@@ -111,6 +121,8 @@ def measure(strategy: str, kwargs: dict, precision: str) -> dict[str, int]:
     cbs = [probe] + ([MixedPrecision(precision)] if precision != "no" else [])
     learn = Learner(DataLoaders([(x, y)] * 2, None, device="cpu"), make_model(), loss_func=F.cross_entropy, cbs=cbs)
     learn.remove_cb(learn.progress)
+    if kwargs.get("parallelize") == "megatron_pairs":
+        kwargs = {**kwargs, "parallelize": megatron_pairs}
     with learn.distrib_ctx(strategy=strategy, **kwargs):
         learn.fit(1)
     return probe.bytes

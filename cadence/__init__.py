@@ -11,6 +11,10 @@ __version__ = "0.1.0"
 from .accelerate import (Accelerator, DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                          InitProcessGroupKwargs, PartialState, ProjectConfiguration, find_executable_batch_size,
                          set_seed)
+# Accelerate's top-level names (accelerate/__init__.py) that cadence.accelerate implements
+from .accelerate import (DataLoaderConfiguration, DDPCommunicationHookType, DeepSpeedPlugin, DistributedType,
+                         FullyShardedDataParallelPlugin, GradientAccumulationPlugin, ProfileKwargs,
+                         synchronize_rng_states)
 from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
                            load_checkpoint_and_dispatch)
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
@@ -41,6 +45,13 @@ from .trainer.lr_find import LRFinder, SuggestedLRs, minimum, slide, steep, vall
 from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SchedPoly, combine_scheds,
                                combined_cos)
 from .trainer.transfer import BnFreeze
+# fastai names (issue 21)
+from .callbacks.mixup import CutMix, MixUp
+from .callbacks.short_epoch import ShortEpochCallback
+from .trainer.callback import before_batch_cb
+from .trainer.data import to_detach
+from .trainer.metrics import ValueMetric
+from .trainer.recorder import SmoothLoss
 
 __all__ = [
     "__version__", "Learner", "load_learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
@@ -61,5 +72,9 @@ __all__ = [
     "MonitorCallback", "ReduceLROnPlateau", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
     "Accelerator", "PartialState", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
     "ProjectConfiguration", "DummyOptim", "DummyScheduler", "find_executable_batch_size", "set_seed",
+    "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin", "DistributedType",
+    "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "ProfileKwargs", "synchronize_rng_states",
     "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",
+    # fastai names (issue 21)
+    "CutMix", "MixUp", "ShortEpochCallback", "before_batch_cb", "to_detach", "ValueMetric", "SmoothLoss",
 ]

@@ -24,29 +24,35 @@ import gc
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ..compile import check_compile_options, compile_model, options_from_env
-from ..distributed import ops
 from ..distributed.data import DistributedDL
 from ..distributed.precision import make_precision
+from . import sync
 from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, load_accelerator_state,
                             save_accelerator_state)
+from .clipping import clip_grad_norm
+from .collectives import ProcessHelpers
 from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
-                       InitProcessGroupKwargs, ProjectConfiguration)
+                       InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
+from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
+                      GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
-from .preparation import (all_tensors, autocast_forward, make_strategy, optimizes, owns_parameters, restore_forward,
+from .preparation import (autocast_forward, choose_engine, make_strategy, optimizes, owns_parameters, restore_forward,
                           retarget, sort_handlers, split_loader)
+from .properties import RunProperties
+from .saving import save_object
 from .state import GradientState, PartialState
 from .trackers import TrackerSet
 
 __all__ = ["Accelerator"]
 
-class Accelerator:
+class Accelerator(RunProperties, ProcessHelpers):
     """Accelerate's `Accelerator`: prepare your objects, then write the training loop yourself.
 
     Args:
@@ -54,12 +60,16 @@ class Accelerator:
         gradient_accumulation_steps: micro-batches per optimizer step inside `accumulate` (default: the launcher's).
         cpu: train on the CPU even when a GPU is there.
         strategy: "ddp", "fsdp", ... or a Strategy (default: the launcher's, else DDP).
+        fsdp_plugin / deepspeed_plugin: Accelerate's engine plugins, mapped onto cadence's FSDP2 / DeepSpeed
+            strategies (an FSDP plugin applies on several processes, as in Accelerate).
+        dataloader_config: a `DataLoaderConfiguration` (split_batches, data_seed, ...).
+        gradient_accumulation_plugin: a `GradientAccumulationPlugin` (num_steps, sync_each_batch).
         log_with: trackers for `init_trackers`: "tensorboard", "wandb", "csv", a GeneralTracker, a list, or "all"
             (every named tracker whose package is installed). An unknown name is refused here.
         project_dir / project_config: where `save_state()` and the trackers write (a `ProjectConfiguration`).
-        kwargs_handlers: `DistributedDataParallelKwargs`, `GradScalerKwargs`, `InitProcessGroupKwargs`.
+        kwargs_handlers: `DistributedDataParallelKwargs`, `GradScalerKwargs`, `InitProcessGroupKwargs`, `ProfileKwargs`.
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer stepped (default).
-        split_batches: loaders' batch size is the global one, split between the processes.
+        split_batches: loaders' batch size is the global one, split between the processes (also in `dataloader_config`).
         device_placement: prepared loaders put batches on `accelerator.device`.
         dynamo_backend: torch.compile backend for prepared models ("inductor", "aot_eager", ...; "no": none);
             by default what `cadence launch --dynamo_backend` set. Compiled in place: saved weights keep their names.
@@ -71,92 +81,52 @@ class Accelerator:
                  gradient_accumulation_steps: int | None = None, cpu: bool = False, log_with: Any = None,
                  project_dir: str | os.PathLike | None = None, project_config: ProjectConfiguration | None = None,
                  kwargs_handlers: list | None = None, dynamo_backend: str | None = None,
-                 step_scheduler_with_optimizer: bool = True, strategy: Any = None):
+                 step_scheduler_with_optimizer: bool = True, strategy: Any = None,
+                 dataloader_config: DataLoaderConfiguration | None = None,
+                 gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+                 fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+                 deepspeed_plugin: DeepSpeedPlugin | None = None):
         handlers = sort_handlers(kwargs_handlers)
-        steps = (gradient_accumulation_steps if gradient_accumulation_steps is not None
-                 else int(os.environ.get("CADENCE_GRADIENT_ACCUMULATION_STEPS", "1")))
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be a positive int, got {gradient_accumulation_steps!r}")
+        self.gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
+        if split_batches and not self.dataloader_config.split_batches:
+            raise ValueError("split_batches=True and a dataloader_config with split_batches=False: set it in one place")
         self.mixed_precision = mixed_precision or os.environ.get("CADENCE_MIXED_PRECISION", "no")
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.project_dir = str(project_dir)
             self.project_configuration.logging_dir = self.project_configuration.logging_dir or str(project_dir)
-        self.device_placement, self.split_batches = device_placement, split_batches
+        self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.compile_options = _compile_options(dynamo_backend)
         self.dynamo_backend = (self.compile_options or {}).get("backend", "no")
         pg = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
+        self.profile_handler = handlers.get(ProfileKwargs)
         self.state = PartialState(cpu=cpu, backend=pg.backend, timeout=pg.timeout)
-        self.strategy = make_strategy(strategy, cpu, handlers.get(DistributedDataParallelKwargs))
+        engine, options = choose_engine(strategy, fsdp_plugin, deepspeed_plugin)
+        self.strategy = make_strategy(engine, cpu, handlers.get(DistributedDataParallelKwargs), options)
         self.strategy.setup_environment()
+        self.state.distributed_type = self.distributed_type
+        self.state.fsdp_plugin = fsdp_plugin if self.distributed_type == DistributedType.FSDP else None
+        self.state.deepspeed_plugin = None
+        if self.distributed_type == DistributedType.DEEPSPEED:
+            self.state.deepspeed_plugin = deepspeed_plugin or DeepSpeedPlugin.from_launcher()
+            self.state.deepspeed_plugin.deepspeed_config = self.strategy.config   # the config the engine is built from
         scaler = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs() if self.mixed_precision == "fp16" else {}
         self.strategy.set_precision(make_precision(self.mixed_precision, self.strategy.device, **scaler))
-        self.gradient_state = GradientState(steps)
+        self.gradient_state = GradientState(self.gradient_accumulation_plugin.num_steps)
+        if _engine_accumulation(self.state.deepspeed_plugin) is not None:   # Accelerate uses DeepSpeed's number
+            self.gradient_accumulation_steps = _engine_accumulation(self.state.deepspeed_plugin)
         self.trackers = TrackerSet(log_with, self.logging_dir)
         self.step = 0   # micro-steps seen by `accumulate` in the current window
         self._models: list[nn.Module] = []
         self._model_opts: list[torch.optim.Optimizer | None] = []
+        self._stepper: dict[int, PreparedOptimizer] = {}   # id(prepared model) -> the prepared optimizer stepping it
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
         self._trigger = False
-
-    # ------------------------------------------------------------------ who am I
-    @property
-    def device(self) -> torch.device:
-        return self.strategy.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_state.num_steps
-
-    @property
-    def sync_gradients(self) -> bool:
-        """False on the micro-steps of an accumulation window (no all-reduce, no optimizer step)."""
-        return self.gradient_state.sync_gradients
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        """True when the last step of a prepared optimizer was skipped (fp16 overflow)."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -181,6 +151,8 @@ class Accelerator:
                 mine = [o for o in opts if optimizes(o, arg)]
                 out[i] = self._prepare_model(arg, mine)
                 prepared_opts.update({id(o): PreparedOptimizer(o, self) for o in mine})
+                if mine:
+                    self._stepper[id(out[i])] = prepared_opts[id(mine[0])]
         for i, arg in enumerate(args):
             if is_opt[i]:
                 out[i] = prepared_opts.get(id(arg)) or PreparedOptimizer(self._refuse_dummy(arg), self)
@@ -209,6 +181,7 @@ class Accelerator:
         wrapped, opt = self.strategy.setup(model, make_opt, self.strategy.precision)
         self._refuse_dummy(opt)
         wrapped = self._compile_model(wrapped)
+        sync.give_no_sync(self.strategy, wrapped)
         self._models.append(wrapped)
         self._model_opts.append(opt)
         return wrapped
@@ -233,6 +206,8 @@ class Accelerator:
         if not isinstance(sharded, DistributedDL):  # one device: a one-process shard, resumable and device-placing
             sharded = DistributedDL(dl, rank=0, world_size=1, device=self.device)
         sharded.device = self.device if placement else None
+        if self.dataloader_config.data_seed is not None:
+            sharded.seed = self.dataloader_config.data_seed
         prepared = PreparedDataLoader(sharded, self.gradient_state)
         self._dataloaders.append(prepared)
         return prepared
@@ -259,35 +234,70 @@ class Accelerator:
         ...     accelerator.backward(model(**batch).loss); optimizer.step(); optimizer.zero_grad()
         """
         self.step += 1
-        sync = self.step % self.gradient_accumulation_steps == 0 or self.gradient_state.end_of_dataloader
-        if sync:
+        sync_now = self.step % self.gradient_accumulation_steps == 0 or self.gradient_state.end_of_dataloader
+        if sync_now:
             self.step = 0
-        self.gradient_state.sync_gradients = sync
+        self.gradient_state.sync_gradients = sync_now
         with contextlib.ExitStack() as stack:
-            if not sync:
+            if not (sync_now or self.gradient_accumulation_plugin.sync_each_batch):
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
 
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Forward and backward in this block keep gradients local (no all-reduce); the setting before comes back
+        after (a no-op on one process). Prepared models have the same as `model.no_sync()`, on every engine."""
+        return sync.no_sync(self.strategy, model)
+
+    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """The backward in this block synchronises gradients although the forward ran under `no_sync`.
+
+        >>> with accelerator.no_sync(model): loss = model(**batch).loss
+        >>> with accelerator.trigger_sync_in_backward(model): accelerator.backward(loss)
+        """
+        return sync.trigger_sync_in_backward(self.strategy, model)
+
     @contextlib.contextmanager
-    def no_sync(self, model: nn.Module) -> Iterator[None]:
-        """Forward and backward in this block keep gradients local (no all-reduce); a no-op on one process."""
-        self.strategy.set_gradient_sync(model, False)
-        try:
-            yield
-        finally:
-            self.strategy.set_gradient_sync(model, True)
+    def join_uneven_inputs(self, joinables: list, even_batches: bool | None = None) -> Iterator[None]:
+        """Accelerate's guard for processes with different numbers of batches. cadence's prepared loaders always
+        give every process as many batches, so the block just runs; `even_batches=False` is refused."""
+        if even_batches is False:
+            raise ValueError("join_uneven_inputs(even_batches=False): cadence's prepared loaders always give every "
+                             "process as many batches (gather_for_metrics drops the repeated samples); drop even_batches")
+        yield
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:
+        """Profile the block with torch.profiler (options from a `ProfileKwargs` handler); with `output_trace_dir`
+        each process writes its Chrome trace `profile_<process index>.json` there.
+
+        >>> with accelerator.profile() as prof: train_one_epoch()
+        >>> accelerator.print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        path = handler.trace_path(self.process_index)
+        if path is not None:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(path)
+            self.wait_for_everyone()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The mixed-precision context (prepared models already run their forward in it)."""
         return self.strategy.forward_context()
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Unscale (fp16), then clip the gradients of the prepared model owning `parameters`; the norm before clipping."""
+        """Unscale (fp16), then clip the gradients of the prepared model owning `parameters` by their global norm
+        (over every shard and process); returns that norm, before clipping, on every engine.
+
+        An engine that clips itself (DeepSpeed) is given `max_norm` and takes its optimizer step here, the
+        norm it computed returned (see `cadence.accelerate.clipping`).
+        """
         params = list(parameters)
         for model, opt in self._units():
             if opt is not None and owns_parameters(model, params, self.strategy):
-                return self.strategy.clip_grad_norm(model, opt, max_norm, norm_type)
+                return clip_grad_norm(self.strategy, model, opt, self._stepper.get(id(model)), max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
@@ -310,6 +320,14 @@ class Accelerator:
         """The full (unsharded) state dict of a prepared model, complete on the main process (sharded engines
         gather it there); every process must call it."""
         return self.strategy.model_state_dict(model)
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Save `obj` to `f` once per run (on the main process): `torch.save`, or safetensors for a dict of tensors
+        with `safe_serialization` (Accelerate's `save`, e.g. `save_pretrained(..., save_function=accelerator.save)`).
+
+        >>> accelerator.save(accelerator.unwrap_model(model).state_dict(), "weights.pt")
+        """
+        save_object(obj, f, safe_serialization, self.is_main_process)
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> Path:
@@ -373,94 +391,13 @@ class Accelerator:
     def _units(self) -> list[tuple[nn.Module, torch.optim.Optimizer | None]]:
         return list(zip(self._models, self._model_opts))
 
-    # ------------------------------------------------------------------ collectives
-    def gather(self, tensor: Any) -> Any:
-        """Every process's tensors concatenated on dim 0, in process order."""
-        return ops.gather(tensor)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """`gather` without the samples the loader being iterated added as padding: each sample counted once.
-
-        Tensors (nested in tuples, lists, dicts) are gathered as tensors; other objects (strings)
-        with `gather_object`, or whenever `use_gather_object`.
-
-        >>> preds, refs = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
-        """
-        dl = self.gradient_state.active_dataloader
-        if use_gather_object or not all_tensors(input_data):
-            return self._gather_objects_for_metrics(input_data, dl)
-        if dl is None:
-            return ops.gather(input_data)
-        return ops.gather_for_metrics(input_data, dl.base)
-
-    def _gather_objects_for_metrics(self, data: Any, dl: PreparedDataLoader | None) -> list:
-        parts = ops.gather_object(list(data))
-        if dl is None or dl.base.last_batch is None:
-            return [x for part in parts for x in part]
-        start = dl.base.last_batch[0]
-        return [x for r, part in enumerate(parts)
-                for x, real in zip(part, dl.base.real_mask(r, start, len(part)).tolist()) if real]
-
-    def gather_object(self, obj: Any) -> list:
-        """Every process's picklable `obj`; lists are concatenated (Accelerate's convention)."""
-        parts = ops.gather_object(obj)
-        return [x for part in parts for x in part] if all(isinstance(p, (list, tuple)) for p in parts) else parts
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """`reduction` ("sum", "mean", "max", "min") of the tensors over every process, times `scale`."""
-        out = ops.reduce(tensor, reduction)
-        return out if scale == 1.0 else ops.map_tensors(lambda t: t * scale, out)
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
-        """Pad along `dim` to the largest size any process has (so the tensors can be gathered)."""
-        return ops.pad_across_processes(tensor, dim, pad_index, pad_first)
-
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False):
-        """Context manager giving this process its contiguous part of `inputs` (see `PartialState`)."""
-        return self.state.split_between_processes(inputs, apply_padding)
-
-    def set_trigger(self) -> None:
-        """Raise a flag on this process; `check_trigger` sees it on every process (e.g. to stop early)."""
-        self._trigger = True
-
-    def check_trigger(self) -> bool:
-        """True on every process when any process called `set_trigger` since the last check (which resets it)."""
-        flag = ops.reduce(torch.tensor(float(self._trigger), device=self.device), "sum")
-        self._trigger = False
-        return bool(flag.item() > 0)
-
-    # ------------------------------------------------------------------ processes
-    def wait_for_everyone(self) -> None:
-        self.state.wait_for_everyone()
-
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state.local_main_process_first()
-
-    def on_main_process(self, function: Callable) -> Callable:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable) -> Callable:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable) -> Callable:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: Callable, process_index: int) -> Callable:
-        return self.state.on_process(function, process_index)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print` once, on the main process."""
-        self.state.print(*args, **kwargs)
-
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget everything prepared, collect garbage, empty the device cache; returns Nones for `objects`.
 
         >>> model, optimizer = accelerator.free_memory(model, optimizer)
         """
-        for registry in (self._models, self._model_opts, self._optimizers, self._schedulers, self._dataloaders):
+        for registry in (self._models, self._model_opts, self._optimizers, self._schedulers, self._dataloaders,
+                         self._stepper):
             registry.clear()
         self.step = 0
         gc.collect()
@@ -489,6 +426,28 @@ class Accelerator:
     def __repr__(self) -> str:
         return (f"Accelerator(strategy={self.strategy.name!r}, mixed_precision={self.mixed_precision!r}, "
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps}, {self.state!r})")
+
+
+def _engine_accumulation(plugin: DeepSpeedPlugin | None) -> int | None:
+    """The accumulation steps a DeepSpeed config fixes (None: "auto" or no DeepSpeed)."""
+    configured = plugin.deepspeed_config.get("gradient_accumulation_steps", "auto") if plugin is not None else "auto"
+    return None if configured == "auto" else int(configured)
+
+
+def _accumulation_plugin(steps: int | None, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
+    """The accumulation plugin from `gradient_accumulation_steps`, a plugin, or the launcher's steps (one place only)."""
+    if plugin is not None and steps is not None:
+        raise ValueError("give gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+    if plugin is not None and not isinstance(plugin, GradientAccumulationPlugin):
+        raise TypeError(f"gradient_accumulation_plugin takes a GradientAccumulationPlugin, got {type(plugin).__name__}")
+    plugin = plugin or GradientAccumulationPlugin()
+    if steps is not None:
+        plugin.num_steps = steps
+    if plugin.num_steps is None:
+        plugin.num_steps = int(os.environ.get("CADENCE_GRADIENT_ACCUMULATION_STEPS", "1"))
+    if not isinstance(plugin.num_steps, int) or isinstance(plugin.num_steps, bool) or plugin.num_steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be a positive int, got {steps!r}")
+    return plugin
 
 
 def _compile_options(dynamo_backend: str | None) -> dict[str, Any] | None:

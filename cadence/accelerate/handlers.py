@@ -1,7 +1,7 @@
 """The configuration objects an Accelerate script passes to `Accelerator`, under Accelerate's names.
 
-`kwargs_handlers` carry options for one part of the run: DDP's wrapper, the fp16 GradScaler, the
-process group. `ProjectConfiguration` says where checkpoints and logs go. `DummyOptim` /
+`kwargs_handlers` carry options for one part of the run: DDP's wrapper (and its communication hook),
+the fp16 GradScaler, the process group, the profiler. `ProjectConfiguration` says where checkpoints and logs go. `DummyOptim` /
 `DummyScheduler` stand for an optimizer and a schedule a DeepSpeed config names itself.
 
 >>> accelerator = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True),
@@ -12,11 +12,15 @@ process group. `ProjectConfiguration` says where checkpoints and logs go. `Dummy
 from __future__ import annotations
 
 import dataclasses
+import enum
+import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
-__all__ = ["KwargsHandler", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
+import torch
+
+__all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "ProfileKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
            "ProjectConfiguration", "DummyOptim", "DummyScheduler"]
 
 
@@ -34,11 +38,32 @@ class KwargsHandler:
                 if getattr(self, f.name) != getattr(default, f.name)}
 
 
+class DDPCommunicationHookType(str, enum.Enum):
+    """Accelerate's names for DDP's communication hooks (`torch.distributed.algorithms.ddp_comm_hooks`).
+
+    NO: DDP's own averaging; FP16 / BF16: gradients sent in half precision; POWER_SGD /
+    BATCHED_POWER_SGD: low-rank compression (`comm_state_option` gives PowerSGDState's options).
+    """
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
     """Options for `torch.nn.parallel.DistributedDataParallel` (only those changed are passed on).
 
+    `comm_hook` is a `DDPCommunicationHookType` (or a hook function, with `comm_state`);
+    `comm_wrapper` (FP16 / BF16) compresses what that hook sends, as in Accelerate. The DDP
+    strategy registers the hook; an engine that is not DDP refuses these options.
+
     >>> Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    >>> DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.POWER_SGD,
+    ...                               comm_wrapper=DDPCommunicationHookType.BF16,
+    ...                               comm_state_option={"matrix_approximation_rank": 2})
     """
 
     dim: int = 0
@@ -48,8 +73,63 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = True   # cadence's default (bench/ddp.py); torch's is False
     static_graph: bool = False
-    comm_hook: Callable | None = None
+    comm_hook: Any = DDPCommunicationHookType.NO
+    comm_wrapper: Any = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
     comm_state: Any = None
+
+    def __post_init__(self):
+        if self.comm_hook is not None and not callable(self.comm_hook):   # None: DDP's own all-reduce over gloo/NCCL
+            self.comm_hook = _hook_type(self.comm_hook, "comm_hook")
+        self.comm_wrapper = _hook_type(self.comm_wrapper, "comm_wrapper")
+        if self.comm_wrapper not in (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16,
+                                     DDPCommunicationHookType.BF16):
+            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r}: a wrapper compresses to 'fp16' or 'bf16'")
+        if self.comm_wrapper != DDPCommunicationHookType.NO and self.comm_hook == DDPCommunicationHookType.NO:
+            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r} wraps a comm_hook: give one too "
+                             f"(e.g. comm_hook=DDPCommunicationHookType.POWER_SGD), or drop the wrapper")
+        power_sgd = (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD)
+        if self.comm_state_option and self.comm_hook not in power_sgd:
+            raise ValueError("comm_state_option holds PowerSGD's options: use it with comm_hook='power_sgd' "
+                             "or 'batched_power_sgd'")
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """DDP's options that differ from the defaults, the hook as a function with its state.
+
+        >>> DistributedDataParallelKwargs(comm_hook="bf16").to_kwargs()["comm_hook"].__name__
+        'bf16_compress_hook'
+        """
+        options = super().to_kwargs()
+        for name in ("comm_wrapper", "comm_state_option"):
+            options.pop(name, None)
+        if isinstance(self.comm_hook, DDPCommunicationHookType) and self.comm_hook != DDPCommunicationHookType.NO:
+            options["comm_hook"], options["comm_state"] = _torch_hook(self)
+        return options
+
+
+def _hook_type(value: Any, what: str) -> DDPCommunicationHookType:
+    try:
+        return DDPCommunicationHookType(value.value if isinstance(value, enum.Enum) else value)
+    except ValueError:
+        raise ValueError(f"{what}={value!r} does not exist; choose one of "
+                         f"{[t.value for t in DDPCommunicationHookType]}") from None
+
+
+def _torch_hook(kwargs: DistributedDataParallelKwargs) -> tuple[Callable, Any]:
+    """torch's hook function and state for Accelerate's hook type and wrapper."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    kind = DDPCommunicationHookType
+    hooks = {kind.FP16: default_hooks.fp16_compress_hook, kind.BF16: default_hooks.bf16_compress_hook,
+             kind.POWER_SGD: powerSGD_hook.powerSGD_hook, kind.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook}
+    wrappers = {kind.FP16: default_hooks.fp16_compress_wrapper, kind.BF16: default_hooks.bf16_compress_wrapper}
+    hook = hooks[kwargs.comm_hook]
+    if kwargs.comm_wrapper in wrappers:
+        hook = wrappers[kwargs.comm_wrapper](hook)
+    state = kwargs.comm_state
+    if kwargs.comm_hook in (kind.POWER_SGD, kind.BATCHED_POWER_SGD) and state is None:
+        state = powerSGD_hook.PowerSGDState(None, **kwargs.comm_state_option)
+    return hook, state
 
 
 @dataclass
@@ -75,6 +155,51 @@ class InitProcessGroupKwargs(KwargsHandler):
 
     backend: str | None = None
     timeout: timedelta | None = None
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Options for `accelerator.profile()`: torch.profiler's, plus where to write a Chrome trace.
+
+    `activities`: "cpu", "cuda", "xpu", ... (default: torch's choice); `schedule_option`: the keys of
+    `torch.profiler.schedule` (wait, warmup, active, repeat, skip_first); `output_trace_dir`: each
+    process writes `profile_<process index>.json` there (Accelerate's name) when the block ends.
+
+    >>> accelerator = Accelerator(kwargs_handlers=[ProfileKwargs(record_shapes=True, output_trace_dir="trace")])
+    >>> with accelerator.profile() as prof: train_one_epoch()
+    >>> accelerator.print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Callable | None = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def build(self) -> torch.profiler.profile:
+        """The `torch.profiler.profile` these options describe (not started)."""
+        activities = None
+        if self.activities is not None:
+            known = {name.lower(): a for name, a in torch.profiler.ProfilerActivity.__members__.items()}
+            unknown = [a for a in self.activities if a not in known]
+            if unknown:
+                raise ValueError(f"ProfileKwargs(activities={self.activities!r}): {unknown} unknown; choose from {sorted(known)}")
+            activities = [known[a] for a in self.activities]
+        schedule = torch.profiler.schedule(**self.schedule_option) if self.schedule_option is not None else None
+        return torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=self.on_trace_ready,
+                                      record_shapes=self.record_shapes, profile_memory=self.profile_memory,
+                                      with_stack=self.with_stack, with_flops=self.with_flops,
+                                      with_modules=self.with_modules)
+
+    def trace_path(self, process_index: int) -> str | None:
+        """Where process `process_index` writes its Chrome trace (None: nowhere)."""
+        if self.output_trace_dir is None:
+            return None
+        return os.path.join(self.output_trace_dir, f"profile_{process_index}.json")
 
 
 @dataclass

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from typing import Any, Callable
 
@@ -18,14 +19,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..distributed import ops
+from ..distributed import env, ops
 from ..distributed.registry import get_strategy, strategy_class
-from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs, InitProcessGroupKwargs
+from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
+from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
-__all__ = ["sort_handlers", "make_strategy", "optimizes", "retarget", "owns_parameters", "autocast_forward",
+__all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters", "autocast_forward",
            "restore_forward", "all_tensors", "split_loader"]
 
-_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs)
+_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
 
 
 def sort_handlers(kwargs_handlers: list | None) -> dict[type, Any]:
@@ -39,23 +41,51 @@ def sort_handlers(kwargs_handlers: list | None) -> dict[type, Any]:
     return found
 
 
-def make_strategy(name: Any, cpu: bool, ddp: DistributedDataParallelKwargs | None) -> Any:
-    """The registry's strategy; DDP's options go to an engine whose constructor takes them, with a warning otherwise."""
+def choose_engine(strategy: Any, fsdp_plugin: FullyShardedDataParallelPlugin | None,
+                  deepspeed_plugin: DeepSpeedPlugin | None) -> tuple[Any, dict[str, Any]]:
+    """The strategy (name or instance) and its options, from `strategy=` or a plugin, as Accelerate decides.
+
+    A `deepspeed_plugin` means DeepSpeed. An `fsdp_plugin` means FSDP on several processes (on one,
+    Accelerate runs without it, and so does cadence), unless the launcher chose DeepSpeed, which Accelerate
+    lets win: a warning says the plugin is not used.
+    """
+    for given, kind in ((fsdp_plugin, FullyShardedDataParallelPlugin), (deepspeed_plugin, DeepSpeedPlugin)):
+        if given is not None and not isinstance(given, kind):
+            raise TypeError(f"{kind.__name__} expected, got {type(given).__name__}")
+    if strategy is not None and (fsdp_plugin or deepspeed_plugin):
+        raise ValueError("give either strategy= or fsdp_plugin= / deepspeed_plugin=, not both")
+    if fsdp_plugin is not None and deepspeed_plugin is not None:
+        raise ValueError("fsdp_plugin and deepspeed_plugin both given: choose one engine")
+    if deepspeed_plugin is not None:
+        return "deepspeed", deepspeed_plugin.strategy_options()
+    launched = (os.environ.get("CADENCE_STRATEGY") or "").lower()
+    if fsdp_plugin is not None and launched == "deepspeed":
+        warnings.warn("fsdp_plugin is not used: the launcher chose DeepSpeed (as Accelerate does); launch with "
+                      "--use_fsdp to train with FSDP", stacklevel=3)
+    elif fsdp_plugin is not None and env.world_size() > 1:
+        return "fsdp", fsdp_plugin.strategy_options()
+    return strategy, {}
+
+
+def make_strategy(name: Any, cpu: bool, ddp: DistributedDataParallelKwargs | None,
+                  engine_options: dict[str, Any] | None = None) -> Any:
+    """The registry's strategy with `engine_options`; DDP's options go to an engine whose constructor takes them,
+    with a warning otherwise (Accelerate, too, uses them only under DDP)."""
     options = dict(ddp.to_kwargs()) if ddp is not None else {}
     if cpu:
         options["device"] = "cpu"
     cls = strategy_class(name)
     if cls is not None:
         params = inspect.signature(cls).parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        dropped = [k for k in options if k not in params and not takes_any]
+        takes_ddp = "comm_hook" in params   # DDP's interface: comm_hook plus DistributedDataParallel's keywords
+        dropped = [k for k in options if k != "device" and not takes_ddp]
         if dropped:
             warnings.warn(f"strategy {cls.__name__} takes no {dropped}; DistributedDataParallelKwargs options "
                           f"are DDP's and are ignored here", stacklevel=3)
         options = {k: v for k, v in options.items() if k not in dropped}
     elif options:
         raise ValueError("give a Strategy instance its options yourself, not through kwargs_handlers/cpu")
-    return get_strategy(name, **options)
+    return get_strategy(name, **options, **(engine_options or {}))
 
 
 def optimizes(opt: Any, model: nn.Module) -> bool:

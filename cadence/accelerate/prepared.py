@@ -70,6 +70,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any):  # no super().__init__: a view
         self.optimizer, self.accelerator = optimizer, accelerator
         self.step_was_skipped = False
+        self.stepped_early = False   # `clip_grad_norm_` took this window's step (an engine that clips in its step)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -104,8 +105,31 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("a prepared optimizer steps through the strategy and takes no closure; "
                              "compute the loss and call accelerator.backward(loss) before optimizer.step()")
-        if self.accelerator.sync_gradients:
+        if self.stepped_early:
+            self.stepped_early = False
+        elif self.accelerator.sync_gradients:
             self.step_was_skipped = not self.accelerator.strategy.step(self.optimizer)
+
+    def step_now(self) -> None:
+        """Take this window's step now; the next `step()` call is then a no-op (see `accelerate.clipping`)."""
+        self.step_was_skipped = not self.accelerator.strategy.step(self.optimizer)
+        self.stepped_early = True
+
+    def train(self) -> None:
+        """The optimizer's own `train()` (schedule-free optimizers switch their weights for training)."""
+        self._call("train")
+
+    def eval(self) -> None:
+        """The optimizer's own `eval()` (schedule-free optimizers switch to their averaged weights)."""
+        self._call("eval")
+
+    def _call(self, name: str) -> None:
+        """Call the optimizer's mode switch, or that of the optimizer an engine wraps (DeepSpeed's ZeRO wrapper);
+        an optimizer without modes has nothing to switch."""
+        for opt in (self.optimizer, getattr(self.optimizer, "optimizer", None)):
+            if callable(getattr(opt, name, None)):
+                getattr(opt, name)()
+                return
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Callable, Iterator, TypeVar
@@ -19,10 +20,12 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 
 from ..distributed import env, ops
+from .plugins import DeepSpeedPlugin, distributed_type_of
 
 __all__ = ["PartialState", "GradientState"]
 
 T = TypeVar("T")
+_UNSET = object()
 
 
 class PartialState:
@@ -36,6 +39,21 @@ class PartialState:
     def __init__(self, cpu: bool = False, backend: str | None = None, timeout: timedelta | None = None):
         env.setup_distrib(backend, timeout.total_seconds() if timeout is not None else None)
         self.device = torch.device("cpu") if cpu else env.default_device()
+        self._launched = (os.environ.get("CADENCE_STRATEGY") or "ddp").lower()
+        self.distributed_type = distributed_type_of(self._launched, self.device, self.num_processes)
+        self.fsdp_plugin: Any = None
+        self._deepspeed_plugin: Any = _UNSET
+
+    @property
+    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
+        """The DeepSpeed plugin when the run uses DeepSpeed (`cadence launch --use_deepspeed`), else None."""
+        if self._deepspeed_plugin is _UNSET:
+            self._deepspeed_plugin = DeepSpeedPlugin.from_launcher() if self._launched == "deepspeed" else None
+        return self._deepspeed_plugin
+
+    @deepspeed_plugin.setter
+    def deepspeed_plugin(self, plugin: DeepSpeedPlugin | None) -> None:
+        self._deepspeed_plugin = plugin
 
     @property
     def process_index(self) -> int:

@@ -259,11 +259,14 @@ class TerminateOnNaN(Callback):
     Each training batch costs one `all_sum` of a 3-element tensor (a device sync on GPU). The
     message names the step and the last finite loss (the mean over processes).
 
+    It runs before the Recorder (as fastai's does), so `recorder.losses` and the trackers never
+    hold the non-finite loss.
+
     >>> learn.fit(5, cbs=TerminateOnNaN())
     TerminateOnNaN: loss is not finite on 1 of 2 process(es) at step 42 (epoch 1, batch 10); last finite loss 0.3172 at step 41
     """
 
-    order = Order.STOP
+    order = Order.GUARD
     run_valid = False
     name = "terminate_on_nan"
 

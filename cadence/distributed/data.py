@@ -54,9 +54,14 @@ class _Batches(Sampler[list[int]]):
     def __init__(self, flat: bool) -> None:
         self.batches: list[list[int]] = []
         self.flat = flat  # an unbatched loader takes one index at a time
+        self.prepare: Any = None  # set: called (once) when iteration starts, to fill `batches` then
 
-    def __iter__(self) -> Iterator[Any]:
-        return (b[0] for b in self.batches) if self.flat else iter(self.batches)
+    def __iter__(self) -> Iterator[Any]:  # a generator: its body runs when the loader asks for the first index
+        if self.prepare is not None:
+            prepare, self.prepare = self.prepare, None
+            prepare()
+        for b in self.batches:
+            yield b[0] if self.flat else b
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -91,16 +96,22 @@ class DistributedDL:
     is a collective: every rank must build it, and rank 0's seed is broadcast. So is iterating
     an IterableDataset without `__len__` (one small all-gather per batch).
 
+    `draw_like_loader=True` (one process only) makes wrapping change nothing: each epoch's order
+    is drawn as `dl` itself draws it, from the same random sources at the same moment (when the
+    iteration starts), so batches and every later random number equal the plain loader's. The
+    random states of that moment go into `state_dict`, so a resumed epoch redraws the same order.
+
     >>> ddl = DistributedDL(DataLoader(range(50), batch_size=12), rank=1, world_size=4)
     >>> [b.tolist() for b in ddl]
     [[13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], [25]]
     """
 
     def __init__(self, dl: DataLoader, rank: int | None = None, world_size: int | None = None,
-                 device: torch.device | str | None = None, seed: int | None = None):
+                 device: torch.device | str | None = None, seed: int | None = None, draw_like_loader: bool = False,
+                 group: Any = None):
         if not isinstance(dl, DataLoader):
             raise TypeError(f"DistributedDL wraps a torch DataLoader, got {type(dl).__name__}")
-        self.dl, self.device = dl, device
+        self.dl, self.device, self.group = dl, device, group  # group: the ranks that agree on a stream's end
         self.rank = env.rank() if rank is None else rank
         self.world_size = env.world_size() if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
@@ -109,7 +120,13 @@ class DistributedDL:
         self.sized = _has_len(dl.dataset)
         self.kind = "iterable" if self.iterable else sampling.kind(dl)
         self.shuffle = self.kind == "shuffle"
-        self.seed = self._shared_seed(seed) if self.kind in ("shuffle", "sampler", "batch_sampler") else seed
+        self.draw_like_loader = draw_like_loader
+        if draw_like_loader and (self.world_size != 1 or seed is not None):
+            raise ValueError(f"draw_like_loader=True draws each epoch as the loader itself would, on one process and "
+                             f"without a seed; got world_size={self.world_size}, seed={seed!r}")
+        self._random = self.kind in ("shuffle", "sampler", "batch_sampler")
+        self.seed = self._shared_seed(seed) if self._random and not draw_like_loader else seed
+        self._drawn: dict[str, Any] | None = None  # draw_like_loader: {"epoch", "rng"}: the states the epoch was drawn from
         self.start_batch = 0
         self._source: dict[str, int] | None = None  # the layout this epoch continues (a resume on N != M)
         self.set_epoch(0)
@@ -141,6 +158,9 @@ class DistributedDL:
     def _build_loader(self) -> DataLoader:
         kw = _loader_kwargs(self.dl)
         unbatched = self.dl.batch_size is None and self.kind != "batch_sampler"
+        if sampling.sampler_yields_batches(self.dl):  # dataset[indices], one batch of indices at a time
+            self._batches = _Batches(flat=False)
+            return DataLoader(self.dl.dataset, sampler=self._batches, batch_size=None, generator=self._generator, **kw)
         if self.iterable:
             bs = self.dl.batch_size or 1
             self._stream = (PlannedStream(self.dl.dataset, len(self.dl.dataset)) if self.sized else
@@ -159,7 +179,26 @@ class DistributedDL:
             raise TypeError("an IterableDataset without __len__ has no plan before it is iterated")
         if self.iterable:
             return torch.arange(len(self.dl.dataset)), None
+        if self.draw_like_loader and self._random:
+            return self._order_as_loader()
         return sampling.draw(self.dl, self.seed, self.epoch)
+
+    def _order_as_loader(self) -> tuple[torch.Tensor, list[int] | None]:
+        """The epoch's order redrawn from the states it was drawn from; before the draw, stand-ins of the right length."""
+        if self._drawn is not None and self._drawn["epoch"] == self.epoch:
+            with sampling.replayed(self.dl, self._drawn["rng"]):
+                return sampling.listed(self.dl)
+        if self.kind == "batch_sampler":  # lengths unknown until drawn: only the number of batches is right
+            n = len(self.dl.batch_sampler if self.dl.batch_sampler is not None else self.dl.sampler)
+            return torch.arange(n), [1] * n
+        return torch.arange(len(self.dl.sampler)), None
+
+    def _draw_now(self) -> None:
+        """draw_like_loader: draw the epoch from the live random sources (as the loader would), keeping their states."""
+        rng = sampling.capture(self.dl)
+        order, batch_lens = sampling.listed(self.dl)
+        self._drawn = {"epoch": self.epoch, "rng": rng}
+        self._cache[self._key(self.epoch, self._source)] = (order, self._make_plan(order, batch_lens, self._source))
 
     def _layout(self, order: torch.Tensor, batch_lens: list[int] | None, world_size: int,
                 batch_size: int | None, offset: int = 0) -> sharding.Plan:
@@ -176,7 +215,7 @@ class DistributedDL:
 
     def _planned(self, epoch: int, source: dict[str, int] | None) -> tuple[torch.Tensor, sharding.Plan]:
         """(order, plan) of `epoch` continuing `source`; the last two are cached."""
-        key = (epoch, None if source is None else tuple(sorted(source.items())))
+        key = self._key(epoch, source)
         if key not in self._cache:
             current, self.epoch = self.epoch, epoch
             try:
@@ -186,6 +225,10 @@ class DistributedDL:
             last = dict(list(self._cache.items())[-1:])
             self._cache = {**last, key: (order, self._make_plan(order, batch_lens, source))}
         return self._cache[key]
+
+    def _key(self, epoch: int, source: dict[str, int] | None) -> tuple:
+        drawn = self._drawn is not None and self._drawn["epoch"] == epoch
+        return epoch, None if source is None else tuple(sorted(source.items())), drawn
 
     def _upcoming(self) -> sharding.Plan:
         """The plan the next iteration yields: the next epoch's once this one was iterated to its end."""
@@ -317,6 +360,9 @@ class DistributedDL:
                  "epoch_complete": self._complete, "world_size": src["world_size"], "batch_size": src["batch_size"]}
         if self.iterable:
             state["samples_done"] = self._samples_done(self._steps_done)
+        if self.draw_like_loader:
+            state["drawn"] = self._drawn if self._drawn is not None and self._drawn["epoch"] == self.epoch else None
+            state["generators"] = sampling.capture(self.dl)["generators"]  # later epochs go on drawing from them
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -333,6 +379,12 @@ class DistributedDL:
         epoch, done = state["epoch"], state["batches_done"]
         self.seed = state["seed"]
         self.set_epoch(epoch)
+        if self.draw_like_loader and "generators" not in state:  # saved by a seeded DistributedDL (cadence < 0.2):
+            self.draw_like_loader = False                           # its orders come from that seed
+        if self.draw_like_loader:
+            sampling.check_state(state.get("drawn"), state["generators"])
+            self._drawn = state.get("drawn")
+            sampling.set_generator_states(self.dl, state["generators"])
         layout = {"world_size": state.get("world_size", self.world_size),
                   "batch_size": state.get("batch_size", self.dl.batch_size), "batches_done": done}
         layout["samples_done"] = state.get("samples_done", done * (layout["batch_size"] or 1) * layout["world_size"])
@@ -379,18 +431,33 @@ class DistributedDL:
         self._complete = True
 
     def _iter_planned(self, first: int) -> Iterator[Any]:
-        (order, plan), rank = self._planned(self.epoch, self._source), self.rank
-        starts, lens = plan.starts[rank], plan.lens[rank]
-        flat = plan.shards[rank][starts[first] if first < len(plan) else len(plan.shards[rank]):]
-        if not self.iterable:
-            flat = order[flat % len(order)] if len(order) else flat
-        flat, at = flat.tolist(), starts[first] if first < len(plan) else 0
-        batches = [flat[s - at:s - at + n] for s, n in zip(starts[first:], lens[first:])]
-        if self.iterable:
-            self._stream.batches = batches
-        else:
-            self._batches.batches = batches
+        plan: list[sharding.Plan] = []
+
+        def prepare() -> None:
+            order, p = self._planned(self.epoch, self._source)
+            plan.append(p)
+            starts, lens = p.starts[self.rank], p.lens[self.rank]
+            flat = p.shards[self.rank][starts[first] if first < len(p) else len(p.shards[self.rank]):]
+            if not self.iterable:
+                flat = order[flat % len(order)] if len(order) else flat
+            flat, at = flat.tolist(), starts[first] if first < len(p) else 0
+            batches = [flat[s - at:s - at + n] for s, n in zip(starts[first:], lens[first:])]
+            if self.iterable:
+                self._stream.batches = batches
+            else:
+                self._batches.batches = batches
+
+        fresh = self.draw_like_loader and first == 0  # a resumed epoch draws nothing: its order was drawn before
+        # as the plain loader: the iterator draws its base seed from the loader's generator (or torch's), then
+        # the sampler draws the order; a resumed epoch's iterator draws from this loader's own generator
+        self._loader.generator = self.dl.generator if fresh else self._generator
+        lazy = fresh and self._random and not self.iterable
+        if not self.iterable:  # (an iteration abandoned before its first batch left its own)
+            self._batches.prepare = (lambda: (self._draw_now(), prepare())) if lazy else None
+        if not lazy:
+            prepare()
         for t, batch in enumerate(self._loader, first):
+            starts, lens = plan[0].starts[self.rank], plan[0].lens[self.rank]
             self.last_batch, self._steps_done = (starts[t], lens[t]), t + 1
             yield batch[1] if self.iterable else batch
 
@@ -418,10 +485,10 @@ class DistributedDL:
             yield got[1]
 
     def _agree(self, n: int) -> list[int]:
-        """Every rank's `n` (one all-gather); without a process group only this rank's."""
-        if not env.is_initialized() or env.world_size() != self.world_size:
+        """Every rank's `n` (one all-gather over `group`, the world by default); without a process group only this rank's."""
+        if not env.is_initialized() or dist.get_world_size(self.group) != self.world_size:
             return [n if r == self.rank else 0 for r in range(self.world_size)]
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
         out = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world_size)]
-        dist.all_gather(out, torch.tensor([n], dtype=torch.long, device=device))
+        dist.all_gather(out, torch.tensor([n], dtype=torch.long, device=device), group=self.group)
         return [int(o) for o in out]

@@ -37,6 +37,16 @@ _SYNC_BN_DEVICES = ("cuda", "hpu", "xpu")
 DDP_DEFAULTS = {"gradient_as_bucket_view": True}
 
 
+# torch's bf16 hooks (and the bf16 wrapper) need NCCL on CUDA or XCCL on XPU; torch checks only when DDP registers them
+_BF16_HOOKS = ("bf16_compress_hook", "bf16_compress_wrapper_hook")
+
+
+def _check_hook_device(hook: Any, device: torch.device) -> None:
+    if getattr(hook, "__name__", None) in _BF16_HOOKS and device.type not in ("cuda", "xpu"):
+        raise ValueError(f"DDP comm hook {hook.__name__} sends bf16 gradients, which torch does only over NCCL (CUDA) "
+                         f"or XCCL (XPU), not on {device.type}: use the fp16 hook/wrapper, or none")
+
+
 def _has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
@@ -67,6 +77,7 @@ class DDP(Strategy):
             raise ValueError(f"comm_hook={comm_hook!r}: pass a DDP communication hook function, None for DDP's own "
                              f"all-reduce, or 'auto'")
         self.sync_bn, self.comm_hook, self.comm_state = sync_bn, comm_hook, comm_state
+        _check_hook_device(comm_hook, self.device)
         self.ddp_kwargs = {**DDP_DEFAULTS, **ddp_kwargs}
         self.created_group = False
         self.shared_memory: SharedMemoryAllReduce | None = None     # the "auto" hook's state, one per group

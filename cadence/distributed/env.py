@@ -117,6 +117,20 @@ def setup_distrib(backend: str | None = None, timeout_s: float | None = None) ->
     return True
 
 
+def device_mesh(device_type: str, shape: tuple[int, ...], names: tuple[str, ...]):
+    """`init_device_mesh` whose sub-groups keep the run's timeout (torch gives them its 30-minute default, so a
+    rank hung in a collective of one mesh dimension would hold the job for half an hour).
+
+    >>> mesh = device_mesh("cpu", (2, 2), ("dp", "tp"))    # 4 processes launched
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    for dim in range(len(shape)):
+        dist.distributed_c10d._set_pg_timeout(timeout(), mesh.get_group(dim))
+    return mesh
+
+
 def _store_prefix() -> str:
     """Keys of this group in the rendezvous store: unique per restart of the job and per group of the process.
 

@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
-from .strategy import MakeOpt, OwnsPrecision, Strategy, meta_copy
+from .strategy import (MakeOpt, OwnsPrecision, Strategy, meta_copy, non_persistent_buffers, rebuild, set_buffers,
+                       tied_names)
 
 __all__ = ["FSDP", "SHARDING_STRATEGIES", "AUTO_WRAP_POLICIES"]
 
@@ -148,11 +149,8 @@ class FSDP(OwnsPrecision, Strategy):
         return (world,)
 
     def _mesh(self):
-        from torch.distributed.device_mesh import init_device_mesh
-
         shape = self._mesh_shape()
-        names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
-        return init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return env.device_mesh(self.device.type, shape, ("replicate", "shard") if len(shape) == 2 else ("shard",))
 
     # ------------------------------------------------------------------ model and optimizer
     def init_context(self) -> ContextManager:
@@ -175,6 +173,8 @@ class FSDP(OwnsPrecision, Strategy):
         if precision is not None:
             self.precision = _sharded_scaler(precision)
         self._precision_fixed = True
+        buffers = self._rank0_buffers(model) if self.cpu_ram_efficient_loading else []
+        set_buffers(model, buffers)  # before the skeleton is taken: it keeps them for `release`
         self._skeleton = meta_copy(model)
         full_state = _full_cpu_state(model) if self.cpu_ram_efficient_loading and env.is_main_process() else None
         if self.activation_checkpointing:
@@ -194,6 +194,7 @@ class FSDP(OwnsPrecision, Strategy):
         fully_shard(model, **kwargs)
         if self.cpu_ram_efficient_loading:
             self._load_broadcast(model, full_state)
+            set_buffers(model, buffers)  # to_empty emptied them
         return model, make_opt(model)
 
     def _groups(self, model: nn.Module) -> list[nn.Module]:
@@ -215,6 +216,19 @@ class FSDP(OwnsPrecision, Strategy):
             chosen = []
         return sorted(chosen, key=lambda m: -_depth(model, m))
 
+    def _rank0_buffers(self, model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+        """Rank 0's non-persistent buffers (a rotary embedding's `inv_freq`) on every rank: no state dict carries them,
+        and a rank that built the model on the meta device has none (it trained on uninitialised memory)."""
+        import torch.distributed as dist
+
+        placed = []
+        for name, t in non_persistent_buffers(model):
+            value = (t.detach().to(self.device).clone() if env.is_main_process() else
+                     torch.empty(t.shape, dtype=t.dtype, device=self.device))
+            dist.broadcast(value, src=0)
+            placed.append((name, value.cpu() if self.offload else value))
+        return placed
+
     def _load_broadcast(self, model: nn.Module, full_state: dict | None) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -232,7 +246,7 @@ class FSDP(OwnsPrecision, Strategy):
 
         full = StateDictOptions(full_state_dict=True)
         weights, opt_state = get_model_state_dict(model, options=full), get_optimizer_state_dict(model, opt, options=full)
-        plain = self._skeleton.to_empty(device=self.device)
+        plain = rebuild(self._skeleton, self.device)
         plain.load_state_dict(weights)
         new_opt = make_opt(plain)
         if opt_state["state"]:
@@ -268,12 +282,19 @@ class FSDP(OwnsPrecision, Strategy):
 
     # ------------------------------------------------------------------ state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full weights gathered on the CPU of rank 0 (other ranks get an empty dict); every rank must call it."""
+        """Full weights gathered on the CPU of rank 0 (other ranks get an empty dict); every rank must call it.
+
+        A tied weight's names share one tensor, as in the plain module's state dict.
+        """
         if self._skeleton is None:
             return super().model_state_dict(model)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        for alias, source in tied_names(model).items():  # gathered name by name: one tensor again, stored once
+            if alias in state and source in state:
+                state[alias] = state[source]
+        return state
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         """Load full weights (read by every rank) into the shards."""

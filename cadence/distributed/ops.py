@@ -177,7 +177,9 @@ def gather_for_metrics(data: T, source: Any, start: int | None = None) -> T:
     With a DistributedDL, `data` holds this rank's samples from position `start` of its shard;
     by default the batch it yielded last when `data` has that batch's length, else the whole
     shard from its beginning. With a number n, `data` must be whole shards and the first n
-    gathered rows are kept.
+    gathered rows are kept. Data that is not one row per sample of the last batch (a loss repeated
+    to a fixed length on a smaller last batch) keeps as many gathered rows as that step had real
+    samples over all ranks, as Accelerate does.
 
     >>> for xb, yb in valid_dl: preds.append(gather_for_metrics(model(xb), valid_dl))
     >>> all_preds = gather_for_metrics(torch.cat(local_preds), valid_dl)     # after the loop
@@ -200,8 +202,26 @@ def _keep_masks(source: Any, ranks: list[int], parts: list[torch.Tensor], start:
         masks = source.last_batch_masks(ranks)
         if masks is not None and [len(m) for m in masks] == [len(p) for p in parts]:
             return masks
+        if masks is not None and any(len(p) != _shard_len(source) for p in parts):
+            # not one row per sample (`loss.repeat(batch_size)` on a smaller last batch): as Accelerate does, keep
+            # as many gathered rows as this step had real samples over all ranks
+            return _first_rows([len(p) for p in parts], int(sum(int(m.sum()) for m in masks)))
     first = start if start is not None else _default_start(source, len(parts[0]))
     return [_keep_mask(source, r, first, len(p)) for r, p in zip(ranks, parts)]
+
+
+def _shard_len(source: Any) -> int | None:
+    """Items in each rank's whole shard (None when the loader cannot tell: an unsized iterable)."""
+    try:
+        return source.per_rank
+    except (AttributeError, TypeError):
+        return None
+
+
+def _first_rows(lengths: list[int], keep: int) -> list[torch.Tensor]:
+    """Masks over parts of `lengths` rows that keep the first `keep` rows of their concatenation."""
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    return [torch.arange(o, o + n) < keep for o, n in zip(offsets, lengths)]
 
 
 def _default_start(source: Any, length: int) -> int:
@@ -312,12 +332,22 @@ def main_print(*args: Any, **kwargs: Any) -> None:
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
-    """Logger adapter whose calls log on the main process only, unless called with `main_process_only=False`."""
+    """Logger adapter whose calls log on the main process only, unless called with `main_process_only=False`
+    (then `in_order=True` logs process by process, in rank order; every process must make that call)."""
 
-    def log(self, level: int, msg: object, *args: Any, main_process_only: bool = True, **kwargs: Any) -> None:
-        if main_process_only and not env.is_main_process():
+    def log(self, level: int, msg: object, *args: Any, main_process_only: bool = True, in_order: bool = False,
+            **kwargs: Any) -> None:
+        if main_process_only:
+            if env.is_main_process():
+                super().log(level, msg, *args, **kwargs)
             return
-        super().log(level, msg, *args, **kwargs)
+        if not in_order:
+            super().log(level, msg, *args, **kwargs)
+            return
+        for i in range(env.world_size()):
+            if i == env.rank():
+                super().log(level, msg, *args, **kwargs)
+            wait_for_everyone()
 
 
 def get_logger(name: str, level: int | str | None = None) -> MultiProcessAdapter:

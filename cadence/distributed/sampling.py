@@ -5,11 +5,16 @@ A loader built with `shuffle=True` gives `randperm(n)` from (seed + epoch); a se
 sampler) is iterated with every random source it may use (its own generator, torch's, numpy's
 and Python's global ones) seeded from (seed + epoch), and the global states restored after.
 
+A one-process DistributedDL with `draw_like_loader` instead lists the sampler from the live random
+sources, exactly as the plain loader would (`listed`), after `capture` kept their states, so that
+a resumed epoch redraws the same order (`replayed`) without touching the live ones.
+
 >>> order, batch_lens = draw(DataLoader(ds, sampler=WeightedRandomSampler(w, 100)), seed=7, epoch=0)
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import random
 from collections.abc import Iterator
@@ -17,14 +22,26 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-__all__ = ["kind", "draw", "random_source"]
+__all__ = ["kind", "draw", "random_source", "sampler_yields_batches", "generators", "capture", "set_generator_states",
+           "listed", "replayed"]
+
+
+def sampler_yields_batches(dl: DataLoader) -> bool:
+    """`DataLoader(ds, sampler=BatchSampler(...), batch_size=None)`: each "index" is a whole batch of indices,
+    fetched as `dataset[indices]` (a pattern Accelerate's tests use)."""
+    return dl.batch_size is None and dl.batch_sampler is None and isinstance(dl.sampler, BatchSampler)
+
+
+def _batch_source(dl: DataLoader) -> Any:
+    """What yields `dl`'s batches of indices: its batch sampler, or its sampler when that is a BatchSampler."""
+    return dl.sampler if sampler_yields_batches(dl) else dl.batch_sampler
 
 
 def kind(dl: DataLoader) -> str:
     """How `dl` orders an epoch: "sequential", "shuffle", "sampler" (any other) or "batch_sampler" (a custom one)."""
-    if dl.batch_size is None and dl.batch_sampler is not None:
+    if (dl.batch_size is None and dl.batch_sampler is not None) or sampler_yields_batches(dl):
         return "batch_sampler"
     sampler = dl.sampler
     if type(sampler) is SequentialSampler:
@@ -54,13 +71,12 @@ def _seeded(seed: int, samplers: list[Any]) -> Iterator[None]:
         torch.set_rng_state(saved[2])
 
 
-def _iterate(sampler: Any, seed: int, epoch: int) -> list:
-    """The sampler's output for `epoch`: its `set_epoch` is called when it has one."""
-    if callable(getattr(sampler, "set_epoch", None)):
-        sampler.set_epoch(epoch)
-    inner = getattr(sampler, "sampler", None)  # a BatchSampler's sampler draws the randomness
-    with _seeded(seed + epoch, [sampler, inner]):
-        return list(sampler)
+def listed(dl: DataLoader) -> tuple[torch.Tensor, list[int] | None]:
+    """One epoch of `dl`'s sampler (or batch sampler) as it stands, drawing from whatever RNG it uses."""
+    if kind(dl) == "batch_sampler":
+        batches = [list(b) for b in _batch_source(dl)]
+        return torch.tensor([i for b in batches for i in b], dtype=torch.long), [len(b) for b in batches]
+    return torch.tensor(list(dl.sampler), dtype=torch.long), None
 
 
 def draw(dl: DataLoader, seed: int | None, epoch: int) -> tuple[torch.Tensor, list[int] | None]:
@@ -71,17 +87,113 @@ def draw(dl: DataLoader, seed: int | None, epoch: int) -> tuple[torch.Tensor, li
     assert seed is not None, "a random order needs the seed shared by all ranks"
     if how == "shuffle":
         return torch.randperm(len(dl.dataset), generator=torch.Generator().manual_seed(seed + epoch)), None
-    if how == "sampler":
-        return torch.tensor(_iterate(dl.sampler, seed, epoch), dtype=torch.long), None
-    batches = [list(b) for b in _iterate(dl.batch_sampler, seed, epoch)]
-    flat = [i for b in batches for i in b]
-    return torch.tensor(flat, dtype=torch.long), [len(b) for b in batches]
+    source = dl.sampler if how == "sampler" else _batch_source(dl)
+    if callable(getattr(source, "set_epoch", None)):
+        source.set_epoch(epoch)
+    with _seeded(seed + epoch, [source, getattr(source, "sampler", None)]):
+        return listed(dl)
 
 
 def random_source(dl: DataLoader) -> torch.Generator | None:
     """The generator the user gave the loader's sampler or the loader, if any (a shared seed is drawn from it)."""
-    for obj in (dl.sampler, getattr(dl.batch_sampler, "sampler", None), dl.batch_sampler):
+    for obj in (dl.sampler, getattr(dl.batch_sampler, "sampler", None), dl.batch_sampler, getattr(dl.sampler, "sampler", None)):
         gen = getattr(obj, "generator", None)
         if isinstance(gen, torch.Generator):
             return gen
     return dl.generator
+
+
+# ---------------------------------------------------------------- drawing as the loader itself would
+def generators(dl: DataLoader) -> list[torch.Generator]:
+    """The distinct torch generators `dl` draws from (its own, its sampler's, its batch sampler's), in a fixed order."""
+    found: list[torch.Generator] = []
+    for obj in (dl, dl.sampler, getattr(dl.sampler, "sampler", None), dl.batch_sampler,
+                getattr(dl.batch_sampler, "sampler", None)):
+        gen = getattr(obj, "generator", None)
+        if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
+            found.append(gen)
+    return found
+
+
+def _encode(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
+
+
+def check_state(drawn: Any, states: Any) -> None:
+    """ValueError naming the field unless `drawn` (None or {"epoch", "rng"} from `capture`) and `states`
+    (generator states) are what a DistributedDL with `draw_like_loader` saved: a damaged or edited file."""
+    def bad(field: str) -> ValueError:
+        return ValueError(f"the loader position's {field} is not what cadence saved (the checkpoint was edited or "
+                          f"damaged): resume from another checkpoint")
+
+    def check_states(field: str, value: Any) -> None:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(field)
+        try:
+            for v in value:
+                _decode(v)
+        except ValueError:
+            raise bad(field) from None
+
+    check_states("generators", states)
+    if drawn is None:
+        return
+    if not isinstance(drawn, dict) or not isinstance(drawn.get("epoch"), int) or not isinstance(drawn.get("rng"), dict):
+        raise bad("drawn")
+    rng = drawn["rng"]
+    check_states("drawn.rng.torch", [rng.get("torch")])
+    check_states("drawn.rng.generators", rng.get("generators"))
+    for key in ("numpy", "python"):
+        if key in rng and not isinstance(rng[key], list):
+            raise bad(f"drawn.rng.{key}")
+
+
+def capture(dl: DataLoader) -> dict[str, Any]:
+    """Every random state an epoch of `dl` may draw from, JSON-ready: torch's global one, `dl`'s generators,
+    and numpy's and Python's global ones for samplers other than torch's (they may use those)."""
+    state: dict[str, Any] = {"torch": _encode(torch.get_rng_state()),
+                             "generators": [_encode(g.get_state()) for g in generators(dl)]}
+    if kind(dl) in ("sampler", "batch_sampler"):
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        version, internal, gauss = random.getstate()
+        state.update(numpy=[name, keys.tolist(), pos, has_gauss, cached], python=[version, list(internal), gauss])
+    return state
+
+
+def set_generator_states(dl: DataLoader, states: list[str]) -> None:
+    """Put `dl`'s generators back in the states `capture` (or `[_encode(g.get_state())]`) recorded."""
+    gens = generators(dl)
+    if len(gens) != len(states):
+        raise ValueError(f"the loader draws from {len(gens)} torch generator(s) but the saved state has {len(states)}: "
+                         f"build the loader as in the run that was saved")
+    for gen, text in zip(gens, states):
+        try:
+            gen.set_state(_decode(text))
+        except (RuntimeError, ValueError):
+            raise ValueError("a saved generator state does not fit the loader's generator (the checkpoint was "
+                             "edited or damaged, or the loader is another one): resume from another checkpoint") from None
+
+
+@contextlib.contextmanager
+def replayed(dl: DataLoader, state: dict[str, Any]) -> Iterator[None]:
+    """Every random source as `capture` recorded it; all restored on exit (drawing here changes nothing outside)."""
+    saved = capture(dl)
+    saved_np, saved_py = np.random.get_state(), random.getstate()
+    try:
+        torch.set_rng_state(_decode(state["torch"]))
+        set_generator_states(dl, state["generators"])
+        if "numpy" in state:
+            name, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+            version, internal, gauss = state["python"]
+            random.setstate((version, tuple(internal), gauss))
+        yield
+    finally:
+        torch.set_rng_state(_decode(saved["torch"]))
+        set_generator_states(dl, saved["generators"])
+        np.random.set_state(saved_np)
+        random.setstate(saved_py)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
+from collections.abc import Callable
 from typing import Any
 
 from .events import EVENT_NAMES
@@ -29,6 +31,7 @@ class Order:
     PRECISION = 10
     CLIP = 20           # after unscaling (PRECISION), before the step
     SCHEDULE = 30
+    GUARD = 40          # NaN checks: stop before the Recorder records a non-finite loss (fastai runs them first)
     RECORD = 50         # Recorder: sees the final loss and metrics
     REPORT = 60         # progress, trackers: read what the Recorder stored
     STOP = 70           # early stopping, NaN checks: decide after everything is recorded
@@ -40,12 +43,29 @@ def _camel_to_snake(name: str) -> str:
 
 
 class Callback:
-    """Base class for callbacks. Override event methods; set `order`, `run_train`, `run_valid`."""
+    """Base class for callbacks. Override event methods; set `order`, `run_train`, `run_valid`.
+
+    As in fastai, a callback can also be made of functions, one per event, each called with the
+    callback (`cb.learn` is the learner):
+
+    >>> learn.fit(1, cbs=Callback(after_batch=lambda cb: print(cb.learn.loss)))
+    """
 
     order: int = Order.DEFAULT
     run_train: bool = True      # called during training batches/events
     run_valid: bool = True      # called during validation
     learn: Any = None
+
+    def __init__(self, **event_funcs: Callable[["Callback"], Any]):
+        for event, func in event_funcs.items():
+            if event not in EVENT_NAMES:
+                close = difflib.get_close_matches(event, EVENT_NAMES, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"Callback({event}=...): {event!r} is not a training event.{hint} "
+                                 f"Events are listed in cadence.Event.")
+            if not callable(func):
+                raise TypeError(f"Callback({event}=...) takes a function of the callback, got {func!r}")
+            setattr(self, event, types.MethodType(func, self))
 
     @property
     def name(self) -> str:
@@ -65,7 +85,7 @@ class Callback:
 
 def event_methods(cb: Callback) -> dict[str, Any]:
     """The bound event methods `cb` defines; raises ValueError for a misspelled event name."""
-    found = {}
+    found = {attr: f for attr, f in vars(cb).items() if attr in EVENT_NAMES}  # Callback(before_batch=...)
     for attr in dir(type(cb)):
         if attr in EVENT_NAMES:
             found[attr] = getattr(cb, attr)
@@ -75,3 +95,14 @@ def event_methods(cb: Callback) -> dict[str, Any]:
             raise ValueError(f"{type(cb).__name__}.{attr} is not a training event.{hint} "
                              f"Events are listed in cadence.Event.")
     return found
+
+
+def before_batch_cb(f: Callable[[Any, tuple, tuple], tuple[tuple, tuple]]) -> Callback:
+    """fastai's shortcut: a callback on `before_batch` that replaces the batch with `f(cb, xb, yb) -> (xb, yb)`.
+
+    >>> learn.fit(1, cbs=before_batch_cb(lambda cb, xb, yb: ((xb[0] * 2,), yb)))
+    """
+    def before_batch(cb: Callback) -> None:
+        cb.learn.xb, cb.learn.yb = f(cb, cb.learn.xb, cb.learn.yb)
+
+    return Callback(before_batch=before_batch)

@@ -45,6 +45,25 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
     return batch
 
 
+def apply_to_tensors(f: Any, b: Any) -> Any:
+    """`f` applied to every tensor of `b` (a tensor, or tuples, lists and dicts of them); the rest as it is."""
+    if isinstance(b, torch.Tensor):
+        return f(b)
+    if isinstance(b, Mapping):
+        return type(b)({k: apply_to_tensors(f, v) for k, v in b.items()})
+    if isinstance(b, (list, tuple)):
+        return type(b)(apply_to_tensors(f, v) for v in b)
+    return b
+
+
+def to_detach(b: Any, cpu: bool = True) -> Any:
+    """The tensors of `b` (tuples, lists and dicts of them) detached from the graph, moved to the CPU if `cpu`.
+
+    >>> to_detach((pred, {"h": hidden}))        # no graph, on the CPU
+    """
+    return apply_to_tensors(lambda t: t.detach().cpu() if cpu else t.detach(), b)
+
+
 def n_batches(dl: Iterable) -> int | None:
     """`len(dl)`, or None for a loader without a length (a stream: an IterableDataset without __len__).
 

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,15 +26,16 @@ import torch
 from torch import nn
 
 from .callback import Callback, event_methods
-from .data import DataLoaders, n_batches, to_device
+from .data import DataLoaders, apply_to_tensors, n_batches, to_detach, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
 from .features import FeatureMethods
+from .inference import InferenceMethods
 from .recorder import Recorder
-from .policies import FitPolicies
-from .schedule import set_hyper
-from .transfer import TransferMethods
+from .policies import FitPolicies, SkipToEpoch
+from .schedule import GROUP_KEY, NO_WD_KEY, n_groups, set_hyper
+from .transfer import TransferMethods, norm_bias_params
 
 _INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
                            "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
@@ -50,7 +52,7 @@ def _listify(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-class Learner(FitPolicies, TransferMethods, FeatureMethods):
+class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
     """Trains `model` on `dls` with `loss_func`, an optimizer from `opt_func`, and callbacks.
 
     Args:
@@ -69,6 +71,9 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
         wd: weight decay; None keeps the optimizer's default.
         strategy: how to run backward/step (`SingleDevice` by default; `distrib_ctx` swaps it).
         train_bn: BatchNorm layers of frozen parameter groups keep training (`freeze`, `fine_tune`).
+        wd_bn_bias: weight decay on normalisation and bias parameters too (torch's optimizers' way, the
+            default); False keeps them from decaying, fastai's default (each splitter group is then two
+            optimizer groups; lrs, freezing and schedules still count splitter groups).
         compile: torch.compile the model: True (torch's defaults), a backend name, a dict of
             torch.compile options, False; None follows `cadence launch --dynamo_backend` (see `learn.compile`).
 
@@ -80,7 +85,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
                  opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice | None = None,
                  splitter: Callable[[nn.Module], Iterable] | None = None, cbs: Any = None, metrics: Any = None,
                  path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None,
-                 train_bn: bool = True, compile: bool | str | dict | None = None):
+                 train_bn: bool = True, compile: bool | str | dict | None = None, wd_bn_bias: bool = True):
         if not isinstance(dls, DataLoaders):
             raise TypeError(f"dls must be a cadence.DataLoaders, got {type(dls).__name__}: "
                             f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
@@ -95,18 +100,22 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
             strategy = SingleDevice(dls.device)
         self.dls, self.loss_func, self.opt_func, self.splitter = dls, loss_func, opt_func, splitter
         self.lr = _default_lr(opt_func) if lr is None else lr
+        if lr is not None and _default_lr(opt_func, None) not in (None, lr):
+            warnings.warn(f"Learner(lr={lr!r}) and opt_func's lr={_default_lr(opt_func)!r} differ: cadence trains at "
+                          f"lr={lr!r} (fastai would take the opt_func's; see docs/fastai.md)", stacklevel=2)
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
-        self.train_bn = train_bn
+        self.train_bn, self.wd_bn_bias = train_bn, wd_bn_bias
         self.model, self.opt = strategy.setup(model, self._make_opt)
         self._set_compile(compile)
         self.cbs: list[Callback] = []
         self._train_handlers: dict[str, tuple] = {}
         self._handlers = self._valid_handlers = self._train_handlers
         self._forward_cbs: list[Callback] = []
-        self.training, self.n_epoch, self.steps_per_epoch = False, 0, 0
+        self.training, self.n_epoch, self.steps_per_epoch, self._batches_per_epoch = False, 0, 0, 0
         self._sync_gradients = True
         self.epoch = self.iter = self.train_iter = self.step = 0
-        self.dl = self.xb = self.yb = self.pred = self.loss_grad = self._loss = None
+        self.dl = self.xb = self.yb = self.pred = self.loss_grad = None
+        self._loss = torch.tensor(0.0)  # fastai's value before any batch
         self.add_cbs([Recorder(_listify(metrics)), *_default_cbs(), *_listify(cbs)])
         self("after_create")
 
@@ -214,6 +223,16 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
             handlers = [type(h.__self__).__name__ for h in self._train_handlers[name]]
             print(f"{indent}{name:<{30 - len(indent)}}{handlers}")
 
+    def ordered_cbs(self, event: str | Event) -> list[Callback]:
+        """The callbacks that handle `event`, in the order they run (fastai's).
+
+        >>> learn.ordered_cbs("after_batch")
+        [Recorder(), ProgressCallback()]
+        """
+        if str(event) not in EVENT_NAMES:
+            raise ValueError(f"unknown event {str(event)!r}; events are listed in cadence.Event")
+        return [h.__self__ for h in self._train_handlers[str(event)]]
+
     # ------------------------------------------------------------------ optimizer
     def create_opt(self) -> torch.optim.Optimizer:
         """(Re)build `learn.opt` from `opt_func` over the current model (parameter groups from `splitter`).
@@ -225,13 +244,17 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
 
     def _make_opt(self, model: nn.Module) -> torch.optim.Optimizer:
         """The optimizer over `model`'s parameters: what a strategy calls once it has wrapped the model."""
-        params = ([{"params": list(g)} for g in self.splitter(model)] if self.splitter
-                  else list(model.parameters()))
-        opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(params) if self.splitter else 1)[-1]))
+        groups = [list(g) for g in self.splitter(model)] if self.splitter else [list(model.parameters())]
+        if self.wd_bn_bias:
+            params = [{"params": g} for g in groups] if self.splitter else groups[0]
+        else:  # fastai's default: normalisation and bias parameters in groups of their own, never decayed
+            params = _without_wd_on_norm_bias(groups, norm_bias_params(model))
+        opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(groups))[-1]))
+        self._opt_built_with = self.opt_func
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"opt_func must return a torch.optim.Optimizer, got {type(opt).__name__}; "
                             f"use e.g. opt_func=torch.optim.AdamW or functools.partial(torch.optim.SGD, momentum=0.9)")
-        set_hyper(opt, "lr", self._group_lrs(self.lr, len(opt.param_groups)))
+        set_hyper(opt, "lr", self._group_lrs(self.lr, n_groups(opt)))
         if self.wd is not None:
             set_hyper(opt, "wd", self.wd)
         return opt
@@ -279,7 +302,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
             final()
 
     def fit(self, n_epoch: int, lr: float | slice | None = None, wd: float | None = None, cbs: Any = None,
-            resume: str | Path | None = None) -> None:
+            resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`), validating after each.
 
         `resume` continues a run saved by the `Checkpoint` callback exactly where it stopped,
@@ -287,16 +310,32 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
         otherwise: one command line for the first run, restarts and requeues), "latest" (there
         must be one), or a checkpoint name or path.
 
+        `start_epoch` (fastai's) skips the epochs before it: training starts there, the counters and
+        any schedule as if those epochs had run (e.g. after `learn.load` of a model saved then).
+
         >>> learn.fit(3, lr=1e-2)
         >>> learn.fit(3, lr=1e-2, cbs=Checkpoint(every_n_steps=100), resume="auto")
+        >>> learn.fit_one_cycle(10, 1e-2, start_epoch=4)       # epochs 4..9 of the 10-epoch schedule
         """
         if not isinstance(n_epoch, int) or n_epoch < 1:
             raise ValueError(f"n_epoch must be a positive int, got {n_epoch!r}")
+        if not isinstance(start_epoch, int) or not 0 <= start_epoch < n_epoch:
+            raise ValueError(f"start_epoch must be an int in [0, n_epoch={n_epoch}), got {start_epoch!r}")
+        if start_epoch and resume is not None:
+            raise ValueError("fit(start_epoch=...) and fit(resume=...) both say where to start: a resumed run "
+                             "continues where its checkpoint stopped; pass only one")
+        if start_epoch:
+            cbs = [*_listify(cbs), SkipToEpoch(start_epoch)]
+        if self.opt_func is not self._opt_built_with:
+            warnings.warn("learn.opt_func was changed after the optimizer was built: this fit still uses the "
+                          f"{type(self.opt).__name__} built with the Learner (fastai builds it lazily in fit); "
+                          "call learn.create_opt() to use the new opt_func (see docs/fastai.md)", stacklevel=2)
         with self.added_cbs(cbs), self._fit_contexts():
-            set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups)))
+            set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, n_groups(self.opt)))
             if wd is not None:
                 set_hyper(self.opt, "wd", wd)
             self.n_epoch, self.steps_per_epoch = n_epoch, n_batches(self.dls.train)  # None: a stream
+            self._batches_per_epoch = self.steps_per_epoch
             self.epoch = self.iter = self.train_iter = self.step = 0
             if resume is not None:
                 self._resume(resume)
@@ -441,6 +480,39 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
     def loss(self, value: torch.Tensor | None) -> None:
         self._loss = value
 
+    @property
+    def x(self) -> Any:
+        """fastai's alias: the batch's input (`xb[0]` when there is one, else `xb`)."""
+        return _detuplify(self.xb)
+
+    @property
+    def y(self) -> Any:
+        """fastai's alias: the batch's target (`yb[0]` when there is one, else `yb`)."""
+        return _detuplify(self.yb)
+
+    @property
+    def smooth_loss(self) -> torch.Tensor:
+        """fastai's `learn.smooth_loss`: the Recorder's smoothed training loss so far (`tensor(0.)` before any)."""
+        value = self.recorder.smooth_loss
+        return torch.tensor(0.0 if value is None else value)
+
+    @property
+    def pct_train(self) -> float | None:
+        """The fraction of the fit's training batches done (fastai's); None for a loader without a length."""
+        n = self._batches_per_epoch
+        return self.train_iter / (self.n_epoch * n) if n and self.n_epoch else None
+
+    def to_detach(self, b: Any, cpu: bool = True, gather: bool = True) -> Any:
+        """The tensors of `b` detached, with `gather` concatenated over processes (every process must call
+        it then), with `cpu` on the CPU (fastai's).
+
+        >>> preds = learn.to_detach(learn.pred)          # this batch's predictions of every process
+        """
+        b = to_detach(b, cpu=False)
+        if gather:
+            b = apply_to_tensors(self.strategy.gather, b)
+        return to_detach(b, cpu=cpu)
+
     def _backward(self) -> None:
         self.strategy.backward(self.loss_grad)
 
@@ -461,59 +533,6 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
 
     def _end_cleanup(self) -> None:
         self.dl = self.xb = self.yb = self.pred = self.loss = self.loss_grad = None
-
-    # ------------------------------------------------------------------ inference
-    def validate(self, dl: Iterable | None = None, cbs: Any = None) -> dict[str, float | None]:
-        """Run one validation pass; returns `{"valid_loss": ..., <metric>: ...}`.
-
-        >>> learn.validate()["accuracy"]
-        """
-        dl = self._inference_dl(dl, "validate")
-        with self.added_cbs(cbs):
-            self._do_epoch_validate(dl)
-            self._end_cleanup()
-        return self.recorder.valid_values()
-
-    def get_preds(self, dl: Iterable | None = None, with_input: bool = False, with_loss: bool = False,
-                  act: Callable | None = None) -> tuple:
-        """Predictions and targets over `dl` (default: the validation set), concatenated.
-
-        Returns `(preds, targs)`, with the inputs first if `with_input` and the per-item losses
-        last if `with_loss`. `act` is applied to the predictions (default: `loss_func.activation`
-        if the loss defines one).
-
-        >>> preds, targs = learn.get_preds()
-        >>> inps, preds, targs, losses = learn.get_preds(with_input=True, with_loss=True, act=torch.softmax)
-        """
-        from .gather import GatherPreds
-
-        dl = self._inference_dl(dl, "get_preds")
-        gatherer = GatherPreds(with_input, with_loss)
-        with self.no_bar(), self.added_cbs(gatherer):
-            self._do_epoch_validate(dl)
-            self._end_cleanup()
-        act = act if act is not None else getattr(self.loss_func, "activation", None)
-        return gatherer.result(act)
-
-    def predict(self, item: Any, act: Callable | None = None) -> Any:
-        """The model's output for one item (its input tensor, or a tuple of them), without a batch dimension.
-
-        >>> probs = learn.predict(x_valid[0], act=partial(torch.softmax, dim=-1))
-        """
-        xb = item if isinstance(item, tuple) else (item,)
-        xb = to_device(tuple(x.unsqueeze(0) if isinstance(x, torch.Tensor) else x for x in xb), self.strategy.device)
-        self.model.eval()
-        with torch.no_grad(), self._forward_context():
-            pred = self.model(*xb)
-        act = act if act is not None else getattr(self.loss_func, "activation", None)
-        pred = act(pred) if act is not None else pred
-        return pred[0]
-
-    def _inference_dl(self, dl: Iterable | None, what: str) -> Iterable:
-        dl = self.dls.valid if dl is None else dl
-        if dl is None:
-            raise ValueError(f"{what} needs data: pass {what}(dl=...) or build DataLoaders with a validation set")
-        return dl
 
     # ------------------------------------------------------------------ saving
     def save(self, name: str | Path, with_opt: bool = True) -> Path:
@@ -537,6 +556,23 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods):
 
     def __repr__(self) -> str:
         return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"
+
+
+def _without_wd_on_norm_bias(groups: list[list[nn.Parameter]], no_wd: set[int]) -> list[dict]:
+    """Each splitter group as up to two optimizer groups tagged with its index: the rest, then `no_wd`'s
+    parameters with weight decay 0 (which `set_hyper(opt, "wd", ...)` leaves alone)."""
+    out = []
+    for i, group in enumerate(groups):
+        decayed, kept = [p for p in group if id(p) not in no_wd], [p for p in group if id(p) in no_wd]
+        if decayed:
+            out.append({"params": decayed, GROUP_KEY: i})
+        if kept:
+            out.append({"params": kept, GROUP_KEY: i, NO_WD_KEY: True, "weight_decay": 0.0})
+    return out
+
+
+def _detuplify(x: Any) -> Any:
+    return x[0] if isinstance(x, tuple) and len(x) == 1 else x
 
 
 def _check_opt_func(opt_func: Any) -> None:
@@ -595,11 +631,11 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-def _default_lr(opt_func: Callable) -> float:
-    """An lr bound in `opt_func=partial(Adam, lr=...)` is the Learner's default (as in fastai); else 1e-3."""
+def _default_lr(opt_func: Callable, otherwise: float | None = 1e-3) -> float | None:
+    """An lr bound in `opt_func=partial(Adam, lr=...)` is the Learner's default (as in fastai); else `otherwise`."""
     if isinstance(opt_func, functools.partial) and "lr" in opt_func.keywords:
         return opt_func.keywords["lr"]
-    return 1e-3
+    return otherwise
 
 
 def _default_cbs() -> list[Callback]:

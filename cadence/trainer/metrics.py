@@ -195,6 +195,32 @@ class AvgSmoothLoss(Metric):
         """Each rank keeps its own running view; the reported loss is averaged elsewhere."""
 
 
+class ValueMetric(Metric):
+    """A value computed elsewhere (a callback, say), reported as a metric: `func()` read once per epoch (fastai's).
+
+    >>> learn = Learner(dls, model, loss_func=F.cross_entropy, metrics=ValueMetric(lambda: tracker.best, "best"))
+    """
+
+    def __init__(self, func: Callable[[], Any], metric_name: str | None = None):
+        if not callable(func):
+            raise TypeError(f"ValueMetric takes a function of no arguments returning the value, got {func!r}")
+        self.func, self.name = func, metric_name or _func_name(func)
+
+    def reset(self) -> None:
+        pass
+
+    def accumulate(self, learn: Any) -> None:
+        pass
+
+    @property
+    def value(self) -> float | None:
+        out = self.func()
+        return out.item() if isinstance(out, Tensor) else out
+
+    def sync(self, all_sum: Reducer, all_gather: Reducer) -> None:
+        """The function's value is this process's; make it the same on every process if it matters."""
+
+
 def batch_size(b: Any) -> int:
     """Number of samples in a batch: the length of its first tensor (in tuples, lists and dicts)."""
     while not isinstance(b, torch.Tensor):

@@ -15,8 +15,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .callback import Callback, Order
 from .lr_find import LRFinder, Suggestion, show_or_explain, valley
-from .schedule import ParamScheduler, SchedCos, combine_scheds, combined_cos
+from .schedule import ParamScheduler, SchedCos, combine_scheds, combined_cos, n_groups
 
 if TYPE_CHECKING:
     from .learner import Learner
@@ -33,25 +34,29 @@ class FitPolicies:
 
     def _peak_lrs(self: "Learner", lr: Any):
         """One peak rate per parameter group, from `lr` (float, slice or list) or the Learner's default."""
-        return self._group_lrs(self.lr if lr is None else lr, len(self.opt.param_groups))
+        return self._group_lrs(self.lr if lr is None else lr, n_groups(self.opt))
 
     def fit_one_cycle(self: "Learner", n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
                       div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,
                       moms: tuple[float, float, float] | None = (0.95, 0.85, 0.95), cbs: Any = None,
-                      resume: str | Path | None = None) -> None:
+                      resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Train with the one-cycle policy: lr warms up to `lr_max` then anneals; momentum does the reverse.
 
+        `start_epoch` skips the epochs before it, the schedule going on from where they would have left it.
+
         >>> learn.fit_one_cycle(3, lr_max=1e-2)
+        >>> learn.fit_one_cycle(10, lr_max=1e-2, start_epoch=4)
         """
         lr_max = self._peak_lrs(lr_max)
         scheds = {"lr": combined_cos(pct_start, lr_max / div, lr_max, lr_max / div_final)}
         if moms is not None:
             scheds["mom"] = combined_cos(pct_start, *moms)
-        self.fit(n_epoch, lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume)
+        self.fit(n_epoch, lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
+                 start_epoch=start_epoch)
 
     def fit_flat_cos(self: "Learner", n_epoch: int, lr: float | slice | None = None, div_final: float = 1e5,
                      pct_start: float = 0.75, wd: float | None = None, cbs: Any = None,
-                     resume: str | Path | None = None) -> None:
+                     resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Train at a flat `lr` for `pct_start` of the steps, then anneal it by cosine to `lr / div_final`.
 
         >>> learn.fit_flat_cos(5, lr=1e-2)
@@ -60,11 +65,12 @@ class FitPolicies:
             raise ValueError(f"pct_start is the fraction of training at the flat rate, in [0, 1]; got {pct_start}")
         lr = self._peak_lrs(lr)
         scheds = {"lr": combined_cos(pct_start, lr, lr, lr / div_final)}
-        self.fit(n_epoch, lr=lr, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume)
+        self.fit(n_epoch, lr=lr, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
+                 start_epoch=start_epoch)
 
     def fit_sgdr(self: "Learner", n_cycles: int, cycle_len: int, lr_max: float | slice | None = None,
                  cycle_mult: int = 2, wd: float | None = None, cbs: Any = None,
-                 resume: str | Path | None = None) -> None:
+                 resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Cosine annealing with warm restarts: `n_cycles` cycles, the first `cycle_len` epochs, each
         `cycle_mult` times longer than the one before; the rate restarts at `lr_max` and anneals to 0.
 
@@ -76,7 +82,8 @@ class FitPolicies:
         lens = [cycle_len * cycle_mult ** i for i in range(n_cycles)]
         lr_max = self._peak_lrs(lr_max)
         scheds = {"lr": combine_scheds([n / sum(lens) for n in lens], [SchedCos(lr_max, 0) for _ in lens])}
-        self.fit(sum(lens), lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume)
+        self.fit(sum(lens), lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
+                 start_epoch=start_epoch)
 
     def lr_find(self: "Learner", start_lr: float = 1e-7, end_lr: float = 10.0, num_it: int = 100, stop_div: bool = True,
                 show_plot: bool = True, suggest_funcs: Sequence[Suggestion] = (valley,)) -> Any:
@@ -102,3 +109,19 @@ class FitPolicies:
         if show_plot:
             show_or_explain(finder, suggestions, points)
         return suggestions
+
+
+class SkipToEpoch(Callback):
+    """`fit(start_epoch=k)`: after every callback's before_fit (GradAccum fixes the steps per epoch), start at
+    epoch k with the counters of a run that did epochs 0..k-1."""
+
+    order = Order.DEFAULT
+
+    def __init__(self, start_epoch: int):
+        self.start_epoch = start_epoch
+
+    def before_fit(self):
+        learn, k = self.learn, self.start_epoch
+        learn.epoch = k
+        learn.step = k * (learn.steps_per_epoch or 0)
+        learn.train_iter = k * (learn._batches_per_epoch or 0)

@@ -1,6 +1,9 @@
 """Recorder: what happened during training, per optimizer step and per epoch.
 
-Always attached as `learn.recorder`.
+Always attached as `learn.recorder`. As in fastai, the training loss it records and shows is
+the smoothed loss (an exponential moving average of the batch losses, beta 0.98, debiased,
+carried over the whole fit): `recorder.losses` holds it after every training batch and the
+`train_loss` column its value at the end of the epoch.
 
 >>> learn.fit(2)
 >>> learn.recorder.values[-1]      # {'epoch': 1, 'train_loss': ..., 'valid_loss': ..., 'accuracy': ..., 'time': ...}
@@ -16,35 +19,105 @@ import numpy as np
 import torch
 
 from .callback import Callback, Order
-from .metrics import AvgLoss, Metric, as_metric, batch_size
+from .metrics import AvgLoss, Metric, as_metric
+
+
+class SmoothLoss:
+    """fastai's smoothed loss: `val = beta * val + (1 - beta) * loss` per batch, read debiased as
+    `val / (1 - beta ** count)`. Kept in float64 so that a resumed run continues it exactly.
+
+    >>> s = SmoothLoss(0.98); s.update([1.0, 0.0])
+    [1.0, 0.494949...]
+    """
+
+    def __init__(self, beta: float = 0.98):
+        if not 0 <= beta < 1:
+            raise ValueError(f"the smoothing factor beta must be in [0, 1), got {beta!r}")
+        self.beta = beta
+        self.reset()
+
+    def reset(self) -> None:
+        self.val, self.count = 0.0, 0
+
+    def update(self, losses: list[float]) -> list[float]:
+        """Feed batch losses in order; returns the debiased value after each."""
+        out, beta = [], self.beta
+        for loss in losses:
+            self.count += 1
+            self.val = beta * self.val + (1 - beta) * loss
+            out.append(self.val / (1 - beta ** self.count))
+        return out
+
+    @property
+    def value(self) -> float | None:
+        return self.val / (1 - self.beta ** self.count) if self.count else None
+
+    def restore(self, value: float, count: int) -> None:
+        """Continue from a debiased `value` after `count` batches (what `recorder.losses` holds)."""
+        self.count, self.val = count, value * (1 - self.beta ** count)
 
 
 class Recorder(Callback):
-    """Records per-batch training loss and lr, and per-epoch train loss, valid loss, metrics and time.
+    """Records per-batch smoothed training loss and lr, and per-epoch train loss, valid loss, metrics and time.
 
-    Metrics are computed on the validation set. Loss and metric state are combined over
-    processes with `learn.strategy.all_sum` / `gather` before values are read (the identity
-    on one process).
+    Args:
+        metrics: computed on the validation set (and, with `train_metrics`, on the training batches).
+        add_time: add the epoch's duration as the last column, "time".
+        train_metrics: also compute the metrics on the training batches; the columns are then
+            fastai's `train_loss, train_<metric>..., valid_loss, valid_<metric>...`.
+        beta: smoothing of the training loss (fastai's 0.98).
+
+    Loss and metric state are combined over processes with `learn.strategy.all_sum` / `gather`
+    before values are read (the identity on one process). On N processes `recorder.losses` is
+    each process's own smoothed loss (as in fastai) and `train_loss` its mean over processes.
+
+    >>> learn = Learner(dls, model, loss_func=F.cross_entropy, metrics=accuracy)
+    >>> learn.remove_cb(learn.recorder).add_cb(Recorder([accuracy], train_metrics=True, add_time=False))
     """
 
     order = Order.RECORD
 
-    def __init__(self, metrics: list[Any] | None = None):
+    def __init__(self, metrics: list[Any] | None = None, add_time: bool = True, train_metrics: bool = False,
+                 beta: float = 0.98):
         self.metrics: list[Metric] = [as_metric(m) for m in (metrics or [])]
+        self.add_time, self.train_metrics = add_time, train_metrics
         self.train_loss, self.valid_loss = AvgLoss("train_loss"), AvgLoss("valid_loss")
+        self.smooth = SmoothLoss(beta)
         self.values: list[dict[str, float | None]] = []
         self.losses: list[float] = []
+        self.raw_losses: list[float] = []  # this process's batch losses before smoothing (since the fit or resume began)
         self.lrs: list[float] = []
         self._batch_losses: list[torch.Tensor | float] = []  # floats on the CPU, tensors on an accelerator
         self._float_losses = True
-        self._batch_sizes: list[int] = []
+        self._batch_sizes: list[int] = []  # unused since the smoothed loss (unweighted, as fastai's); kept for state_dict
         self._resumed = False
+        self._train_values: dict[str, float | None] = {}
+        self._live: tuple[int, SmoothLoss | None] = (0, None)  # smooth_loss read mid-epoch: batches folded in, state
+        self._as_tensor = {key: _GrowingTensor() for key in ("losses", "lrs", "epoch_losses", "epoch_sizes")}
         self.hps: dict[str, list] = {}  # per batch, the values a ParamScheduler set (plot_sched)
 
     @property
     def metric_names(self) -> list[str]:
-        """Columns of one epoch's results, in order."""
-        return ["epoch", "train_loss", "valid_loss", *(m.name for m in self.metrics), "time"]
+        """Columns of one epoch's results, in order (fastai's names)."""
+        names = [m.name for m in self.metrics]
+        if self.train_metrics:
+            cols = ["train_loss", *(f"train_{n}" for n in names), "valid_loss", *(f"valid_{n}" for n in names)]
+        else:
+            cols = ["train_loss", "valid_loss", *names]
+        return ["epoch", *cols, *(["time"] if self.add_time else [])]
+
+    @property
+    def smooth_loss(self) -> float | None:
+        """The smoothed training loss so far (fastai's `learn.smooth_loss`), read as late as asked."""
+        if not self._batch_losses:
+            return self.smooth.value
+        done, live = self._live
+        if live is None:
+            done, live = 0, SmoothLoss(self.smooth.beta)
+            live.val, live.count = self.smooth.val, self.smooth.count
+        live.update([float(x) for x in self._batch_losses[done:]])
+        self._live = (len(self._batch_losses), live)
+        return live.value
 
     def _on_cpu(self) -> bool:
         return self.learn.strategy.device.type == "cpu"
@@ -53,29 +126,49 @@ class Recorder(Callback):
         # On an accelerator a batch loss stays a tensor (reading it would wait for the device). On the
         # CPU reading it costs nothing, and a float is cheaper to keep than thousands of small tensors.
         self._float_losses = self._on_cpu()
+        self._live = (0, None)
         if self._resumed:  # load_state_dict restored the history of the interrupted run
+            if self.losses:  # the smoothed loss continues where the saved run's stood
+                self.smooth.restore(self.losses[-1], len(self.losses))
+            else:
+                self.smooth.reset()
             return
-        self.losses, self.lrs, self.values = [], [], []
+        self.losses, self.raw_losses, self.lrs, self.values = [], [], [], []
         self._batch_losses, self._batch_sizes = [], []
+        self.smooth.reset()
 
     def before_epoch(self):
+        self._live = (0, None)
         self.start_time = time.perf_counter()
         self.train_loss.reset()
+        self._train_values = {}
         if not self._resumed:  # a resumed epoch keeps the losses of its first part
             self._batch_losses, self._batch_sizes = [], []
         self._resumed = False
 
+    def before_train(self):
+        if self.train_metrics:
+            for m in self.metrics:
+                m.reset()
+
     def state_dict(self) -> dict[str, Any]:
-        """History so far, and the current epoch's batch losses (a checkpoint may fall mid-epoch)."""
-        return {"values": self.values, "losses": self.losses, "lrs": self.lrs,
-                "epoch_losses": [float(x) for x in self._batch_losses], "epoch_sizes": list(self._batch_sizes)}
+        """History so far, and the current epoch's batch losses (a checkpoint may fall mid-epoch).
+
+        The per-batch lists are float64 tensors (a checkpoint keeps them out of its JSON), each
+        extended by the batches since the last call: a checkpoint's cost does not grow with the run.
+        """
+        t = self._as_tensor
+        return {"values": self.values, "losses": t["losses"](self.losses), "lrs": t["lrs"](self.lrs),
+                "epoch_losses": t["epoch_losses"](self._batch_losses),
+                "epoch_sizes": t["epoch_sizes"](self._batch_sizes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.values, self.losses, self.lrs = state["values"], state["losses"], state["lrs"]
-        losses = state["epoch_losses"]
+        """Restore `state_dict()` (lists, as checkpoints of format 1 hold them, load too)."""
+        self.values, self.losses, self.lrs = state["values"], _as_list(state["losses"]), _as_list(state["lrs"])
+        losses = _as_list(state["epoch_losses"])
         device = self.learn.strategy.device
-        self._batch_losses = list(losses) if self._on_cpu() else [torch.tensor(x, device=device) for x in losses]
-        self._batch_sizes = list(state["epoch_sizes"])
+        self._batch_losses = losses if self._on_cpu() else [torch.tensor(x, device=device) for x in losses]
+        self._batch_sizes = [int(n) for n in _as_list(state["epoch_sizes"])]
         self._resumed = True
 
     def before_validate(self):
@@ -89,33 +182,39 @@ class Recorder(Callback):
         if loss is None:  # batch cancelled before its loss
             return
         if learn.training:
-            b = learn.yb or learn.xb
-            first = b[0] if type(b) is tuple else b  # xb is a dict for dict batches without targets
             self._batch_losses.append(loss.item() if self._float_losses else loss.detach())
-            self._batch_sizes.append(first.shape[0] if type(first) is torch.Tensor else batch_size(first))
             self.lrs.append(learn.opt.param_groups[-1]["lr"])
+            if self.train_metrics and learn.yb:
+                for m in self.metrics:
+                    m.accumulate(learn)
         elif learn.yb:
             self.valid_loss.accumulate(learn)
             for m in self.metrics:
                 m.accumulate(learn)
 
     def after_train(self):
-        """Turn the epoch's batch losses into `losses` and the size-weighted train loss."""
-        if not self._batch_losses:
-            return
-        losses = self._flush_losses()
-        sizes = torch.tensor(self._batch_sizes, dtype=torch.float64, device=losses.device)
-        self.train_loss.sums = torch.stack([(losses * sizes).sum(), sizes.sum()])
-        self.train_loss.sync(self.learn.strategy.all_sum, self.learn.strategy.gather)
-        self._batch_sizes = []
+        """Smooth the epoch's batch losses into `losses`; `train_loss` is the smoothed value (mean over processes)."""
+        strategy = self.learn.strategy
+        if self._batch_losses:
+            self._flush_losses()
+        if self.smooth.count:
+            self.train_loss.sums = torch.tensor([self.smooth.value, 1.0], dtype=torch.float64, device=strategy.device)
+            self.train_loss.sync(strategy.all_sum, strategy.gather)
+        self._train_values = {"train_loss": self.train_loss.value}
+        if self.train_metrics:
+            for m in self.metrics:
+                m.sync(strategy.all_sum, strategy.gather)
+            self._train_values.update({f"train_{m.name}": m.value for m in self.metrics})
 
-    def _flush_losses(self) -> torch.Tensor:
-        """Move the batch losses not yet in `losses` there (one per entry of `lrs`); returns them as float64."""
-        losses = (torch.tensor(self._batch_losses, dtype=torch.float64) if self._float_losses
-                  else torch.stack(self._batch_losses).double())
-        self.losses.extend(losses.float().cpu().tolist())
+    def _flush_losses(self) -> None:
+        """Move the batch losses not yet in `losses` there, smoothed (one per entry of `lrs`)."""
+        raw = (self._batch_losses if self._float_losses
+               else torch.stack(self._batch_losses).double().cpu().tolist())
+        raw = [float(x) for x in raw]
+        self._live = (0, None)
+        self.raw_losses.extend(raw)
+        self.losses.extend(self.smooth.update(raw))
         self._batch_losses = []
-        return losses
 
     def after_cancel_epoch(self):
         """An epoch cancelled mid-training skips after_train: keep its batch losses all the same."""
@@ -130,15 +229,17 @@ class Recorder(Callback):
             m.sync(strategy.all_sum, strategy.gather)
 
     def after_epoch(self):
-        row = {"epoch": self.learn.epoch, "train_loss": self.train_loss.value, **self.valid_values(),
-               "time": time.perf_counter() - self.start_time}
+        row = {"epoch": self.learn.epoch, "train_loss": None, **self._train_values, **self.valid_values()}
+        if self.add_time:
+            row["time"] = time.perf_counter() - self.start_time
         self.values.append(row)
 
     def valid_values(self) -> dict[str, float | None]:
-        """valid_loss and every metric of the last validation pass."""
+        """valid_loss and every metric of the last validation pass (`valid_<name>` with `train_metrics`)."""
         if self.learn.dls.valid is None:
             return {}
-        return {"valid_loss": self.valid_loss.value, **{m.name: m.value for m in self.metrics}}
+        prefix = "valid_" if self.train_metrics else ""
+        return {"valid_loss": self.valid_loss.value, **{prefix + m.name: m.value for m in self.metrics}}
 
     def plot_loss(self, skip_start: int = 5, with_valid: bool = True):
         """Training loss per batch and validation loss per epoch (needs matplotlib).
@@ -176,6 +277,29 @@ class Recorder(Callback):
             ax.plot([float(np.asarray(v).reshape(-1)[-1]) for v in self.hps[key]])
             ax.set(xlabel="batch", ylabel=key)
         return fig
+
+
+class _GrowingTensor:
+    """A float64 copy of a list that only grows, extended by its new items at each call (0-d tensors
+    are read in one transfer); a list replaced or shortened is copied afresh."""
+
+    def __init__(self):
+        self.source: list | None = None
+        self.tensor = torch.zeros(0, dtype=torch.float64)
+
+    def __call__(self, items: list) -> torch.Tensor:
+        if items is not self.source or len(items) < len(self.tensor):
+            self.source, self.tensor = items, torch.zeros(0, dtype=torch.float64)
+        new = items[len(self.tensor):]
+        if new:
+            tail = (torch.stack(new).double().cpu().reshape(-1) if isinstance(new[0], torch.Tensor)
+                    else torch.tensor(new, dtype=torch.float64))
+            self.tensor = torch.cat([self.tensor, tail])
+        return self.tensor
+
+
+def _as_list(values: Any) -> list:
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
 
 
 def _pyplot():

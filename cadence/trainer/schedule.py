@@ -108,29 +108,49 @@ def combined_cos(pct: float, start, middle, end) -> Sched:
 
 
 _HYPER_KEYS = {"lr": "lr", "wd": "weight_decay", "weight_decay": "weight_decay"}
+GROUP_KEY, NO_WD_KEY = "cadence_group", "cadence_no_wd"  # Learner(wd_bn_bias=False) splits each group in two
+
+
+def param_groups(opt: torch.optim.Optimizer) -> list[list[dict]]:
+    """The parameter groups as the splitter made them, each a list of the optimizer's groups: one, or two
+    (decayed, and normalisation / bias parameters without weight decay) with `Learner(wd_bn_bias=False)`."""
+    found: dict[Any, list[dict]] = {}
+    for i, group in enumerate(opt.param_groups):
+        found.setdefault(group.get(GROUP_KEY, ("own", i)), []).append(group)
+    return list(found.values())
+
+
+def n_groups(opt: torch.optim.Optimizer) -> int:
+    """How many parameter groups the splitter made (what one lr per group counts)."""
+    return len(param_groups(opt))
 
 
 def set_hyper(opt: torch.optim.Optimizer, name: str, value) -> None:
     """Set hyper-parameter `name` on every parameter group (`value` scalar or one per group).
 
-    `mom` sets `betas[0]` (Adam family) or `momentum` (SGD); `wd` sets `weight_decay`.
+    `mom` sets `betas[0]` (Adam family) or `momentum` (SGD); `wd` sets `weight_decay`, except on
+    the parameters `Learner(wd_bn_bias=False)` keeps from decaying.
     """
-    values = np.broadcast_to(np.asarray(value, dtype=float), (len(opt.param_groups),))
-    for group, v in zip(opt.param_groups, values.tolist()):
-        if name in ("mom", "beta1"):
-            if "betas" in group:
-                group["betas"] = (v, group["betas"][1])
-            elif "momentum" in group:
-                group["momentum"] = v
-        else:
-            group[_HYPER_KEYS.get(name, name)] = v
+    groups = param_groups(opt)
+    values = np.broadcast_to(np.asarray(value, dtype=float), (len(groups),))
+    key = _HYPER_KEYS.get(name, name)
+    for parts, v in zip(groups, values.tolist()):
+        for group in parts:
+            if name in ("mom", "beta1"):
+                if "betas" in group:
+                    group["betas"] = (v, group["betas"][1])
+                elif "momentum" in group:
+                    group["momentum"] = v
+            elif not (key == "weight_decay" and group.get(NO_WD_KEY)):
+                group[key] = v
 
 
 def get_hyper(opt: torch.optim.Optimizer, name: str) -> list[float]:
     """Current value of a hyper-parameter on every parameter group."""
+    firsts = [parts[0] for parts in param_groups(opt)]
     if name == "mom":
-        return [g["betas"][0] if "betas" in g else g.get("momentum", 0.0) for g in opt.param_groups]
-    return [g[_HYPER_KEYS.get(name, name)] for g in opt.param_groups]
+        return [g["betas"][0] if "betas" in g else g.get("momentum", 0.0) for g in firsts]
+    return [g[_HYPER_KEYS.get(name, name)] for g in firsts]
 
 
 class ParamScheduler(Callback):

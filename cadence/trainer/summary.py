@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .data import to_device
+from .schedule import n_groups
 
 if TYPE_CHECKING:
     from .learner import Learner
@@ -87,7 +88,7 @@ def summary(learn: "Learner") -> Summary:
     lines += ["".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[1:]]
     total = sum(p.numel() for p in module.parameters())
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    groups = len(learn.opt.param_groups)
+    groups = n_groups(learn.opt)
     frozen = (f"Model frozen up to parameter group #{learn.frozen_idx} (of {groups})" if learn.frozen_idx
               else f"Model unfrozen ({groups} parameter group{'s' if groups > 1 else ''})")
     lines += [rule, f"Total params: {total:,}", f"Total trainable params: {trainable:,}",

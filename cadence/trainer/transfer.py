@@ -19,11 +19,26 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from .callback import Callback, Order
+from .schedule import n_groups, param_groups
 
 if TYPE_CHECKING:
     from .learner import Learner
 
 _BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
+
+
+_NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.LayerNorm, nn.GroupNorm,
+               nn.RMSNorm)
+
+
+def norm_bias_params(model: nn.Module) -> set[int]:
+    """ids of the parameters fastai keeps from weight decay (`wd_bn_bias=False`): those of normalisation layers
+    (torch's, and any module class named ...Norm, such as Hugging Face's LlamaRMSNorm) and every bias."""
+    out = set()
+    for m in model.modules():
+        norm = isinstance(m, _NORM_TYPES) or type(m).__name__.endswith("Norm")
+        out.update(id(p) for name, p in m.named_parameters(recurse=False) if norm or name == "bias")
+    return out
 
 
 def _bn_params(model: nn.Module) -> set[int]:
@@ -42,15 +57,15 @@ class TransferMethods:
 
         >>> learn.freeze_to(-2)      # train the last two groups
         """
-        groups = self.opt.param_groups
+        groups = param_groups(self.opt)
         idx = (n if n >= 0 else len(groups) + n) if isinstance(n, int) else -1
         if not 0 <= idx < len(groups):
             raise ValueError(f"freeze_to({n!r}): the optimizer has {len(groups)} parameter group(s), so n must be "
                              f"an int in [{-len(groups)}, {len(groups) - 1}] (at least one group keeps training); "
                              f"pass Learner(splitter=...) to split the model into groups")
         keep = _bn_params(self.model) if self.train_bn else set()
-        for i, group in enumerate(groups):
-            for p in group["params"]:
+        for i, parts in enumerate(groups):
+            for p in (p for group in parts for p in group["params"]):
                 p.requires_grad_(i >= idx or id(p) in keep)
         self.frozen_idx = idx
         self.model, self.opt = self.strategy.trainable_changed(self.model, self.opt)
@@ -61,7 +76,7 @@ class TransferMethods:
 
         >>> learn.freeze(); learn.fit_one_cycle(1, 1e-2)
         """
-        if len(self.opt.param_groups) == 1:
+        if n_groups(self.opt) == 1:
             warnings.warn("freeze(): the model has one parameter group, so nothing is frozen; pass "
                           "Learner(splitter=...) to split it into body and head", stacklevel=2)
         return self.freeze_to(-1)

@@ -28,9 +28,9 @@ class ScriptValues(Callback):
 
 
 class CaptureWeights(Callback):
-    """The model's weights at the end of every epoch, and every training loss."""
+    """The model's weights at the end of every epoch, and every training loss (the non-finite one too)."""
 
-    order = Order.RECORD + 1
+    order = Order.GUARD - 1
 
     def __init__(self):
         self.weights, self.losses = [], []
@@ -139,6 +139,8 @@ def test_terminate_on_nan_stops_at_the_first_nan_step(model, tmp_path, capsys, b
     assert learn.step == nan_step and learn.train_iter == nan_step   # the NaN batch was seen (counted before after_batch)
     assert learn.recorder.values == []                                    # no validation after the NaN
     assert not np.isfinite(capture.losses[-1]) and len(capture.losses) == nan_step
+    # the Recorder never saw the non-finite loss (TerminateOnNaN runs before it, as in fastai)
+    assert len(learn.recorder.losses) == nan_step - 1 and np.isfinite(learn.recorder.losses).all()
     last = "none" if nan_step == 1 else f"{capture.losses[-2]:.6g} at step {nan_step - 1}"
     assert (f"TerminateOnNaN: loss is not finite on 1 of 1 process(es) at step {nan_step} (epoch 0, "
             f"batch {nan_step - 1}); last finite loss {last}") in capsys.readouterr().out

@@ -161,7 +161,7 @@ def test_tensorboard_csv_and_custom_tracker_hold_recorder_values(dls, model, tmp
     learn.fit(2)
     run_dir = tmp_path / "p" / "r"
     steps = list(range(1, 9))  # 4 batches per epoch, 2 epochs
-    train_loss = list(zip(steps, learn.recorder.losses))
+    train_loss = list(zip(steps, learn.recorder.raw_losses))
     per_epoch = expected_epoch_values(learn, 4)
 
     scalars, hparams = read_tensorboard(run_dir)
@@ -190,7 +190,7 @@ def test_logs_once_per_optimizer_step_with_mean_loss_and_grad_norm(dls, model):
     learn = learner(dls, model, StepEveryOther(), Tracker(custom))
     learn.fit(1)
     assert learn.step == 2  # 4 batches, 2 steps
-    losses = learn.recorder.losses
+    losses = learn.recorder.raw_losses
     assert_series(custom.logs("train/loss"), [(1, (losses[0] + losses[1]) / 2), (2, (losses[2] + losses[3]) / 2)])
     assert_series(custom.logs("train/grad_norm"), [(1, 10.0), (2, 11.0)])
     assert [s for s, _ in custom.logs("valid/loss")] == [2]
@@ -260,7 +260,7 @@ def test_state_round_trip_continues_tensorboard_csv_and_wandb_run(dls, model, tm
     first = learner(dls, model, snapshot, Tracker(["tensorboard", "csv", "wandb"], project="p", run_name="r",
                                                    dir=tmp_path))
     first.fit(2)
-    first_losses = first.recorder.losses
+    first_losses = first.recorder.raw_losses
     state = json.loads(json.dumps(snapshot.state))  # as Checkpoint would store it in state.json
     run_dir = (tmp_path / "p" / "r").resolve()
     assert state["trackers"]["tensorboard"] == state["trackers"]["csv"] == {"dir": str(run_dir)}
@@ -272,9 +272,9 @@ def test_state_round_trip_continues_tensorboard_csv_and_wandb_run(dls, model, tm
     resumed = learner(dls, nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)), FakeResume(epoch=1, step=4),
                       tracker, lr=1e-3)
     resumed.fit(2)
-    assert resumed.step == 8 and len(resumed.recorder.losses) == 4
-    train_loss = list(zip(range(1, 9), first_losses[:4] + resumed.recorder.losses))
-    assert first_losses[4:] != resumed.recorder.losses  # the replaced tail differs, so the purge is visible
+    assert resumed.step == 8 and len(resumed.recorder.raw_losses) == 4
+    train_loss = list(zip(range(1, 9), first_losses[:4] + resumed.recorder.raw_losses))
+    assert first_losses[4:] != resumed.recorder.raw_losses  # the replaced tail differs, so the purge is visible
     valid = [(4, first.recorder.values[0]["valid_loss"]), (8, resumed.recorder.values[0]["valid_loss"])]
 
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["r"]

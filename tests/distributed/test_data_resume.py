@@ -187,3 +187,100 @@ def test_stream_without_len_resumes_after_the_items_consumed():
     assert [b.tolist() for b in on1] == [[8, 9], [10, 11], [12, 13], [14]]
     assert on1.state_dict()["epoch_complete"] and on1.epoch == 0
     assert [b.tolist() for b in on1][0] == [0, 1] and on1.epoch == 1   # the next epoch from its start
+
+
+LOADERS = {  # each built afresh, as a script would: the same arguments, a generator seeded the same way
+    "shuffle": lambda ds: DataLoader(ds, batch_size=6, shuffle=True),
+    "shuffle with a generator": lambda ds: DataLoader(ds, batch_size=6, shuffle=True,
+                                                      generator=torch.Generator().manual_seed(1)),
+    "weighted sampler": lambda ds: DataLoader(ds, batch_size=6, sampler=torch.utils.data.WeightedRandomSampler(
+        torch.linspace(0.1, 1, 20), 15)),
+    "bucketing batch sampler": lambda ds: DataLoader(ds, batch_sampler=Bucketing(20)),
+    "sequential": lambda ds: DataLoader(ds, batch_size=6),
+    "shuffle with worker processes": lambda ds: DataLoader(ds, batch_size=6, shuffle=True, num_workers=2),
+}
+
+
+class Bucketing(torch.utils.data.Sampler):
+    """A batch sampler drawing from Python's and numpy's global RNGs."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        import random
+
+        import numpy as np
+
+        idxs = list(np.random.permutation(self.n))
+        return iter([[int(i) for i in idxs[j:j + random.choice([3, 4])]] for j in range(0, self.n, 4)])
+
+    def __len__(self):
+        return self.n // 4
+
+
+def epochs(it, n_epochs):
+    """Each epoch's batches, and a torch random number drawn after each (what a model's dropout would see)."""
+    out = []
+    for _ in range(n_epochs):
+        out.append([b.tolist() for b in it])
+        out.append(torch.rand(3).tolist())
+    return out
+
+
+@pytest.mark.parametrize("name", list(LOADERS))
+def test_draw_like_loader_changes_nothing_and_resumes_mid_epoch_exactly(name):
+    """What Checkpoint wraps a one-process loader in: same batches, same later random numbers, and a mid-epoch
+    resume (state through JSON, torch's RNG restored as a checkpoint does) continues the same order."""
+    import json
+    import random
+
+    import numpy as np
+
+    def seeded():
+        torch.manual_seed(3), random.seed(3), np.random.seed(3)
+
+    seeded()
+    plain = epochs(LOADERS[name](Ids(20)), 3)
+    seeded()
+    wrapped = DistributedDL(LOADERS[name](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    assert epochs(wrapped, 3) == plain
+
+    seeded()
+    first = DistributedDL(LOADERS[name](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(2)]
+    state = json.loads(json.dumps(first.state_dict()))
+    rng = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    torch.manual_seed(99), random.seed(99), np.random.seed(99)       # a new process: other random states
+    resumed = DistributedDL(LOADERS[name](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng[0]), random.setstate(rng[1]), np.random.set_state(rng[2])
+    rest = epochs(resumed, 3)
+    assert [head + rest[0], *rest[1:4]] == plain[:4]
+    with pytest.raises(ValueError, match="one process"):
+        DistributedDL(LOADERS[name](Ids(20)), rank=0, world_size=2, draw_like_loader=True)
+
+
+def test_a_position_saved_by_a_seeded_wrapper_resumes_with_its_seed():
+    """Checkpoints written before draw_like_loader hold a seed: the resumed loader keeps drawing from it."""
+    old = DistributedDL(LOADERS["shuffle"](Ids(20)), rank=0, world_size=1, seed=11)
+    it = iter(old)
+    next(it)
+    state = old.state_dict()
+    want = [b.tolist() for b in it]
+    new = DistributedDL(LOADERS["shuffle"](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    new.load_state_dict(state)
+    assert [b.tolist() for b in new] == want and new.seed == 11
+
+
+@pytest.mark.parametrize("field, value", [("generators", ["not base64!"]), ("generators", "x"),
+                                          ("drawn", {"epoch": "0", "rng": {}}), ("drawn", [1])])
+def test_a_damaged_draw_state_is_refused_naming_the_field(field, value):
+    first = DistributedDL(LOADERS["shuffle with a generator"](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    it = iter(first)
+    next(it)
+    state = {**first.state_dict(), field: value}
+    resumed = DistributedDL(LOADERS["shuffle with a generator"](Ids(20)), rank=0, world_size=1, draw_like_loader=True)
+    with pytest.raises(ValueError, match=f"position's {field} is not what cadence saved"):
+        resumed.load_state_dict(state)

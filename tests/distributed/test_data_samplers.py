@@ -127,3 +127,20 @@ def test_gather_for_metrics_drops_a_padding_batch_of_a_batch_sampler():
     assert [len(k) for k in kept] == [3, 3, 3]
     assert kept[2][2] == []                                   # the 9th batch repeats the 1st: padding, dropped
     assert sorted(i for k in kept for b in k for i in b) == list(range(30))
+
+
+def test_batch_sampler_given_as_sampler_with_batch_size_none_is_dealt_like_a_batch_sampler():
+    """Accelerate's pattern: DataLoader(ds, sampler=BatchSampler(...), batch_size=None) fetches dataset[indices]."""
+    from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
+
+    ds = TensorDataset(torch.arange(10) * 10)
+    plain = DataLoader(ds, sampler=BatchSampler(SequentialSampler(ds), batch_size=4, drop_last=False), batch_size=None)
+    assert [b[0].tolist() for b in plain] == [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90]]
+    got = [[b[0].tolist() for b in DistributedDL(plain, rank=r, world_size=2)] for r in range(2)]
+    # batches dealt in turn; rank 1's missing last batch is padding (the first batch again)
+    assert got == [[[0, 10, 20, 30], [80, 90]], [[40, 50, 60, 70], [0, 10, 20, 30]]]
+    make = lambda: DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size=3, drop_last=True), batch_size=None)
+    one, two = shards(make, 1), shards(make, 3)
+    seen = [sorted(x for b in dl for x in b[0].tolist()) for dl in two]
+    assert all(len(s) == 3 for s in seen)                       # three full batches of 3: one per rank, no padding
+    assert sorted(sum(seen, [])) == sorted(x for b in one[0] for x in b[0].tolist())   # the same 9 items as 1 process

@@ -250,7 +250,7 @@ def test_missing_script_is_refused(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, said", [
     (["--nproc_per_node", "2"], "unknown flag --nproc_per_node: did you mean --num_processes?"),
-    (["--num-processes", "2"], "unknown flag --num-processes: did you mean --num_processes?"),
+    (["--num-proceses", "2"], "unknown flag --num-proceses: did you mean --num_processes?"),   # --num-processes is taken
     (["--num_process", "2"], "unknown flag --num_process: did you mean --num_processes?"),
     (["--master_port", "2"], "unknown flag --master_port: did you mean --main_process_port?"),
 ])

@@ -36,8 +36,9 @@ def test_lr_bound_in_opt_func_is_the_learners_default(dls, model):
     with learn.no_bar():
         learn.fit(1)
     assert learn.recorder.lrs == [0.5] * 4
-    explicit = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=functools.partial(torch.optim.SGD, lr=0.5),
-                       lr=0.1)
+    with pytest.warns(UserWarning, match="differ"):   # fastai would take the partial's; cadence says so
+        explicit = Learner(dls, model, loss_func=nn.CrossEntropyLoss(),
+                           opt_func=functools.partial(torch.optim.SGD, lr=0.5), lr=0.1)
     assert explicit.opt.param_groups[0]["lr"] == 0.1   # an lr given to the Learner itself wins
 
 

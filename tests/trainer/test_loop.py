@@ -239,7 +239,7 @@ def test_loss_is_detached_and_a_replaced_loss_grad_leaves_the_recorded_loss(dls,
     at_loss, at_batch = seen[0::2][:4], seen[1::2][:4]
     assert [grad for grad, _ in at_loss] == [False] * 4  # learn.loss never carries the graph
     assert [v for _, v in at_batch] == [v for _, v in at_loss]  # still the loss before the penalty
-    assert learn.recorder.losses == pytest.approx([v for _, v in at_loss])  # and that is what the Recorder records
+    assert learn.recorder.raw_losses == pytest.approx([v for _, v in at_loss])  # and that is what the Recorder records
     assert learn.loss is None and learn.loss_grad is None  # nothing of the last batch is kept after fit
 
 
@@ -251,7 +251,7 @@ def test_a_loss_set_by_a_callback_is_what_the_recorder_records(dls, model):
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), cbs=Report())
     with learn.no_bar():
         learn.fit(1)
-    assert learn.recorder.losses == [7.0] * 4
+    assert learn.recorder.raw_losses == [7.0] * 4
     assert learn.recorder.values[-1]["train_loss"] == pytest.approx(7.0)
 
 
@@ -292,4 +292,4 @@ def test_a_loss_set_from_the_graph_is_still_read_detached(dls, model):
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.SGD, lr=0.0, cbs=Double())
     with learn.no_bar():
         learn.fit(1)
-    assert learn.recorder.losses == pytest.approx([2 * v for v in seen[:4]])
+    assert learn.recorder.raw_losses == pytest.approx([2 * v for v in seen[:4]])

@@ -166,10 +166,11 @@ def test_predict_one_item(dls, dsets):
 
 
 @pytest.mark.parametrize("on_accelerator", [False, True])
-def test_recorder_train_loss_is_the_size_weighted_mean(dsets, monkeypatch, on_accelerator):
-    """Batches of 24, 24 and 16: train_loss weights each batch loss by its size. On an accelerator the
-    Recorder keeps losses as tensors (no device sync per batch); no GPU here, so that path is forced."""
-    from cadence import Callback
+def test_recorder_records_fastais_smoothed_loss(dsets, monkeypatch, on_accelerator):
+    """fastai's Recorder: `losses` is the debiased moving average (beta 0.98) of the batch losses, carried over
+    the whole fit, and `train_loss` its value at the end of each epoch. On an accelerator the Recorder keeps
+    losses as tensors (no device sync per batch); no GPU here, so that path is forced."""
+    from cadence import Callback, Order
     from cadence.trainer.recorder import Recorder
 
     if on_accelerator:
@@ -177,22 +178,29 @@ def test_recorder_train_loss_is_the_size_weighted_mean(dsets, monkeypatch, on_ac
 
     class Seen(Callback):
         def before_fit(self):
-            self.rows = []
+            self.raw = []
 
         def after_batch(self):
             if self.training:
-                self.rows.append((self.loss.item(), len(self.yb[0])))
+                self.raw.append(self.loss.item())
 
     train, valid = dsets
     dls = DataLoaders(DataLoader(train, batch_size=24), DataLoader(valid, batch_size=16), device="cpu")
     learn = Learner(dls, make_model(), loss_func=nn.CrossEntropyLoss(), cbs=Seen())
+    assert torch.equal(learn.loss, torch.tensor(0.0))   # fastai's learn.loss before any batch
+    seen_smooth = []
+    after_recorder = Callback(after_batch=lambda cb: seen_smooth.append(float(cb.learn.smooth_loss)))
+    after_recorder.order = Order.REPORT
     with learn.no_bar():
-        learn.fit(1)
-    rows = learn.seen.rows
-    assert [n for _, n in rows] == [24, 24, 16]
-    expected = sum(loss * n for loss, n in rows) / 64
-    assert learn.recorder.values[0]["train_loss"] == pytest.approx(expected, rel=1e-6)
-    assert learn.recorder.losses == pytest.approx([loss for loss, _ in rows])
+        learn.fit(2, cbs=after_recorder)
+    raw, val, expected = learn.seen.raw, 0.0, []
+    for i, loss in enumerate(raw, 1):  # fastai's AvgSmoothLoss, written out
+        val = 0.98 * val + 0.02 * loss
+        expected.append(val / (1 - 0.98 ** i))
+    assert len(raw) == 6 and learn.recorder.losses == pytest.approx(expected, rel=1e-6)
+    assert [r["train_loss"] for r in learn.recorder.values] == pytest.approx([expected[2], expected[5]], rel=1e-6)
+    assert learn.recorder.raw_losses == pytest.approx(raw, rel=1e-6)
+    assert seen_smooth[:3] == pytest.approx(expected[:3], rel=1e-6)      # learn.smooth_loss after each batch
 
 
 def test_fit_one_cycle_schedule_and_recorder(dls):

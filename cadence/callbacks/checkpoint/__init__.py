@@ -1,9 +1,10 @@
 """Checkpoints that resume exactly and are never lost: the Checkpoint callback, `save_state` / `load_state`, `save_model`.
 
 One concept per module: `store` (the directory rules: staged writes, fresh names, tombstones,
-`latest`), `state` (what a checkpoint holds and how a Learner is saved and restored), `rng`
-(random states), `preemption` (signals to a checkpoint and a requeue status), `export`
-(weights in the Hugging Face layout), `callback` (when to save, what to keep, resume).
+`latest`), `state` (what a checkpoint holds and how a Learner is saved and restored),
+`validate` (what a state.json may hold), `lock` (one job per directory), `rng` (random
+states), `preemption` (signals to a checkpoint and a requeue status), `export` (weights in
+the Hugging Face layout), `callback` (when to save, what to keep, resume).
 
 >>> learn.fit(10, cbs=Checkpoint(every_n_steps=200, keep_last=3), resume="auto")
 """

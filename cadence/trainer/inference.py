@@ -1,0 +1,231 @@
+"""Inference on a Learner: `validate`, `get_preds` (every item once, in data set order), `predict`, `tta`.
+
+>>> learn.validate()["accuracy"]
+>>> preds, targs = learn.get_preds()                      # the validation set, in its order
+>>> preds, targs, decoded = learn.get_preds(ds_idx=0, with_decoded=True)
+>>> preds, targs = learn.tta(batch_tfms=lambda x: x + 0.1 * torch.randn_like(x))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
+
+from .callback import Callback, Order
+from .data import to_device
+
+if TYPE_CHECKING:
+    from .learner import Learner
+
+# a loader's in-order copy lives as long as the loader: a distributed fit shards it once (it is keyed by id)
+_ORDERED: "weakref.WeakKeyDictionary[DataLoader, DataLoader]" = weakref.WeakKeyDictionary()
+
+
+def in_dataset_order(dl: Iterable) -> Iterable:
+    """A copy of torch DataLoader `dl` that yields every item of its data set once, in order: no shuffling,
+    no sampler, no dropped last batch; same batch size, collate_fn and workers. Other iterables as they are.
+
+    >>> in_dataset_order(DataLoader(ds, batch_size=8, shuffle=True, drop_last=True))   # all of ds, 0..n-1
+    """
+    inner = getattr(dl, "dl", None)
+    if isinstance(inner, DataLoader) and not isinstance(dl, DataLoader):  # a DistributedDL: its loader
+        dl = inner
+    if not isinstance(dl, DataLoader):
+        return dl
+    if dl not in _ORDERED:
+        _ORDERED[dl] = _ordered_copy(dl)
+    return _ORDERED[dl]
+
+
+def _ordered_copy(dl: DataLoader) -> DataLoader:
+    kw = dict(collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory, timeout=dl.timeout,
+              worker_init_fn=dl.worker_init_fn, multiprocessing_context=dl.multiprocessing_context,
+              persistent_workers=dl.persistent_workers)
+    if dl.num_workers > 0:
+        kw["prefetch_factor"] = dl.prefetch_factor
+    ds = dl.dataset
+    if isinstance(ds, IterableDataset):
+        return DataLoader(ds, batch_size=dl.batch_size, **kw)
+    if dl.batch_size is not None:
+        return DataLoader(ds, batch_size=dl.batch_size, shuffle=False, drop_last=False, **kw)
+    batches = dl.batch_sampler if dl.batch_sampler is not None else dl.sampler
+    bs = getattr(batches, "batch_size", None)
+    if dl.batch_sampler is not None:  # a custom batch sampler: batches of its batch size (1 if it has none)
+        return DataLoader(ds, batch_size=bs or 1, shuffle=False, drop_last=False, **kw)
+    if isinstance(dl.sampler, BatchSampler):  # sampler=BatchSampler(...), batch_size=None: dataset[indices]
+        return DataLoader(ds, sampler=BatchSampler(SequentialSampler(ds), bs, drop_last=False), batch_size=None, **kw)
+    return DataLoader(ds, batch_size=None, shuffle=False, **kw)
+
+
+def _decodes(loss_func: Any) -> Callable | None:
+    """fastai's `loss_func.decodes`; for torch's class-index losses, the arg-max class."""
+    decodes = getattr(loss_func, "decodes", None)
+    if decodes is not None:
+        return decodes
+    inner = loss_func.func if isinstance(loss_func, functools.partial) else loss_func
+    if isinstance(inner, (nn.CrossEntropyLoss, nn.NLLLoss)) or inner in (nn.functional.cross_entropy,
+                                                                           nn.functional.nll_loss):
+        return lambda p: p.argmax(dim=-1)
+    return None
+
+
+class ValidResults(dict):
+    """What `validate` returns: `{"valid_loss": ..., "<metric>": ...}`, also indexable by position as fastai's
+    list (`[0]` the loss, `[1]` the first metric).
+
+    >>> res = learn.validate(); res["accuracy"] == res[1]
+    True
+    """
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, int) and not isinstance(key, bool):
+            values = list(self.values())
+            if not -len(values) <= key < len(values):
+                raise IndexError(f"validate() has {len(values)} values ({', '.join(self)}); got position {key}")
+            return values[key]
+        return super().__getitem__(key)
+
+
+class _BatchTransform(Callback):
+    """`tta`'s augmentation: `tfm(x)` on the first input of every batch."""
+
+    order = Order.DEFAULT - 1
+
+    def __init__(self, tfm: Callable):
+        self.tfm = tfm
+
+    def before_batch(self):
+        xb = self.learn.xb
+        self.learn.xb = (self.tfm(xb[0]), *xb[1:])
+
+
+class InferenceMethods:
+    """Mixed into `Learner`: passes over a loader without training."""
+
+    def _pick_dl(self: "Learner", ds_idx: Any, dl: Iterable | None, what: str) -> Iterable:
+        if not isinstance(ds_idx, int):  # validate(dl) / get_preds(dl): a loader given first
+            ds_idx, dl = 1, ds_idx
+        if dl is None:
+            if ds_idx not in (0, 1):
+                raise ValueError(f"{what}(ds_idx=...) takes 0 (train) or 1 (valid), got {ds_idx!r}")
+            dl = self.dls[ds_idx]
+        if dl is None:
+            raise ValueError(f"{what} needs data: pass {what}(dl=...) or build DataLoaders with a validation set")
+        return dl
+
+    def validate(self: "Learner", ds_idx: int | Iterable = 1, dl: Iterable | None = None,
+                 cbs: Any = None) -> ValidResults:
+        """Run one validation pass over `dl` (default: `dls[ds_idx]`, the validation set); returns
+        `{"valid_loss": ..., <metric>: ...}`, which positions also index as fastai's list does.
+
+        >>> learn.validate()["accuracy"], learn.validate()[1]
+        """
+        dl = self._pick_dl(ds_idx, dl, "validate")
+        with self.added_cbs(cbs):
+            self._do_epoch_validate(dl)
+            self._end_cleanup()
+        return ValidResults(self.recorder.valid_values())
+
+    def get_preds(self: "Learner", ds_idx: int | Iterable = 1, dl: Iterable | None = None, with_input: bool = False,
+                  with_decoded: bool = False, with_loss: bool = False, act: Callable | None = None,
+                  cbs: Any = None) -> tuple:
+        """Predictions and targets for every item of `dl`'s data set (default: `dls[ds_idx]`), once each, in the
+        data set's order, on any number of processes: a torch DataLoader is read in order, without
+        shuffling, sampler or dropped last batch (as fastai's `dl.new(shuffled=False, drop_last=False)`).
+
+        Returns `(inputs?, preds, targs, decoded?, losses?)` as fastai: inputs first if `with_input`,
+        `decoded` (`loss_func.decodes(preds)`; the arg-max class for torch's cross entropy and NLL) if
+        `with_decoded`, per-item losses last if `with_loss`. `act` is applied to the predictions
+        (default: `loss_func.activation` if the loss defines one).
+
+        >>> preds, targs = learn.get_preds()
+        >>> inps, preds, targs, losses = learn.get_preds(ds_idx=0, with_input=True, with_loss=True, act=torch.softmax)
+        """
+        from .gather import GatherPreds
+
+        dl = in_dataset_order(self._pick_dl(ds_idx, dl, "get_preds"))
+        gatherer = GatherPreds(with_input, with_loss)
+        with self.no_bar(), self.added_cbs([*_as_list(cbs), gatherer]):
+            self._do_epoch_validate(dl)
+            self._end_cleanup()
+        act = act if act is not None else getattr(self.loss_func, "activation", None)
+        out = list(gatherer.result(act))
+        if with_decoded:
+            decodes = _decodes(self.loss_func)
+            pred_i = 1 if with_input else 0
+            out.insert(pred_i + 2, decodes(out[pred_i]) if decodes is not None else out[pred_i])
+        return tuple(out)
+
+    @contextlib.contextmanager
+    def loss_not_reduced(self: "Learner"):
+        """`loss_func` with `reduction='none'` for the duration of a `with` block (fastai's).
+
+        >>> with learn.loss_not_reduced(): per_item = learn.loss_func(preds, targs)
+        """
+        lf = self.loss_func
+        if hasattr(lf, "reduction"):
+            saved, lf.reduction = lf.reduction, "none"
+            try:
+                yield
+            finally:
+                lf.reduction = saved
+        else:
+            self.loss_func = functools.partial(lf, reduction="none")
+            try:
+                yield
+            finally:
+                self.loss_func = lf
+
+    def tta(self: "Learner", ds_idx: int = 1, dl: Iterable | None = None, n: int = 4, batch_tfms: Callable | None = None,
+            beta: float | None = 0.25, use_max: bool = False, item_tfms: Any = None) -> tuple:
+        """Test-time augmentation (fastai's): predictions of `n` passes with `batch_tfms` applied to the inputs,
+        averaged (or their maximum with `use_max`), combined with the plain pass as `lerp(aug, plain, beta)`;
+        `beta=None` returns both. Every item once, in data set order, as `get_preds`.
+
+        cadence data has no train/valid transform split to switch: the augmentation is `batch_tfms`,
+        a function of the input batch (fastai's default, the training transforms, needs it given here).
+
+        >>> preds, targs = learn.tta(batch_tfms=lambda x: x.flip(-1), n=2)
+        """
+        if item_tfms is not None:
+            raise ValueError("tta(item_tfms=...) needs fastai's item transforms; cadence loaders have none: "
+                             "augment whole batches with tta(batch_tfms=fn), fn(x) -> augmented x")
+        if batch_tfms is None:
+            raise ValueError("tta needs the augmentation: tta(batch_tfms=fn) with fn(x) -> an augmented input batch")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"tta(n=...) is the number of augmented passes, a positive int; got {n!r}")
+        aug = torch.stack([self.get_preds(ds_idx, dl, cbs=_BatchTransform(batch_tfms))[0] for _ in range(n)])
+        aug = aug.max(0)[0] if use_max else aug.mean(0)
+        preds, targs = self.get_preds(ds_idx, dl)[:2]
+        if use_max:
+            return torch.stack([preds, aug]).max(0)[0], targs
+        return ((aug, preds) if beta is None else torch.lerp(aug, preds, beta)), targs
+
+    def predict(self: "Learner", item: Any, act: Callable | None = None) -> Any:
+        """The model's output for one item (its input tensor, or a tuple of them), without a batch dimension.
+
+        fastai's `predict` also decodes through the data's transforms; cadence has none: decode yourself.
+
+        >>> probs = learn.predict(x_valid[0], act=partial(torch.softmax, dim=-1))
+        """
+        xb = item if isinstance(item, tuple) else (item,)
+        xb = to_device(tuple(x.unsqueeze(0) if isinstance(x, torch.Tensor) else x for x in xb), self.strategy.device)
+        self.model.eval()
+        with torch.no_grad(), self._forward_context():
+            pred = self.model(*xb)
+        act = act if act is not None else getattr(self.loss_func, "activation", None)
+        pred = act(pred) if act is not None else pred
+        return pred[0]
+
+
+def _as_list(cbs: Any) -> list:
+    if cbs is None:
+        return []
+    return list(cbs) if isinstance(cbs, (list, tuple)) else [cbs]

@@ -1,0 +1,159 @@
+"""Launched on 2 and 3 processes by tests/trainer/test_fastai_ddp.py; each check prints `CHECK <name> ok` on rank 0.
+
+- get_preds (and tta, built on it): every item of the data set once, in data set order, from a shuffled drop_last loader
+  (the train loader, ds_idx=0) and from the valid loader, with inputs, decoded classes and per-item losses;
+- Recorder: `train_loss` is the mean of the processes' own smoothed losses (fastai's smoothing, written out
+  here), equal on every process; with `train_metrics=True`, `train_accuracy` is over every process's batches;
+- DistributedDL over DataLoader(sampler=BatchSampler(RandomSampler), batch_size=None) (Accelerate's pattern): the
+  processes share one draw and together take every batch of it once (the last round padded);
+- MixUp: a DDP fit with batch b per process equals one process (the same script, no distribution)
+  fitting batches of b * world_size made of the same items: the same mixed inputs, bitwise, at every
+  step, and the same weights after it.
+"""
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import Callback, DataLoaders, Learner, Order, Recorder, accuracy
+from cadence.callbacks.mixup import MixUp
+from cadence.distributed.env import rank, world_size
+
+N_TRAIN, N_VALID, BS = 48, 37, 4   # 37 valid items: padded shards on 2 and 3 processes
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N_TRAIN + N_VALID, 6, generator=g)
+    y = (x @ torch.randn(6, 3, generator=g)).argmax(1)
+    return x, y
+
+
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def check(name, ok):
+    assert ok, name
+    if rank() == 0:
+        print(f"CHECK {name} ok", flush=True)
+
+
+class SeeInputs(Callback):
+    """Every training batch's inputs after MixUp (it runs after MixUp's before_batch), gathered over processes."""
+
+    order = Order.DEFAULT + 1
+
+    def before_fit(self):
+        self.seen = []
+
+    def before_batch(self):
+        if self.training:
+            self.seen.append(self.learn.strategy.gather(self.learn.xb[0]))
+
+
+def check_get_preds(x, y):
+    train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS * 2 + 1, shuffle=True, drop_last=True)
+    valid = DataLoader(TensorDataset(x[N_TRAIN:], y[N_TRAIN:]), batch_size=BS)
+    learn = Learner(DataLoaders(train, valid, device="cpu"), model(), loss_func=nn.CrossEntropyLoss())
+    with learn.no_bar(), learn.distrib_ctx():
+        learn.fit(1, lr=0.1)
+        inps, preds, targs, decoded, losses = learn.get_preds(ds_idx=0, with_input=True, with_decoded=True,
+                                                              with_loss=True)
+        vpreds, vtargs = learn.get_preds()
+        tta, ttargs = learn.tta(n=2, batch_tfms=lambda t: t + 1)
+    out = learn.model(x)
+    check("get_preds_train_all_items_in_order", torch.equal(inps, x[:N_TRAIN]) and torch.equal(targs, y[:N_TRAIN]))
+    check("get_preds_train_values", torch.allclose(preds, out[:N_TRAIN], atol=1e-6)
+          and torch.equal(decoded, preds.argmax(1))
+          and torch.allclose(losses, nn.functional.cross_entropy(out[:N_TRAIN], y[:N_TRAIN], reduction="none"),
+                             atol=1e-6))
+    check("get_preds_valid_all_items_in_order", torch.equal(vtargs, y[N_TRAIN:])
+          and torch.allclose(vpreds, out[N_TRAIN:], atol=1e-6))
+    check("tta_lerps_augmented_and_plain_in_order", torch.equal(ttargs, y[N_TRAIN:])
+          and torch.allclose(tta, torch.lerp(learn.model(x[N_TRAIN:] + 1), out[N_TRAIN:], 0.25), atol=1e-6))
+
+
+class TrainHits(Callback):
+    def before_fit(self):
+        self.raw, self.hits = [], 0
+
+    def after_loss(self):
+        if self.training:
+            self.raw.append(self.learn.loss.item())
+            self.hits += int((self.learn.pred.argmax(1) == self.learn.y).sum())
+
+
+def check_recorder(x, y):
+    train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS)
+    valid = DataLoader(TensorDataset(x[N_TRAIN:], y[N_TRAIN:]), batch_size=BS)
+    learn = Learner(DataLoaders(train, valid, device="cpu"), model(), loss_func=nn.CrossEntropyLoss(), cbs=TrainHits())
+    learn.remove_cb(learn.recorder).add_cb(Recorder([accuracy], train_metrics=True))
+    with learn.no_bar(), learn.distrib_ctx():
+        learn.fit(2, lr=0.1)
+        val, mine = 0.0, []
+        for i, loss in enumerate(learn.train_hits.raw, 1):
+            val = 0.98 * val + 0.02 * loss
+            mine.append(val / (1 - 0.98 ** i))
+        ends = learn.strategy.gather(torch.tensor([mine[len(mine) // 2 - 1], mine[-1]], dtype=torch.float64))
+        hits = learn.strategy.all_sum(torch.tensor(float(learn.train_hits.hits)))
+        values = learn.strategy.gather(torch.tensor([r["train_loss"] for r in learn.recorder.values]))
+    means = ends.reshape(world_size(), 2).mean(0)
+    check("recorder_losses_are_this_process_smoothed", len(learn.recorder.losses) == len(mine)
+          and all(abs(a - b) < 1e-9 for a, b in zip(learn.recorder.losses, mine)))
+    check("recorder_train_loss_is_the_mean_over_processes",
+          torch.allclose(values.reshape(world_size(), 2), means.float().expand(world_size(), 2)))
+    # no padding (48 items on 2 or 3 processes, batches of 4): each epoch's accuracy is its hits / 48
+    check("recorder_train_accuracy_over_all_processes",
+          abs(sum(r["train_accuracy"] for r in learn.recorder.values) - float(hits) / N_TRAIN) < 1e-6)
+
+
+def check_batch_sampler_as_sampler():
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    from cadence.distributed import DistributedDL, setup_distrib, teardown_distrib
+    from cadence.distributed.ops import gather_object
+
+    setup_distrib()                                # a process group for the shared seed and the gather
+    ds = TensorDataset(torch.arange(30))
+    dl = DataLoader(ds, sampler=BatchSampler(RandomSampler(ds), batch_size=4, drop_last=False), batch_size=None)
+    ddl = DistributedDL(dl)                        # rank, world size and the shared seed from the process group
+    every = gather_object([b[0].tolist() for b in ddl])
+    teardown_distrib()
+    steps = [b for step in zip(*every) for b in step]           # step by step, rank by rank
+    real = steps[:8]                                              # 30 items: 8 batches (the last of 2)
+    check("batch_sampler_as_sampler_every_batch_once", sorted(i for b in real for i in b) == list(range(30))
+          and len({len(m) for m in every}) == 1 and steps[8:] == real[:len(steps) - 8])
+
+
+def check_mixup(x, y):
+    n = world_size()
+    train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS)
+    learn = Learner(DataLoaders(train, device="cpu"), model(), loss_func=nn.CrossEntropyLoss(),
+                    opt_func=torch.optim.SGD, lr=0.1, cbs=SeeInputs())
+    with learn.no_bar(), learn.distrib_ctx():
+        # the global batch of step t: each process's batch t, in rank order (contiguous shards)
+        steps = [sum((learn.dls.train.get_idxs(r)[t * BS:(t + 1) * BS] for r in range(n)), [])
+                 for t in range(len(learn.dls.train))]
+        torch.manual_seed(7)
+        learn.fit(2, cbs=MixUp(0.4))
+        ddp = ({k: v.clone() for k, v in learn.strategy.unwrap(learn.model).state_dict().items()}, learn.see_inputs.seen)
+
+    one = Learner(DataLoaders(DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_sampler=steps), device="cpu"),
+                  model(), loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.SGD, lr=0.1, cbs=SeeInputs())
+    torch.manual_seed(7)
+    with one.no_bar():
+        one.fit(2, cbs=MixUp(0.4))
+    check("mixup_same_mixed_inputs", len(ddp[1]) == len(one.see_inputs.seen) == 2 * len(steps)
+          and all(torch.equal(a, b) for a, b in zip(ddp[1], one.see_inputs.seen)))
+    check("mixup_same_weights", all(torch.allclose(ddp[0][k], v, atol=1e-6) for k, v in one.model.state_dict().items()))
+    check("mixup_inputs_were_mixed", not torch.equal(one.see_inputs.seen[0], x[steps[0]]))
+
+
+if __name__ == "__main__":
+    x, y = data()
+    check_get_preds(x, y)
+    check_recorder(x, y)
+    check_batch_sampler_as_sampler()
+    check_mixup(x, y)
