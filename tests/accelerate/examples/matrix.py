@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -251,22 +252,28 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="folder for stand-ins and runs (default: a new temporary one)")
     parser.add_argument("--status", type=Path, help="write the pass/fail table here (markdown)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="accelerate_examples_"))
     scripts, env = prepare(work, args.library)
     examples = [e for e in EXAMPLES if not args.only or e.script in args.only]
     command = "python tests/accelerate/examples/matrix.py " + " ".join(sys.argv[1:])
     results, start = {}, time.time()
-    for ex in examples:
-        for engine in [e for e in args.engines if e in ex.engines]:
-            if ex.skip:
-                results[ex.script, engine] = (False, f"skipped: {ex.skip}", 0.0)
-                continue
-            results[ex.script, engine] = run_one(ex, engine, scripts, env, work / "runs", args.library, args.timeout)
-            ok, why, secs = results[ex.script, engine]
-            print(f"{'PASS' if ok else 'FAIL'} {ex.script} [{engine}] {secs:.0f}s {why}", flush=True)
-            if args.status:
-                args.status.write_text(status_table(results, args.engines, args.library, command, time.time() - start))
+    todo = [(ex, engine) for ex in examples for engine in args.engines if engine in ex.engines]
+    for ex, engine in todo:
+        if ex.skip:
+            results[ex.script, engine] = (False, f"skipped: {ex.skip}", 0.0)
+
+    def one(item):
+        ex, engine = item
+        result = run_one(ex, engine, scripts, env, work / "runs", args.library, args.timeout)
+        ok, why, secs = results[ex.script, engine] = result
+        print(f"{'PASS' if ok else 'FAIL'} {ex.script} [{engine}] {secs:.0f}s {why}", flush=True)
+        if args.status:
+            args.status.write_text(status_table(results, args.engines, args.library, command, time.time() - start))
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, [(ex, engine) for ex, engine in todo if not ex.skip]))
     table = status_table(results, args.engines, args.library, command, time.time() - start)
     if args.status:
         args.status.write_text(table)

@@ -1,7 +1,7 @@
 """Offline stand-in for `timm.create_model("resnet50d", pretrained=True, num_classes=n)`, as cv_example uses it.
 
 The "pretrained" backbone is fixed (no download): each image's mean colour per channel, then a linear
-classifier (`get_classifier()`) the example trains; `default_cfg` carries ImageNet's mean and std.
+classifier (`get_classifier()`, zero: chance until trained) the example trains; `default_cfg` carries ImageNet's mean and std.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ class ColourNet(nn.Module):
             self.stem.bias.zero_()
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(3, num_classes)
+        nn.init.zeros_(self.fc.weight)                      # a new head: chance until trained
+        nn.init.zeros_(self.fc.bias)
 
     def get_classifier(self) -> nn.Module:
         return self.fc
