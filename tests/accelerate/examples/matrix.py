@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import math
 import os
 import re
@@ -253,13 +254,22 @@ def main() -> None:
     parser.add_argument("--status", type=Path, help="write the pass/fail table here (markdown)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--again", action="store_true",
+                        help="run everything again (by default a --work folder's passed runs are kept)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="accelerate_examples_"))
     scripts, env = prepare(work, args.library)
     examples = [e for e in EXAMPLES if not args.only or e.script in args.only]
     command = "python tests/accelerate/examples/matrix.py " + " ".join(sys.argv[1:])
     results, start = {}, time.time()
-    todo = [(ex, engine) for ex in examples for engine in args.engines if engine in ex.engines]
+    done_file = work / "results.jsonl"
+    if done_file.exists() and not args.again:    # keep earlier passes in this folder, run failures again
+        for line in done_file.read_text().splitlines():
+            r = json.loads(line)
+            if r["passed"] and r["script"] in [e.script for e in examples] and r["engine"] in args.engines:
+                results[r["script"], r["engine"]] = (True, "", r["seconds"])
+    todo = [(ex, engine) for engine in args.engines for ex in examples      # every script on an engine first
+            if engine in ex.engines and (ex.script, engine) not in results]
     for ex, engine in todo:
         if ex.skip:
             results[ex.script, engine] = (False, f"skipped: {ex.skip}", 0.0)
@@ -268,6 +278,8 @@ def main() -> None:
         ex, engine = item
         result = run_one(ex, engine, scripts, env, work / "runs", args.library, args.timeout)
         ok, why, secs = results[ex.script, engine] = result
+        with open(done_file, "a") as f:
+            f.write(json.dumps({"script": ex.script, "engine": engine, "passed": ok, "why": why, "seconds": secs}) + "\n")
         print(f"{'PASS' if ok else 'FAIL'} {ex.script} [{engine}] {secs:.0f}s {why}", flush=True)
         if args.status:
             args.status.write_text(status_table(results, args.engines, args.library, command, time.time() - start))

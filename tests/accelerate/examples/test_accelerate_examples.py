@@ -34,7 +34,7 @@ def test_the_swap_changes_only_accelerate_imports(tmp_path):
         assert changed, src.name
         for a, b in changed:
             assert re.match(r"\s*(from|import) accelerate\b", a) and b == a.replace("accelerate", "cadence", 1)
-        assert src.read_text().startswith("# Copyright"), f"{src.name} lost its licence header"
+        assert "Licensed under the Apache License, Version 2.0" in src.read_text()[:600], src.name
 
 
 SLICE = [("nlp_example", "1 process"), ("complete_nlp_example", "DDP"), ("by_feature/multi_process_metrics", "ZeRO-2")]
