@@ -150,7 +150,7 @@ EXAMPLES = [
              "--per_device_eval_batch_size", "4", "--num_train_epochs", "2", "--output_dir", "{out}"),
             (finite(r"epoch \d+: perplexity: (\S+)"), files("config.json")), own_accumulation_flag=True),
     Example("by_feature/early_stopping"),
-    Example("by_feature/fsdp_with_peak_mem_tracking", ("--output_dir", "{out}")),
+    Example("by_feature/fsdp_with_peak_mem_tracking", ("--model_name_or_path", "bert-base-cased", "--output_dir", "{out}")),
     Example("by_feature/gradient_accumulation", own_accumulation_flag=True),
     Example("by_feature/gradient_accumulation_for_autoregressive_models", (),
             (finite(r"eval perplexity: (\S+)"),), own_accumulation_flag=True),

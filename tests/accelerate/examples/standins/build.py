@@ -115,7 +115,7 @@ def paraphrase_batch(tokenizer, rows: list[dict]) -> dict:
     return {**batch, "labels": torch.tensor([r["label"] for r in rows])}
 
 
-def reverse_classifier(model, tokenizer, margin: float = 1e-3):
+def reverse_classifier(model, tokenizer, margin: float = 2e-5):
     """Point the classifier the wrong way, its logit gap shrunk to `margin`: accuracy starts far below chance.
 
     An example reaches the accuracy floor only if its optimizer steps really train the model, at the
