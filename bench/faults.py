@@ -12,6 +12,10 @@ Rows (name: goal, what passes):
   group (tests/scripts/plain_ddp.py, the shape that died with SIGABRT at exit);
 - hang: 60, rank 1 stops responding (tests/scripts/hang.py, `--timeout 10`): the launch ends within
   timeout + 10 s of the hang and its report names rank 1 as the rank that stopped responding;
+- hang_checkpoint: 20, as hang with a Checkpoint callback (its preemption handler catches the launcher's
+  SIGTERM): the launch ends within timeout + 10 s of the hang, naming rank 1;
+- sigstop: 20, rank 1 stops itself with SIGSTOP (`hang.py --sigstop`, `--timeout 10`): the launch ends within
+  timeout + 10 s, names rank 1 as the rank that stopped responding, and leaves no stopped process behind;
 - kill_launcher: 20, SIGKILL of `cadence launch` at a random moment of a run: both workers gone within 5 s;
 - kill_rank: 20, SIGKILL of a random worker at a random moment of a 2-process run launched with
   `--max_restarts 2` (tests/scripts/resume.py, resume="auto"): the launch exits 0 and the final weights
@@ -19,7 +23,17 @@ Rows (name: goal, what passes):
 - kill_in_checkpoint: 50, SIGKILL of a 1-process run (resume.py, keep_last=2) just before a random one of
   the filesystem calls its checkpoint saves and prunes make (tests/scripts/fs_kill.py): `latest` names a
   checkpoint that loads, every checkpoint that keep_last keeps (its history) is there, and the same
-  command then finishes bitwise equal to an uninterrupted run with no leftovers.
+  command then finishes bitwise equal to an uninterrupted run with no leftovers;
+- kill_in_export: 50, SIGKILL at a random moment of a sharded `save_model` (4 shards, 52 MiB) over an
+  existing export (tests/scripts/export_save.py): the directory then loads whole as the old export or the
+  new one, never a mix (killed between the swap's two renames: the load refuses, naming the interrupted
+  save, and `recover_dir`, as the next save runs first, makes it the new one); nothing staged is left.
+  The moment is drawn uniformly over an uninterrupted save's duration; a save that ends before its
+  kill is not a trial and the moment is drawn again (up to 5 times);
+- two_jobs: 20, a second job started on the checkpoint directory of a running one (tests/scripts/resume.py,
+  keep_last=2) at a random moment: the second is refused naming the first's pid (every other trial it is a
+  2-process launch, every rank refused), and the first finishes bitwise equal to an uninterrupted run with
+  its kept checkpoints whole and no leftovers.
 
 Each row is a function `trial_<name>(workdir: Path, i: int) -> tuple[bool, str]` (passed, detail)
 registered in TRIALS as name -> (function, goal count, description); other rows plug in the same way.
@@ -66,20 +80,38 @@ def trial_finish(workdir: Path, i: int) -> tuple[bool, str]:
 
 
 def trial_hang(workdir: Path, i: int) -> tuple[bool, str]:
+    return _ends_after_hang(workdir, [], "rank 1 stopped responding during after_batch")
+
+
+def trial_hang_checkpoint(workdir: Path, i: int) -> tuple[bool, str]:
+    return _ends_after_hang(workdir, ["--checkpoint", str(workdir / f"ckpt{i}")],
+                            "rank 1 stopped responding during after_batch")
+
+
+def trial_sigstop(workdir: Path, i: int) -> tuple[bool, str]:
+    return _ends_after_hang(workdir, ["--sigstop"], "rank 1 stopped responding and sent no report")
+
+
+def _ends_after_hang(workdir: Path, script_args: list[str], named: str) -> tuple[bool, str]:
+    """hang.py with `script_args` under `--timeout 10`: ended within timeout + 10 s of the hang, `named` in the
+    report, and the hung rank's process gone."""
     try:
-        proc = subprocess.run(launch_cmd("hang.py", "--timeout", str(HANG_TIMEOUT_S)), capture_output=True,
-                              text=True, timeout=300, env=child_env(), cwd=workdir)
+        proc = subprocess.run([*launch_cmd("hang.py", "--timeout", str(HANG_TIMEOUT_S)), *script_args],
+                              capture_output=True, text=True, timeout=300, env=child_env(), cwd=workdir)
     except subprocess.TimeoutExpired:
         return False, "still running after 300 s"
-    ended = time.time()
-    hung_at = re.search(r"HANGING AT ([\d.]+)", proc.stdout)
+    took = time.time()
+    hung_at = re.search(r"HANGING AT ([\d.]+) (\d+)", proc.stdout)
     if not hung_at:
         return False, f"rank 1 never hung (exit {proc.returncode})"
-    took = ended - float(hung_at.group(1))
-    named = "rank 1 stopped responding during after_batch" in proc.stderr
-    if took <= HANG_TIMEOUT_S + 10 and named and proc.returncode != 0:
+    took -= float(hung_at.group(1))
+    left = _alive(int(hung_at.group(2)))
+    if left:
+        os.kill(int(hung_at.group(2)), signal.SIGKILL)
+    if took <= HANG_TIMEOUT_S + 10 and named in proc.stderr and proc.returncode != 0 and not left:
         return True, f"{took:.1f} s"
-    return False, f"{took:.1f} s after the hang, exit {proc.returncode}, report: {proc.stderr.strip()[-300:]!r}"
+    return False, (f"{took:.1f} s after the hang, exit {proc.returncode}, hung rank left alive: {left}, "
+                   f"report: {proc.stderr.strip()[-300:]!r}")
 
 
 def trial_kill_launcher(workdir: Path, i: int) -> tuple[bool, str]:
@@ -202,6 +234,130 @@ def _filesystem_ops(workdir: Path, cmd: list[str]) -> int:
     return int(file.read_text())
 
 
+EXPORT_SCALE = 16  # export_save.py's model at 16x width: 52 MiB in 4 shards, a save long enough to land kills in
+
+
+def _export_cmd(directory: Path, seed: int) -> list[str]:
+    return [sys.executable, str(SCRIPTS / "export_save.py"), str(directory), "--seed", str(seed),
+            "--scale", str(EXPORT_SCALE), "--announce"]
+
+
+def _export_fixtures(workdir: Path) -> tuple[Path, float]:
+    """The old export (seed 1) every trial starts from, and how long an uninterrupted save takes (once per row)."""
+    old, timing = workdir / "old-export", workdir / "export-seconds"
+    if not timing.exists():
+        subprocess.run(_export_cmd(old, 1), check=True, capture_output=True, timeout=300, env=child_env())
+        out = subprocess.run(_export_cmd(workdir / "timed", 2), check=True, capture_output=True, text=True,
+                             timeout=300, env=child_env()).stdout
+        timing.write_text(re.search(r"SAVED ([\d.]+)", out).group(1))
+    return old, float(timing.read_text())
+
+
+def _export_seed(directory: Path, expected: dict[int, dict]) -> int | None:
+    """Which save (seed) `directory` holds, every tensor of it; None for a mix."""
+    import torch
+
+    from cadence.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
+    sys.path.insert(0, str(SCRIPTS))
+    from export_save import model
+
+    with init_empty_weights():
+        empty = model(0, EXPORT_SCALE)
+    state = load_checkpoint_and_dispatch(empty, directory, device_map={"": "cpu"}).state_dict()
+    same = [seed for seed, ref in expected.items() if all(torch.equal(state[k], v) for k, v in ref.items())]
+    return same[0] if len(same) == 1 else None
+
+
+_EXPECTED: dict[int, dict] = {}
+
+
+def trial_kill_in_export(workdir: Path, i: int) -> tuple[bool, str]:
+    import shutil
+
+    from cadence.serialization import recover_dir
+    sys.path.insert(0, str(SCRIPTS))
+    from export_save import model
+
+    old, seconds = _export_fixtures(workdir)
+    if not _EXPECTED:
+        _EXPECTED.update({seed: model(seed, EXPORT_SCALE).state_dict() for seed in (1, 2)})
+    export, rng = workdir / f"export{i}", random.Random(i)
+    for attempt in range(1, 6):  # a save that ends before its kill is no trial: draw another moment
+        shutil.rmtree(export, ignore_errors=True)
+        shutil.copytree(old, export)
+        proc = subprocess.Popen(_export_cmd(export, 2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=child_env())
+        if proc.stdout.readline().strip() != "SAVING":
+            proc.kill()
+            return False, f"the save did not start: {proc.stderr.read()[-300:]!r}"
+        delay = rng.uniform(0, seconds)
+        time.sleep(delay)
+        proc.kill()
+        if "SAVED" not in proc.communicate(timeout=60)[0]:
+            break
+    else:
+        return False, f"5 saves in a row ended before their kill (the last at {delay * 1000:.0f} ms)"
+    where = ""
+    if not export.exists():  # killed between the swap's two renames: the load must say so, then recover
+        try:
+            _export_seed(export, _EXPECTED)
+            return False, "an export that is not there loaded"
+        except FileNotFoundError as e:
+            if "interrupted" not in str(e):
+                return False, f"the load's message does not name the interrupted save: {e}"
+        recover_dir(export)
+        where = "mid-swap, recovered: "
+    try:
+        seed = _export_seed(export, _EXPECTED)
+    except (OSError, ValueError) as e:
+        return False, f"kill at {delay * 1000:.0f} ms: the export does not load: {e}"
+    recover_dir(export)  # what the next save does first: nothing staged may be left after it
+    leftovers = [p.name for p in workdir.iterdir() if p.name.startswith(f".{export.name}.")]
+    shutil.rmtree(export, ignore_errors=True)
+    if seed is None or leftovers:
+        return False, f"kill at {delay * 1000:.0f} ms: {'a mix of two saves' if seed is None else ''} leftovers {leftovers}"
+    return True, (f"kill at {delay * 1000:.0f} of {seconds * 1000:.0f} ms (draw {attempt}): "
+                  f"{where}{'old' if seed == 1 else 'new'} export")
+
+
+# ---------------------------------------------------------------------------- two jobs on one directory
+def trial_two_jobs(workdir: Path, i: int) -> tuple[bool, str]:
+    from cadence.callbacks.checkpoint import read_state
+
+    rng = random.Random(i)
+    cmd = [sys.executable, str(SCRIPTS / "resume.py"), "--keep-last", "2"]
+    ref = _reference(workdir, *cmd)
+    run = workdir / f"run{i}"
+    first = subprocess.Popen([*cmd, "--ckpt", str(run), "--out", str(run / "first.st"), "--step-delay", "0.6"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=workdir)
+    deadline = time.monotonic() + 120
+    while not (run / ".lock").exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0, 8))                 # its start-up, training, checkpoints, validation (~25 s)
+    launched = i % 2 == 1
+    second_cmd = launch_cmd("resume.py", "--max_restarts", "0") if launched else cmd
+    second = subprocess.run([*second_cmd, "--ckpt", str(run), "--out", str(workdir / "second.st"), "--keep-last", "2"],
+                            capture_output=True, text=True, timeout=300, env=child_env(), cwd=workdir)
+    out, err = first.communicate(timeout=600)
+    if first.returncode != 0 or "STEPS 18" not in out:
+        return False, f"first job: exit {first.returncode}: {err.strip()[-300:]!r}"
+    if second.returncode == 0 or "STEPS" in second.stdout:
+        return False, "the second job was not refused (the first had ended?)" if "STEPS" in second.stdout else \
+            f"the second job failed otherwise: {second.stderr.strip()[-300:]!r}"
+    named = f"is in use by another job (pid {first.pid} on host"
+    refusals = second.stderr.count(named)
+    if refusals < (2 if launched else 1):
+        return False, f"refusal not said by every rank ({refusals}): {second.stderr.strip()[-300:]!r}"
+    latest = run / (run / "latest").read_text()
+    kept = read_state(latest)["callbacks"]["checkpoint"]["history"]
+    whole = all((run / name / "state.json").is_file() for name in kept)
+    leftovers = [p.name for p in run.iterdir() if p.name.startswith(".")]
+    same = _same_weights(ref, run / "first.st")
+    ok = whole and not leftovers and same
+    return ok, ("2-process " if launched else "") + ("refused" if ok else
+                                                     f"kept whole {whole}, leftovers {leftovers}, bitwise {same}")
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -212,10 +368,18 @@ def _alive(pid: int) -> bool:
 TRIALS = {
     "finish": (trial_finish, 200, "finished 2-process launches that exit 0"),
     "hang": (trial_hang, 60, f"hung rank: run ends within timeout+10 s ({HANG_TIMEOUT_S}+10) naming rank 1"),
+    "hang_checkpoint": (trial_hang_checkpoint, 20, f"hung rank with a Checkpoint callback: ends within timeout+10 s "
+                        f"({HANG_TIMEOUT_S}+10) naming rank 1"),
+    "sigstop": (trial_sigstop, 20, f"SIGSTOPped rank: ends within timeout+10 s ({HANG_TIMEOUT_S}+10) naming rank 1, "
+                f"nothing left stopped"),
     "kill_launcher": (trial_kill_launcher, 20, "SIGKILL of the launcher: workers gone within 5 s"),
     "kill_rank": (trial_kill_rank, 20, "SIGKILL of a random rank under --max_restarts 2: exit 0, bitwise equal"),
     "kill_in_checkpoint": (trial_kill_in_checkpoint, 50, "SIGKILL at a random filesystem call of checkpointing "
                            "(keep_last=2): latest loads, kept ones there; resume bitwise equal, no leftovers"),
+    "kill_in_export": (trial_kill_in_export, 50, "SIGKILL at a random moment of a sharded save_model over an "
+                       "existing export: the old or the new export loads whole, never a mix"),
+    "two_jobs": (trial_two_jobs, 20, "a second job on a running job's checkpoint directory: refused naming the "
+                 "first (every rank); the first ends bitwise equal, its kept checkpoints whole, no leftovers"),
 }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import cadence
 from cadence.distributed import config as cfg_mod
 from cadence.distributed import launch as launch_mod
+from cadence.distributed import other_launchers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,16 +40,28 @@ def build_parser() -> argparse.ArgumentParser:
                              "update: rewrite an old or Accelerate-format file in cadence's format")
     config.add_argument("--config_file", default=None, help="where to write (default: the default config path)")
     cfg_mod.add_config_flags(config)
-    launch_mod.add_launch_args(sub.add_parser("launch", help="run a script on N processes", allow_abbrev=False))
-    launch_mod.add_launch_options(sub.add_parser("test", help="run a short distributed check with the config",
-                                                 allow_abbrev=False))
+    launch = sub.add_parser("launch", help="run a script on N processes", allow_abbrev=False)
+    launch_mod.add_launch_args(launch)
+    test = sub.add_parser("test", help="run a short distributed check with the config", allow_abbrev=False)
+    launch_mod.add_launch_options(test)
+    for command in (env, config, launch, test):
+        _accept_dashes(command)
     estimate = sub.add_parser("estimate-memory", allow_abbrev=False,
                               help="model-state memory per process for DDP, FSDP, ZeRO 1-3, with and without offload")
-    estimate.add_argument("model", help="a parameter count (7B, 350M, 1e9) or module:function returning an nn.Module "
-                                        "(built on the meta device: no memory)")
+    estimate.add_argument("model", help="a parameter count (7B, 350M, 1e9), a Hugging Face config (a directory holding "
+                                        "config.json, or the file), or module:function returning an nn.Module, "
+                                        "importable from the current directory (both built on the meta device: no memory)")
     estimate.add_argument("--num_processes", type=int, nargs="+", default=[8], help="processes in total (several: one table each)")
     estimate.add_argument("--num_machines", type=int, default=1, help="machines (DeepSpeed's CPU estimate is per machine)")
     return parser
+
+
+def _accept_dashes(parser: argparse.ArgumentParser) -> None:
+    """Let `--num-processes` mean `--num_processes`, as Accelerate's launcher does (not listed in --help)."""
+    for action in parser._actions:
+        for option in action.option_strings:
+            if option.startswith("--") and "_" in option:
+                parser._option_string_actions.setdefault("--" + option[2:].replace("_", "-"), action)
 
 
 def estimate_memory(args: argparse.Namespace) -> int:
@@ -60,10 +73,11 @@ def estimate_memory(args: argparse.Namespace) -> int:
     """
     from cadence.distributed import estimate
 
-    total, largest = estimate.model_sizes(args.model)
     for n in args.num_processes:
         if n < 1 or n % args.num_machines:
             raise ValueError(f"--num_processes {n} must be a positive multiple of --num_machines {args.num_machines}")
+    total, largest = estimate.model_sizes(args.model)
+    for n in args.num_processes:
         print(estimate.table(total, n, largest, args.num_machines), end="\n\n")
     return 0
 
@@ -111,16 +125,14 @@ def self_test(args: argparse.Namespace) -> int:
     return code
 
 
-# torchrun's names for cadence launch's flags
-_TORCHRUN_NAMES = {"--nproc_per_node": "--num_processes", "--nnodes": "--num_machines", "--node_rank": "--machine_rank",
-                   "--master_addr": "--main_process_ip", "--master_port": "--main_process_port"}
-
-
 def unknown_flags_message(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> str:
     """What to say about arguments `cadence <command>` does not know, with the flag probably meant.
 
-    >>> unknown_flags_message(build_parser(), "launch", ["--nproc_per_node", "2"])
-    'unknown flag --nproc_per_node: did you mean --num_processes?'
+    Flags of torchrun, DeepSpeed's and Accelerate's launchers get their mapping or the reason they
+    are refused (`other_launchers`); any other flag the closest known one.
+
+    >>> unknown_flags_message(build_parser(), "launch", ["--num_nodes", "2"])
+    'unknown flag --num_nodes: did you mean --num_machines?'
     """
     sub = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     known = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
@@ -129,10 +141,23 @@ def unknown_flags_message(parser: argparse.ArgumentParser, command: str, unknown
         return f"unexpected arguments {' '.join(unknown)}: see `cadence {command} --help`"
     parts = []
     for flag in flags:
-        guess = _TORCHRUN_NAMES.get(flag.replace("-", "_").replace("__", "--", 1)) or \
-            next(iter(difflib.get_close_matches(flag.replace("-", "_").replace("__", "--", 1), known, n=1, cutoff=0.6)), None)
-        parts.append(f"unknown flag {flag}" + (f": did you mean {guess}?" if guess else f" (see `cadence {command} --help`)"))
+        known_answer = other_launchers.advice(flag)
+        guess = next(iter(difflib.get_close_matches(flag.replace("-", "_").replace("__", "--", 1), known, n=1,
+                                                    cutoff=0.6)), None)
+        answer = known_answer or (f"did you mean {guess}?" if guess else f"see `cadence {command} --help`")
+        parts.append(f"unknown flag {flag}: {answer}")
     return "; ".join(parts)
+
+
+def _script_args_as_given(argv: list[str], args: argparse.Namespace) -> list[str]:
+    """The script's arguments as typed: argparse drops a `--` right after the script, the script may want it.
+
+    >>> _script_args_as_given(["launch", "t.py", "--", "-x"], argparse.Namespace(training_script="t.py", training_script_args=["-x"]))
+    ['--', '-x']
+    """
+    given = args.training_script_args
+    before = argv[:len(argv) - len(given)]
+    return ["--", *given] if before[-2:] == [args.training_script, "--"] else given
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         parser.exit(2, f"cadence {args.command}: error: {unknown_flags_message(parser, args.command, unknown)}\n")
+    if args.command == "launch":
+        args.training_script_args = _script_args_as_given(sys.argv[1:] if argv is None else argv, args)
     commands = {"env": lambda a: print(cfg_mod.environment_report(a.config_file)) or 0,
                 "config": configure, "launch": launch_mod.launch, "test": self_test, "estimate-memory": estimate_memory}
     try:

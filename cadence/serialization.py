@@ -3,7 +3,9 @@
 A file is written under a temporary name and renamed (`atomic_path`); a directory of files that
 belong together (weights + optimizer) is written into a staged directory and renamed as a whole
 (`staging_dir`, `commit_dir`; `recover_dir` finishes or drops what a killed write left).
-A file that cannot be read raises ValueError naming the file.
+A file that cannot be read raises ValueError naming the file; a write that fails (disk full, a
+file-size limit, a read-only or missing directory) raises OSError naming the directory and the
+free space there (`writing`, `check_writable`), and leaves no staged directory behind.
 
 >>> save_weights(model.state_dict(), "models/stage1.safetensors")
 >>> state = load_weights("models/stage1.safetensors")
@@ -18,7 +20,9 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -46,8 +50,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
-def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
+def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """Write a state dict as safetensors, atomically. Tied (shared) tensors are stored once.
+
+    `metadata`: more string entries for the file's header (`save_model` stamps its save id there).
 
     The file loads with `safetensors.torch.load_file`; `load_weights` restores the tied names.
     """
@@ -61,7 +67,7 @@ def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike) -> Non
             seen[key] = name
         tensors[name] = t.detach().contiguous().cpu()
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={_ALIASES_KEY: json.dumps(aliases)})
+        save_file(tensors, str(tmp), metadata={**(metadata or {}), _ALIASES_KEY: json.dumps(aliases)})
 
 
 def load_weights(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -196,6 +202,86 @@ def remove_dir(path: str | os.PathLike) -> None:
     shutil.rmtree(tomb)
 
 
+# ---------------------------------------------------------------------------- failed writes
+def free_space(path: str | os.PathLike) -> str:
+    """" (12.3 GiB free there)": the free space of the filesystem holding `path` (its nearest existing parent)."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return f" ({format_size(shutil.disk_usage(p).free)} free there)"
+    except OSError:
+        return ""
+
+
+def format_size(n: int) -> str:
+    """4096 -> "4.0 KiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _write_failure(error: BaseException) -> tuple[int | None, str] | None:
+    """(errno, why) a write failed, in a few words; None when `error` is not a failed write."""
+    from safetensors import SafetensorError
+
+    if isinstance(error, OSError):
+        return error.errno, error.strerror or str(error)
+    if isinstance(error, SafetensorError):
+        code = re.search(r"os error (\d+)", str(error))
+        return (int(code[1]), os.strerror(int(code[1]))) if code else (None, str(error).splitlines()[0][:200])
+    if isinstance(error, RuntimeError) and ("PytorchStreamWriter" in str(error) or "inline_container" in str(error)):
+        return None, "torch.save could not write the whole file (a full disk, or a file-size limit)"
+    return None
+
+
+@contextlib.contextmanager
+def writing(target: str | os.PathLike, what: str, staged: str | os.PathLike | None = None) -> Iterator[None]:
+    """Around writes to `target`: on any failure `staged` is removed (its space is freed now, not at the next
+    start); a failed write (disk full, file-size limit, read-only) becomes an OSError naming `target`, its free
+    space and what to do, instead of torch's `inline_container.cc` message or a SafetensorError.
+
+    >>> with writing("models/stage1", "model", staged): save_weights(state, staged / "model.safetensors")
+    """
+    try:
+        yield
+    except BaseException as e:
+        if staged is not None and not sibling(Path(target), REPLACED).exists():  # else recover_dir needs it
+            shutil.rmtree(staged, ignore_errors=True)
+        failure = _write_failure(e)
+        if failure is None:
+            raise
+        code, reason = failure
+        message = f"could not write the {what} {target}: {reason}{free_space(target)}; free some space or choose " \
+                  f"another directory"
+        raise (OSError(code, message) if code is not None else OSError(message)) from e
+
+
+def check_writable(directory: str | os.PathLike, what: str) -> Path:
+    """Create `directory` if needed and check that a file can be written in it; OSError naming it otherwise.
+
+    Run before training, so a read-only or mistyped path fails at once, not at the first save.
+
+    >>> check_writable("checkpoints", "checkpoint directory")
+    """
+    directory = Path(directory)
+    in_the_way = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if in_the_way is not None:
+        raise NotADirectoryError(f"the {what} {directory} cannot be created: {in_the_way} is a file, not a directory; "
+                                 f"choose another path")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-check")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OSError(e.errno, f"the {what} {directory} is not writable: {e.strerror or e}{free_space(directory)}; "
+                      f"choose a writable directory") from None
+    return directory
+
+
 _SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
                "TB": 10**12, "B": 1}
 
@@ -215,3 +301,6 @@ def parse_size(size: int | str, what: str = "size") -> int:
             if text.endswith(unit) and number.replace(".", "", 1).isdigit():
                 return int(float(number) * factor)
     raise ValueError(f"{what} must be a number of bytes or a size such as '2GB' or '500MiB', got {size!r}")
+
+
+SAVE_ID_KEY = "cadence_save_id"  # one id per `save_model`, in every shard's header and in the index: shards of two saves never pass as one

@@ -4,6 +4,8 @@ No GPU here: device maps with GPUs are exercised only through `infer_auto_device
 given by hand (nothing is placed on them).
 """
 
+import collections
+import dataclasses
 import json
 import subprocess
 import sys
@@ -233,3 +235,53 @@ def test_dtype_loads_floating_weights_in_that_dtype(tmp_path):
     x = torch.randn(3, 16)
     with torch.no_grad():
         assert torch.equal(model(x.bfloat16()), net.to(torch.bfloat16)(x.bfloat16()))
+
+
+def test_a_tied_weight_stored_once_under_one_name_loads_tied_and_a_truly_missing_one_is_refused(tmp_path):
+    # transformers' save_pretrained stores a tied weight under one name only, with no alias metadata
+    torch.manual_seed(0)
+    net = Tied()
+    state = {k: v.contiguous() for k, v in net.state_dict().items() if k != "head.weight"}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    ids = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        expected = net(ids)
+    with init_empty_weights():
+        model = Tied()
+    model = load_checkpoint_and_dispatch(model, tmp_path, device_map={"emb": "cpu", "mid": "disk", "head": "cpu"})
+    assert model.head.weight is model.emb.weight
+    with torch.no_grad():
+        assert torch.equal(model(ids), expected)
+
+    for dropped, missing in (({"mid.weight"}, "missing keys: mid.weight"),
+                             ({"emb.weight"}, "missing keys: emb.weight, head.weight")):
+        save_file({k: v for k, v in state.items() if k not in dropped}, str(tmp_path / "model.safetensors"))
+        with init_empty_weights():
+            model = Tied()
+        with pytest.raises(ValueError, match=missing):
+            load_checkpoint_and_dispatch(model, tmp_path, device_map={"": "cpu"})
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    extra: dict
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_outputs_moved_between_devices_keep_their_types():
+    # a second device cannot exist here: "meta" stands in for it (the move a GPU model's output makes)
+    from cadence.big_modeling.dispatch import _move
+    CausalLMOutputWithPast = pytest.importorskip("transformers.modeling_outputs").CausalLMOutputWithPast
+
+    t = torch.ones(2)
+    hf = CausalLMOutputWithPast(logits=t, hidden_states=(t, t))
+    moved = _move({"hf": hf, "dc": Output(t, {"p": Pair(t, [t, "keep"])}), "n": 3}, torch.device("meta"))
+    assert type(moved["hf"]) is CausalLMOutputWithPast and moved["hf"].logits.is_meta
+    assert moved["hf"].loss is None and list(moved["hf"].keys()) == ["logits", "hidden_states"]
+    assert type(moved["dc"]) is Output and type(moved["dc"].extra["p"]) is Pair
+    assert moved["dc"].extra["p"].b[0].is_meta and moved["dc"].extra["p"].b[1] == "keep" and moved["n"] == 3
+    same = {"hf": hf, "cache": object()}
+    assert _move(same, torch.device("cpu")) is same                  # nothing moves: the very same objects

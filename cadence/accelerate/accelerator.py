@@ -24,7 +24,7 @@ import gc
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -38,10 +38,11 @@ from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, loa
                             save_accelerator_state)
 from .clipping import clip_grad_norm
 from .collectives import ProcessHelpers
+from .properties import RunProperties
 from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                        InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
-                      GradientAccumulationPlugin, distributed_type_of)
+                      GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
 from .preparation import (autocast_forward, choose_engine, make_strategy, optimizes, owns_parameters, restore_forward,
                           retarget, sort_handlers, split_loader)
@@ -51,7 +52,7 @@ from .trackers import TrackerSet
 
 __all__ = ["Accelerator"]
 
-class Accelerator(ProcessHelpers):
+class Accelerator(RunProperties, ProcessHelpers):
     """Accelerate's `Accelerator`: prepare your objects, then write the training loop yourself.
 
     Args:
@@ -123,103 +124,6 @@ class Accelerator(ProcessHelpers):
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
         self._trigger = False
-
-    # ------------------------------------------------------------------ who am I
-    @property
-    def device(self) -> torch.device:
-        return self.strategy.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        """Accelerate's kind of run for this strategy: MULTI_CPU / MULTI_GPU (DDP), FSDP, DEEPSPEED, XLA or NO."""
-        return distributed_type_of(self.strategy.name, self.device, self.num_processes)
-
-    @property
-    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
-        """The DeepSpeed plugin of this run (its `deepspeed_config` is the engine's config); None off DeepSpeed."""
-        return self.state.deepspeed_plugin
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        """Micro-batches per optimizer step in `accumulate`; settable (e.g. after `find_executable_batch_size`)."""
-        return self.gradient_state.num_steps
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, steps: int) -> None:
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be a positive int, got {steps!r}")
-        self.gradient_state.num_steps = self.gradient_accumulation_plugin.num_steps = steps
-
-    @property
-    def split_batches(self) -> bool:
-        return self.dataloader_config.split_batches
-
-    @property
-    def even_batches(self) -> bool:
-        """Always True: every process gets as many batches (the last shard completed from the start)."""
-        return self.dataloader_config.even_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        return self.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.dataloader_config.non_blocking
-
-    @property
-    def use_stateful_dataloader(self) -> bool:
-        return self.dataloader_config.use_stateful_dataloader
-
-    @property
-    def sync_gradients(self) -> bool:
-        """False on the micro-steps of an accumulation window (no all-reduce, no optimizer step)."""
-        return self.gradient_state.sync_gradients
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        """True when the last step of a prepared optimizer was skipped (fp16 overflow)."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:

@@ -31,7 +31,8 @@ def clip_grad_norm(strategy: Any, model: nn.Module, engine_opt: torch.optim.Opti
     if not isinstance(strategy, OwnsClipping):
         return strategy.clip_grad_norm(model, engine_opt, max_norm, norm_type)
     strategy.configure_clipping(max_norm, norm_type)
-    if not opt.accelerator.sync_gradients:  # mid-window: no step, no norm yet (Accelerate returns the last one)
+    if not opt.accelerator.sync_gradients or opt.stepped_early:
+        # mid-window (no step, no norm yet: Accelerate returns the last one), or this window's step is taken
         return _as_tensor(strategy.last_grad_norm())
     full = [p.grad for p in strategy.unwrap(model).parameters() if p.grad is not None]
     fallback = torch.nn.utils.get_total_norm(full, norm_type) if full else None   # engines keeping whole gradients

@@ -31,8 +31,8 @@ class DistributedType(str, enum.Enum):
     """Accelerate's kind of distributed run (a `str`, so `== "MULTI_GPU"` and JSON work).
 
     cadence's strategies map to it: DDP (and DataParallel) on N > 1 processes -> `MULTI_<DEVICE>`
-    (`MULTI_CPU`, `MULTI_GPU`, `MULTI_XPU`, ...), FSDP -> `FSDP`, DeepSpeed -> `DEEPSPEED`,
-    XLA -> `XLA`, one process -> `NO`.
+    (`MULTI_CPU`, `MULTI_GPU`, `MULTI_XPU`, ...), FSDP and model_parallel (TP in FSDP2) -> `FSDP`,
+    DeepSpeed -> `DEEPSPEED`, XLA -> `XLA`, DDP on one process -> `NO`.
     """
 
     NO = "NO"
@@ -51,8 +51,10 @@ class DistributedType(str, enum.Enum):
     MULTI_NEURON = "MULTI_NEURON"
 
 
-# strategies that are their own kind whatever the process count (Accelerate reports FSDP/DEEPSPEED on one GPU too)
-_ENGINE_TYPES = {"fsdp": DistributedType.FSDP, "deepspeed": DistributedType.DEEPSPEED, "xla": DistributedType.XLA}
+# strategies that are their own kind whatever the process count (Accelerate reports FSDP/DEEPSPEED on one GPU too);
+# model_parallel is TP inside FSDP2, which Accelerate (ParallelismConfig with FSDP2) reports as FSDP
+_ENGINE_TYPES = {"fsdp": DistributedType.FSDP, "model_parallel": DistributedType.FSDP,
+                 "deepspeed": DistributedType.DEEPSPEED, "xla": DistributedType.XLA}
 _DEVICE_TYPES = {"cpu": DistributedType.MULTI_CPU, "cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU,
                  "npu": DistributedType.MULTI_NPU, "mlu": DistributedType.MULTI_MLU, "hpu": DistributedType.MULTI_HPU,
                  "musa": DistributedType.MULTI_MUSA, "sdaa": DistributedType.MULTI_SDAA,

@@ -77,8 +77,8 @@ def make_strategy(name: Any, cpu: bool, ddp: DistributedDataParallelKwargs | Non
     cls = strategy_class(name)
     if cls is not None:
         params = inspect.signature(cls).parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        dropped = [k for k in options if k not in params and not takes_any]
+        takes_ddp = "comm_hook" in params   # DDP's interface: comm_hook plus DistributedDataParallel's keywords
+        dropped = [k for k in options if k != "device" and not takes_ddp]
         if dropped:
             warnings.warn(f"strategy {cls.__name__} takes no {dropped}; DistributedDataParallelKwargs options "
                           f"are DDP's and are ignored here", stacklevel=3)

@@ -70,7 +70,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, accelerator: Any):  # no super().__init__: a view
         self.optimizer, self.accelerator = optimizer, accelerator
         self.step_was_skipped = False
-        self._stepped_early = False   # `clip_grad_norm_` took this window's step (an engine that clips in its step)
+        self.stepped_early = False   # `clip_grad_norm_` took this window's step (an engine that clips in its step)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -105,15 +105,15 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("a prepared optimizer steps through the strategy and takes no closure; "
                              "compute the loss and call accelerator.backward(loss) before optimizer.step()")
-        if self._stepped_early:
-            self._stepped_early = False
+        if self.stepped_early:
+            self.stepped_early = False
         elif self.accelerator.sync_gradients:
             self.step_was_skipped = not self.accelerator.strategy.step(self.optimizer)
 
     def step_now(self) -> None:
         """Take this window's step now; the next `step()` call is then a no-op (see `accelerate.clipping`)."""
         self.step_was_skipped = not self.accelerator.strategy.step(self.optimizer)
-        self._stepped_early = True
+        self.stepped_early = True
 
     def train(self) -> None:
         """The optimizer's own `train()` (schedule-free optimizers switch their weights for training)."""

@@ -18,16 +18,17 @@ reach streamed weights.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..serialization import check_state_dict
-from .device_map import DISK, Device, device_of, infer_auto_device_map, normalize_device
+from .device_map import DISK, Device, device_of, infer_auto_device_map, named_tensors, normalize_device
 from .weights import TensorRef, checkpoint_refs, offload_to_folder, read_tensor
 
 Source = TensorRef | torch.Tensor
@@ -77,7 +78,7 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
 
     >>> model = load_checkpoint_and_dispatch(model, "export", max_memory={"cpu": "2GB"}, no_split_module_classes=["Block"])
     """
-    refs = checkpoint_refs(checkpoint)
+    refs = with_tied_aliases(model, checkpoint_refs(checkpoint))
     check_state_dict(model, refs, source=str(checkpoint))
     if device_map is None:
         device_map = {"": "cpu"}
@@ -86,6 +87,27 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
             raise ValueError(f"device_map must be 'auto', 'sequential' or a dict of module names to devices, got {device_map!r}")
         device_map = infer_auto_device_map(model, max_memory, no_split_module_classes, dtype)
     return dispatch_model(model, device_map, main_device, offload_folder, refs, dtype)
+
+
+def with_tied_aliases(model: nn.Module, weights: dict[str, Source]) -> dict[str, Source]:
+    """`weights` plus every tied name of `model` that it lacks, pointing at its alias's weight.
+
+    A checkpoint stores a tied tensor once (transformers' `save_pretrained` keeps `transformer.wte.weight`
+    and drops `lm_head.weight`); the model's other names for it load the same tensor, so the tie
+    survives dispatch. A name none of whose aliases is stored stays missing.
+
+    >>> sorted(with_tied_aliases(gpt2, {"transformer.wte.weight": w, ...}))   # doctest: +SKIP
+    ['lm_head.weight', 'transformer.wte.weight', ...]
+    """
+    names_by_tensor: dict[int, list[str]] = {}
+    for name, t in named_tensors(model):
+        names_by_tensor.setdefault(id(t), []).append(name)
+    out = dict(weights)
+    for names in names_by_tensor.values():
+        stored = next((n for n in names if n in weights), None)
+        if stored is not None:
+            out.update({n: weights[stored] for n in names if n not in weights})
+    return out
 
 
 # ---------------------------------------------------------------------------- placement
@@ -202,20 +224,36 @@ def _after_forward(streamed: dict, module: nn.Module, args: tuple, output: Any) 
 
 
 def _move(obj: Any, device: torch.device) -> Any:
-    """Tensors inside tuples, lists and dicts moved to `device` (others as they are)."""
+    """Tensors inside `obj` moved to `device`, every container keeping its type.
+
+    Tuples, lists, dicts, named tuples, dataclasses (a transformers `ModelOutput` is both a dict and a
+    dataclass) and their nestings are rebuilt as the same class; a container none of whose tensors
+    moves is returned itself, so a single-device model's outputs and caches pass untouched. Other
+    objects (a transformers `Cache`, whose layers update it in place) are passed as they are.
+    """
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = [f.name for f in dataclasses.fields(obj) if f.init]
+        moved = {name: _move(getattr(obj, name), device) for name in fields}
+        if all(moved[name] is getattr(obj, name) for name in fields):
+            return obj
+        return dataclasses.replace(obj, **moved)
+    if isinstance(obj, Mapping):
+        moved = {k: _move(v, device) for k, v in obj.items()}
+        return obj if all(moved[k] is v for k, v in obj.items()) else type(obj)(moved)
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_move(o, device) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _move(v, device) for k, v in obj.items()}
+        items = [_move(o, device) for o in obj]
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        return type(obj)(*items) if isinstance(obj, tuple) and hasattr(obj, "_fields") else type(obj)(items)
     return obj
 
 
 def _first_tensor(obj: Any) -> torch.Tensor | None:
     if isinstance(obj, torch.Tensor):
         return obj
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    items = obj.values() if isinstance(obj, Mapping) else obj if isinstance(obj, (tuple, list)) else ()
     return next((t for t in map(_first_tensor, items) if t is not None), None)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..serialization import save_weights, strip_compile_prefix
+from ..serialization import REPLACED, SAVE_ID_KEY, save_weights, sibling, strip_compile_prefix
 
 INDEX_NAME, SINGLE_NAME = "model.safetensors.index.json", "model.safetensors"
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -45,6 +45,11 @@ class TensorRef:
 
 def safetensors_refs(path: str | os.PathLike) -> dict[str, TensorRef]:
     """Every tensor of one safetensors file, from its header alone (tied names written by cadence included)."""
+    return refs_and_metadata(path)[0]
+
+
+def refs_and_metadata(path: str | os.PathLike) -> tuple[dict[str, TensorRef], dict[str, str]]:
+    """`safetensors_refs` and the string entries of the file's header (`__metadata__`)."""
     path = str(path)
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
@@ -59,7 +64,7 @@ def safetensors_refs(path: str | os.PathLike) -> dict[str, TensorRef]:
         refs[name] = TensorRef(path, base + start, base + end, _DTYPES[info["dtype"]], tuple(info["shape"]))
     for alias, name in json.loads(metadata.get("cadence_aliases", "{}")).items():
         refs[alias] = refs[name]
-    return refs
+    return refs, metadata
 
 
 def read_tensor(ref: "TensorRef | torch.Tensor", device: str | torch.device = "cpu") -> torch.Tensor:
@@ -88,19 +93,52 @@ def checkpoint_refs(checkpoint: str | os.PathLike) -> dict[str, "TensorRef | tor
         raise FileNotFoundError(f"{path} has neither {SINGLE_NAME} nor {INDEX_NAME} (it has {found}); "
                                 f"pass the weights file itself, or write them with learn.save_model({str(path)!r})")
     if not path.is_file():
+        interrupted = sibling(path, REPLACED)
+        if interrupted.is_dir():
+            raise FileNotFoundError(f"checkpoint {path} does not exist: a save into it was interrupted while it swapped "
+                                    f"the new export in ({interrupted} is the previous one); the next save_model into "
+                                    f"{path} finishes it, as does cadence.serialization.recover_dir({str(path)!r})")
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if path.name.endswith(".index.json"):
-        weight_map = json.loads(path.read_text())["weight_map"]
-        refs = {}
-        for file in sorted(set(weight_map.values())):
-            refs.update(safetensors_refs(path.parent / file))
-        return strip_compile_prefix({k: refs[k] for k in weight_map})
+        return strip_compile_prefix(_sharded_refs(path))
     if path.suffix == ".safetensors":
         return strip_compile_prefix(safetensors_refs(path))
     if path.suffix in (".pt", ".pth", ".bin"):
         return strip_compile_prefix(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
     raise ValueError(f"checkpoint {path}: expected a .safetensors file, a directory with {SINGLE_NAME} or "
                      f"{INDEX_NAME}, an index json, or a torch file (.pt, .bin)")
+
+
+def _sharded_refs(index: Path) -> dict[str, TensorRef]:
+    """{name: TensorRef} of a sharded checkpoint, each name from the shard its index names, checked first.
+
+    ValueError naming the shard when it lacks a tensor the index puts there, or when it carries
+    another save's id than the index (shards of two `save_model` calls, or copied from two exports).
+    """
+    try:
+        index_json = json.loads(index.read_text())
+        weight_map = index_json["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{index} is not a readable index (no weight_map: {e!r}); save the model again") from None
+    save_id = (index_json.get("metadata") or {}).get(SAVE_ID_KEY)
+    by_file: dict[str, list[str]] = {}
+    for name, file in weight_map.items():
+        by_file.setdefault(file, []).append(name)
+    refs = {}
+    for file, names in by_file.items():
+        shard = index.parent / file
+        if not shard.is_file():
+            raise FileNotFoundError(f"{shard}, named by {index}, does not exist: the export is incomplete; save it again")
+        found, metadata = refs_and_metadata(shard)
+        shard_id = metadata.get(SAVE_ID_KEY)
+        absent = [n for n in names if n not in found]
+        if absent or (save_id is not None and shard_id != save_id):
+            what = (f"lacks {absent[:5]}, which the index puts there" if absent else
+                    f"was written by another save than {index.name} (save id {shard_id} against {save_id})")
+            raise ValueError(f"{shard} does not match its index: it {what}. The export mixes files of two saves "
+                             f"(an interrupted save, or files copied from two exports): save the model again")
+        refs.update({n: found[n] for n in names})
+    return refs
 
 
 def offload_to_folder(tensors: dict[str, torch.Tensor], folder: str | os.PathLike, name: str) -> dict[str, TensorRef]:

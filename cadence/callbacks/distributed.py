@@ -41,6 +41,8 @@ class DistributedTrainer(Callback):
         self.launcher_cbs = launcher_cbs  # added from `cadence launch` settings; removed on detach
         self._shards: dict[int, DistributedDL] = {}
         self._fit_configured = False
+        if strategy.loss_context() is not None:  # entered by the loop around pred + loss; absent, it costs nothing
+            self.forward_context = strategy.loss_context
 
     def before_fit(self):
         self._fit_configured = False

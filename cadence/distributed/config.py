@@ -28,7 +28,7 @@ RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 # Keys `accelerate config` writes (or wrote in older versions) that cadence does not use as such
 # (`fp16` and the top-level `dynamo_backend` are translated in `from_dict`).
 ACCELERATE_ONLY_KEYS = frozenset({
-    "gpu_ids", "same_network", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
+    "same_network", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
     "dynamo_backend", "fp16", "fp8_config", "tp_config", "megatron_lm_config",
     "ipex_config", "mpirun_config", "parallelism_config", "tpu_name", "tpu_zone", "tpu_use_cluster",
     "tpu_use_sudo", "tpu_vm", "tpu_env", "command_file", "commands",
@@ -38,9 +38,9 @@ _ALIASES = {"mixed_precision": {False: "no"}, "distributed_type": {False: "NO", 
 
 
 def _key(help: str, default: Any = None, kind: type | None = None, choices: tuple | None = None,
-         minimum: float | None = None, default_factory: Any = None) -> Any:
-    """A config field whose metadata (help, kind, choices, minimum) drives validation, flags and questions."""
-    meta = dict(help=help, kind=kind or type(default), choices=choices, minimum=minimum)
+         minimum: float | None = None, maximum: float | None = None, default_factory: Any = None) -> Any:
+    """A config field whose metadata (help, kind, choices, minimum, maximum) drives validation, flags and questions."""
+    meta = dict(help=help, kind=kind or type(default), choices=choices, minimum=minimum, maximum=maximum)
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -60,9 +60,11 @@ class Config:
     num_machines: int = _key("machines taking part", 1, minimum=1)
     machine_rank: int = _key("rank of this machine (0 is the main one)", 0, minimum=0)
     main_process_ip: str | None = _key("IP address of machine 0 (multi-machine)", kind=str)
-    main_process_port: int | None = _key("port on machine 0 (default: a free one, 29500 multi-machine)", kind=int, minimum=1)
+    main_process_port: int | None = _key("port on machine 0 (default: a free one, 29500 multi-machine)", kind=int,
+                                        minimum=1, maximum=65535)
     mixed_precision: str = _key("mixed precision", "no", choices=MIXED_PRECISIONS)
     use_cpu: bool = _key("train on CPU even where an accelerator exists", False)
+    gpu_ids: str = _key("GPUs this machine's processes use: comma-separated ids (CUDA_VISIBLE_DEVICES), or all", "all")
     gradient_accumulation_steps: int = _key("batches per optimizer step", 1, minimum=1)
     num_cpu_threads_per_process: int | None = _key("threads per process (default: cores // processes)", kind=int, minimum=1)
     max_restarts: int = _key("restarts of the worker group before failing", 0, minimum=0)
@@ -85,6 +87,12 @@ class Config:
         self.dynamo_config = normalize_dynamo_config(self.dynamo_config)
         if not 0 <= self.machine_rank < self.num_machines:
             raise ValueError(f"machine_rank must be in [0, num_machines={self.num_machines}), got {self.machine_rank}")
+        if self.gpu_ids != "all" and not all(i.strip().isdigit() for i in self.gpu_ids.split(",")):
+            raise ValueError(f"gpu_ids must be all or comma-separated GPU ids such as 0,1; got {self.gpu_ids!r}")
+        per_machine = self.num_processes // self.num_machines
+        if self.gpu_ids != "all" and not self.use_cpu and len(self.gpu_ids.split(",")) < per_machine:
+            raise ValueError(f"gpu_ids {self.gpu_ids} lists {len(self.gpu_ids.split(','))} GPU(s) for {per_machine} "
+                             f"processes per machine: list one GPU per process, or use all")
         if self.num_processes % self.num_machines:
             raise ValueError(f"num_processes ({self.num_processes}) is the total over all machines: "
                              f"make it a multiple of num_machines ({self.num_machines})")
@@ -151,11 +159,13 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
         raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}")
     if f.metadata["minimum"] is not None and value < f.metadata["minimum"]:
         raise ValueError(f"{f.name} must be >= {f.metadata['minimum']}, got {value}")
+    if f.metadata["maximum"] is not None and value > f.metadata["maximum"]:
+        raise ValueError(f"{f.name} must be <= {f.metadata['maximum']}, got {value}")
     return value
 
 
 def config_fields() -> tuple[dataclasses.Field, ...]:
-    """The config's fields, each with metadata `help`, `kind`, `choices` and `minimum`.
+    """The config's fields, each with metadata `help`, `kind`, `choices`, `minimum` and `maximum`.
 
     >>> config_fields()[0].name, config_fields()[0].metadata["choices"]
     ('compute_environment', ('LOCAL_MACHINE',))
@@ -217,6 +227,10 @@ def from_dict(raw: dict[str, Any], source: str = "<dict>") -> Config:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(f"{source}: unknown key {key!r}; {hint}allowed keys: {', '.join(sorted(known))}")
     kept = {k: v for k, v in raw.items() if k in known}
+    if "gpu_ids" in kept and kept["gpu_ids"] is None:               # Accelerate writes `gpu_ids: null` for "not set"
+        del kept["gpu_ids"]
+    elif isinstance(kept.get("gpu_ids"), int) and not isinstance(kept["gpu_ids"], bool):   # YAML reads `gpu_ids: 0` as int
+        kept["gpu_ids"] = str(kept["gpu_ids"])
     if raw.get("fp16") and "mixed_precision" not in raw:          # Accelerate's oldest format
         kept["mixed_precision"] = "fp16"
     if "dynamo_backend" in raw and "dynamo_config" not in raw:     # Accelerate's format before dynamo_config

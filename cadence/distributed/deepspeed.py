@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader
 from . import deepspeed_checkpoint, env
 from .data import DistributedDL
 from .precision import AutocastPrecision, FullPrecision
-from .strategy import ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy
+from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
+                       rebuild)
 
 __all__ = ["DeepSpeed", "build_config"]
 
@@ -70,7 +71,17 @@ def import_deepspeed():
     except ImportError as e:
         raise ImportError(f"{_INSTALL} ({e})") from None
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    _quiet_deprecated_collectives()
     return deepspeed
+
+
+def _quiet_deprecated_collectives() -> None:
+    """DeepSpeed calls two torch collectives that torch deprecates, a FutureWarning per call (thousands in a ZeRO-3
+    fit): hide those two messages, where torch raises them, and nothing else."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+                            r"is deprecated", category=FutureWarning, module=r"torch\.distributed")
 
 
 STALE_LOCK_S = 30 * 60
@@ -300,7 +311,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         if self.engine is None:
             return model, opt
         weights = self.model_state_dict(model)
-        plain = self._skeleton.to_empty(device=self.device)
+        plain = rebuild(self._skeleton, self.device)
         plain.load_state_dict(weights)
         new_opt = make_opt(plain)
         for new, old in zip(new_opt.param_groups, opt.param_groups):
@@ -410,24 +421,22 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         return list(self.unwrap(model).named_parameters())
 
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full fp32 weights on the CPU of every rank (the fp32 master copies, gathered); every rank must call it."""
-        from deepspeed.utils import safe_get_full_fp32_param
+        """Full fp32 weights on the CPU of every rank (the fp32 master copies, gathered); every rank must call it.
 
+        Every name of a tied weight gets the same master tensor (never a bf16/fp16 working copy).
+        """
         module = self.unwrap(model)
         if self.engine is None:
             return module.state_dict()
-        state = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-        for name, param in self._named_params(model):
-            full = safe_get_full_fp32_param(param)
-            if full is not None:
-                state[name] = full.detach().cpu().reshape(getattr(param, "ds_shape", param.shape)).clone()
-            elif hasattr(param, "ds_id"):  # ZeRO-3 without an optimizer: gather the parameter itself
-                import deepspeed
-
-                with deepspeed.zero.GatheredParameters([param]):
-                    state[name] = param.detach().float().cpu().clone()
-            else:
-                state[name] = param.detach().float().cpu().clone()
+        params, masters, state = dict(module.named_parameters(remove_duplicate=False)), {}, {}
+        for name, t in module.state_dict(keep_vars=True).items():
+            param = params.get(name)
+            if param is None:  # a buffer
+                state[name] = t.detach().cpu().clone()
+                continue
+            if id(param) not in masters:
+                masters[id(param)] = _full_fp32(param)
+            state[name] = masters[id(param)]
         return state
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -447,7 +456,8 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
                 _set_zero3_partition(param._z3_optimizer, param, state[name], key=None)
             else:
                 safe_set_full_fp32_param(param, state[name].to(self.device, torch.float32))
-        buffers = {k: v for k, v in state.items() if k not in params}
+        every_name = dict(module.named_parameters(remove_duplicate=False))  # a tied weight's other names too
+        buffers = {k: v for k, v in state.items() if k not in every_name}
         module.load_state_dict(buffers, strict=False)
 
     def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
@@ -554,6 +564,21 @@ def _materialize_state(opt) -> None:
         for flat in flats:
             flat.grad = None
         group["params"], group["lr"] = saved if zero3 is not None else (group["params"], saved[1])
+
+
+def _full_fp32(param: nn.Parameter) -> torch.Tensor:
+    """The whole fp32 master of `param` on the CPU: gathered from the ZeRO partitions, or the parameter itself."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    full = safe_get_full_fp32_param(param)
+    if full is not None:
+        return full.detach().cpu().reshape(getattr(param, "ds_shape", param.shape)).clone()
+    if hasattr(param, "ds_id"):  # ZeRO-3 without an optimizer: gather the parameter itself
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param]):
+            return param.detach().float().cpu().clone()
+    return param.detach().float().cpu().clone()
 
 
 def _set_zero3_partition(opt, param: nn.Parameter, value: torch.Tensor, key: str | None) -> None:

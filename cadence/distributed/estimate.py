@@ -14,6 +14,7 @@ layer gathered whole, and, on the CPU, its 1.5x buffer factor per machine.
 
     cadence estimate-memory 1B --num_processes 8
     cadence estimate-memory mymodels:build_llama --num_processes 8 16
+    cadence estimate-memory path/to/llama/ --num_processes 8      # a Hugging Face config.json, offline
 
 >>> model_state_bytes(1e9, "ZeRO-3", 8, mixed=True).device / 2**30
 1.862645149230957
@@ -22,8 +23,11 @@ layer gathered whole, and, on the CPU, its 1.5x buffer factor per machine.
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -31,6 +35,7 @@ from torch import nn
 ENGINES = ("DDP", "FSDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 OFFLOADS = {"ZeRO-1": ("optimizer",), "ZeRO-2": ("optimizer",), "ZeRO-3": ("optimizer", "optimizer+param"),
             "FSDP": ("optimizer+param",)}
+_COUNT = re.compile(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([KMBGT]?)\s*", re.IGNORECASE)
 _SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
@@ -103,32 +108,79 @@ def parse_count(text: str) -> int:
     >>> parse_count("7.5B")
     7500000000
     """
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([KMBGT]?)\s*", text, re.IGNORECASE)
+    m = _COUNT.fullmatch(text)
     if not m:
-        raise ValueError(f"{text!r} is neither a parameter count (e.g. 1B, 350M, 7e9) nor module:function")
+        raise ValueError(f"{text!r} is neither a parameter count (e.g. 1B, 350M, 7e9), an existing directory holding a "
+                         f"Hugging Face config.json (or the file) nor module:function")
     return int(float(m.group(1)) * _SUFFIXES[m.group(2).upper()])
 
 
 def model_sizes(spec: str) -> tuple[int, int]:
-    """(parameters, largest layer's parameters) of `spec`: a count, or `module:function` built on the meta device.
+    """(parameters, largest layer's parameters) of `spec`, counted as DeepSpeed's estimators count them.
+
+    `spec`: a count ("7B"); a Hugging Face config, as a directory holding `config.json` or the json
+    file itself (the model is built from it on the meta device; needs transformers, no download); or
+    `module:function` returning an nn.Module, imported from the current directory or sys.path and
+    built on the meta device. A tied parameter counts once; a layer is a module's own parameters.
 
     >>> model_sizes("torch.nn:Transformer")    # doctest: +SKIP
     (44140544, 2362368)
+    >>> model_sizes("llama-config/")           # doctest: +SKIP
+    (6738415616, 131072000)
     """
-    if ":" not in spec:
+    path = Path(spec)
+    if _COUNT.fullmatch(spec):
         return parse_count(spec), 0
+    if path.is_dir() or path.suffix == ".json":
+        model = _from_hf_config(path)
+    elif ":" in spec:
+        model = _from_function(spec)
+    else:
+        return parse_count(spec), 0  # refused, naming what it takes
+    total = sum({id(p): p.numel() for p in model.parameters()}.values())  # shared parameters once
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    return total, largest
+
+
+def _from_function(spec: str) -> nn.Module:
     module_name, fn_name = spec.split(":", 1)
+    if os.getcwd() not in sys.path:  # as `python -m` would: the user's own module beside them
+        sys.path.insert(0, os.getcwd())
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load {spec!r} ({e}): give module:function, the function returning an nn.Module") from None
+        raise ValueError(f"cannot load {spec!r} ({e}): give module:function, the function returning an nn.Module, "
+                         f"with the module importable from the current directory") from None
     with torch.device("meta"):  # no memory, however large
         model = fn()
     if not isinstance(model, nn.Module):
         raise ValueError(f"{spec} returned {type(model).__name__}, not an nn.Module")
-    total = sum({id(p): p.numel() for p in model.parameters()}.values())  # shared parameters once
-    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
-    return total, largest
+    return model
+
+
+def _from_hf_config(path: Path) -> nn.Module:
+    """The transformers model a config describes (its `architectures`, else a causal LM, else the base model), on meta."""
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        found = sorted(p.name for p in path.iterdir())[:10] if path.is_dir() else []
+        raise ValueError(f"{file} does not exist{f' ({path} has {found})' if path.is_dir() else ''}: give a directory "
+                         f"holding a Hugging Face config.json, the json file, a count (7B) or module:function")
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError(f"{file} is a Hugging Face config, which needs transformers: pip install transformers") from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(file))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{file} is not a Hugging Face model config ({e})") from None
+    architecture = getattr(transformers, (config.architectures or [""])[0], None)
+    with torch.device("meta"):  # no memory, however large
+        if architecture is not None:
+            return architecture(config)
+        try:
+            return transformers.AutoModelForCausalLM.from_config(config)
+        except ValueError:  # not a language model: its base model
+            return transformers.AutoModel.from_config(config)
 
 
 def table(num_params: int, num_processes: int, largest_layer_params: int = 0, num_machines: int = 1) -> str:

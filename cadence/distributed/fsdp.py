@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
-from .strategy import MakeOpt, OwnsPrecision, Strategy, meta_copy
+from .strategy import MakeOpt, OwnsPrecision, Strategy, meta_copy, rebuild, tied_names
 
 __all__ = ["FSDP", "SHARDING_STRATEGIES", "AUTO_WRAP_POLICIES"]
 
@@ -232,7 +232,7 @@ class FSDP(OwnsPrecision, Strategy):
 
         full = StateDictOptions(full_state_dict=True)
         weights, opt_state = get_model_state_dict(model, options=full), get_optimizer_state_dict(model, opt, options=full)
-        plain = self._skeleton.to_empty(device=self.device)
+        plain = rebuild(self._skeleton, self.device)
         plain.load_state_dict(weights)
         new_opt = make_opt(plain)
         if opt_state["state"]:
@@ -268,12 +268,19 @@ class FSDP(OwnsPrecision, Strategy):
 
     # ------------------------------------------------------------------ state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full weights gathered on the CPU of rank 0 (other ranks get an empty dict); every rank must call it."""
+        """Full weights gathered on the CPU of rank 0 (other ranks get an empty dict); every rank must call it.
+
+        A tied weight's names share one tensor, as in the plain module's state dict.
+        """
         if self._skeleton is None:
             return super().model_state_dict(model)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        for alias, source in tied_names(model).items():  # gathered name by name: one tensor again, stored once
+            if alias in state and source in state:
+                state[alias] = state[source]
+        return state
 
     def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
         """Load full weights (read by every rank) into the shards."""

@@ -27,12 +27,14 @@ from typing import NoReturn
 from cadence.compile import CONFIG_KEYS, check_backend, dynamo_env
 from cadence.distributed import config as cfg_mod
 from cadence.distributed import lifecycle, status
+from cadence.distributed.failure_report import (PREEMPTION_SIGNALS, all_preempted, report_failure, report_preemption,
+                                                report_signal)
 from cadence.distributed.config import Config
 
 # Config keys that are also `cadence launch` flags (besides --cpu for use_cpu).
 LAUNCH_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
                "mixed_precision", "gradient_accumulation_steps", "num_cpu_threads_per_process",
-               "max_restarts", "monitor_interval", "rdzv_backend", "timeout", "preemption_grace_s", "debug")
+               "max_restarts", "monitor_interval", "rdzv_backend", "timeout", "preemption_grace_s", "debug", "gpu_ids")
 _WORKER_CODE = "from cadence.distributed.launch import run_worker; run_worker()"
 _DEFAULT_MULTI_NODE_PORT = 29500
 LAUNCHER_PID_VAR = "CADENCE_LAUNCHER_PID"
@@ -60,20 +62,53 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     True
     """
     parser.add_argument("--config_file", default=None, help="YAML config (default: `cadence config`'s file)")
-    parser.add_argument("--cpu", dest="use_cpu", action="store_const", const=True, default=None,
+    parser.add_argument("--cpu", "--use_cpu", dest="use_cpu", action="store_const", const=True, default=None,
                         help="train on CPU even where an accelerator exists")
     parser.add_argument("--multi_gpu", action="store_true", help="DDP over GPUs (accepted for Accelerate users)")
     cfg_mod.add_config_flags(parser, LAUNCH_KEYS)
     parser.add_argument("--rdzv_conf", default="", help="extra rendezvous settings, `key1=v1,key2=v2`")
+    add_accelerate_options(parser)
     add_fsdp_options(parser)
     add_dynamo_options(parser)
     add_deepspeed_options(parser)
 
 
-# `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block
+def add_accelerate_options(parser: argparse.ArgumentParser) -> None:
+    """`accelerate launch` flags that say how torchrun runs the workers, or that cadence does by default.
+
+    The rest of Accelerate's flags are cadence's own (`--num_processes`, `--use_fsdp`, ...) or refused
+    with a reason (`other_launchers`).
+
+    >>> p = argparse.ArgumentParser(); add_accelerate_options(p)
+    >>> p.parse_args(["--tee", "3", "--same_network"]).tee
+    '3'
+    """
+    group = parser.add_argument_group("accelerate launch", "Accelerate's flags, for its users")
+    group.add_argument("-q", "--quiet", action="store_true",
+                       help="accepted: the launcher already shows only the failing rank's traceback, once")
+    group.add_argument("--same_network", action="store_true",
+                       help="accepted: machines reach machine 0 at --main_process_ip directly (cadence's default)")
+    group.add_argument("--main_training_function", default=None,
+                       help="Accelerate's TPU launcher calls this function; cadence runs the script as __main__, "
+                            "as accelerate launch does off TPUs (a note is printed)")
+    group.add_argument("--log_dir", default=None, help="torchrun's log directory (with --tee: the workers' streams)")
+    group.add_argument("--tee", default=None, help="torchrun's --tee: copy workers' streams to --log_dir (0-3)")
+    group.add_argument("--role", default=None, help="torchrun's worker role name")
+
+
+def _torchrun_passthrough(args: argparse.Namespace) -> list[str]:
+    """torchrun flags given as Accelerate names them (--log_dir, --tee, --role)."""
+    given = {flag: getattr(args, flag, None) for flag in ("log_dir", "tee", "role")}
+    return [arg for flag, value in given.items() if value is not None for arg in (f"--{flag}", value)]
+
+
+# `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block (the FSDP strategy accepts the
+# keys FSDP2 makes moot, such as use_orig_params, and refuses the others; resolve_config refuses --fsdp_version 1)
 FSDP_FLAGS = {"sharding_strategy": str, "auto_wrap_policy": str, "transformer_layer_cls_to_wrap": str,
               "min_num_params": int, "offload_params": bool, "state_dict_type": str,
-              "activation_checkpointing": bool, "cpu_ram_efficient_loading": bool}
+              "activation_checkpointing": bool, "cpu_ram_efficient_loading": bool, "version": int,
+              "reshard_after_forward": str, "backward_prefetch": str, "forward_prefetch": bool,
+              "use_orig_params": bool, "sync_module_states": bool, "activation_checkpointing_offload": bool}
 
 
 def add_fsdp_options(parser: argparse.ArgumentParser) -> None:
@@ -174,6 +209,12 @@ def resolve_config(args: argparse.Namespace) -> Config:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
         raise ValueError(f"cadence launch flags: {e}") from None
+    if getattr(args, "fsdp_version", None) not in (None, 2):
+        raise ValueError(f"--fsdp_version {args.fsdp_version}: cadence's FSDP strategy is FSDP2 (fully_shard); "
+                         f"leave the flag out or pass 2")
+    if getattr(args, "main_training_function", None):
+        print(f"cadence launch: --main_training_function {args.main_training_function} is for Accelerate's TPU "
+              f"launcher; the script runs as __main__, as `accelerate launch` does off TPUs", file=sys.stderr)
     config.check_strategy_exists()
     config.check_engine_options()
     if config.dynamo_config:
@@ -200,6 +241,7 @@ def launch_env(config: Config) -> dict[str, str | None]:
         "CADENCE_FSDP_CONFIG": json.dumps(config.fsdp_config) if config.fsdp_config else None,
         "CADENCE_DEEPSPEED_CONFIG": json.dumps(config.deepspeed_config) if config.deepspeed_config else None,
         "OMP_NUM_THREADS": str(threads),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") if config.gpu_ids == "all" else config.gpu_ids,
         **dynamo_env(config.dynamo_config),
     }
 
@@ -223,12 +265,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_argv(config: Config, args: argparse.Namespace) -> list[str]:
+def torchrun_args(config: Config, args: argparse.Namespace) -> argparse.Namespace:
     """Arguments for `torch.distributed.run` that run `args.training_script` as `config` says.
 
-    >>> torchrun_argv(Config(num_processes=2), ns)[:4]       # doctest: +SKIP
-    ['--nnodes', '1', '--nproc_per_node', '2']
+    torch's parser abbreviates options, so `train.py --max 3` would read as its `--max-restarts`
+    ("ambiguous option"): it parses the agent's flags and the program only, and the script's
+    arguments are set afterwards, exactly as given.
+
+    >>> torchrun_args(Config(num_processes=2), ns).nproc_per_node       # doctest: +SKIP
+    '2'
     """
+    from torch.distributed import run as torchrun
+
+    program, *arguments = _worker_command(args)
+    parsed = torchrun.parse_args([*_agent_argv(config, args), "--no_python", program])
+    parsed.training_script_args = arguments
+    return parsed
+
+
+def _agent_argv(config: Config, args: argparse.Namespace) -> list[str]:
+    """torchrun's flags for the agent: processes, rendezvous, restarts, signals."""
     if args.no_python and args.module:
         raise ValueError("--no_python and --module cannot be combined: pick one")
     single = config.num_machines == 1
@@ -241,14 +297,19 @@ def torchrun_argv(config: Config, args: argparse.Namespace) -> list[str]:
             "--max_restarts", str(config.max_restarts), "--monitor_interval", str(config.monitor_interval),
             "--rdzv_backend", config.rdzv_backend, "--rdzv_conf", args.rdzv_conf,
             "--shutdown_timeout", str(int(config.preemption_grace_s)),
-            "--signals_to_handle", ",".join(("SIGINT", "SIGHUP", "SIGQUIT", *PREEMPTION_SIGNALS))]
+            "--signals_to_handle", ",".join(("SIGINT", "SIGHUP", "SIGQUIT", *PREEMPTION_SIGNALS)),
+            *_torchrun_passthrough(args)]
     if config.rdzv_backend != "static":
         argv += ["--rdzv_endpoint", f"{addr}:{port}"]
+    return argv
+
+
+def _worker_command(args: argparse.Namespace) -> list[str]:
+    """The program each worker runs: the script under `run_worker`, or the program itself (--no_python)."""
     if args.no_python:
-        return argv + ["--no_python", args.training_script, *args.training_script_args]
+        return [args.training_script, *args.training_script_args]
     module = ["-m"] if args.module else []
-    return argv + ["--no_python", sys.executable, "-u", "-c", _WORKER_CODE, *module,
-                   args.training_script, *args.training_script_args]
+    return [sys.executable, "-u", "-c", _WORKER_CODE, *module, args.training_script, *args.training_script_args]
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -270,8 +331,8 @@ def launch(args: argparse.Namespace) -> int:
 
     config = resolve_config(args)
     check_script(args)
-    torchrun_args = torchrun.parse_args(torchrun_argv(config, args))
-    check_port_free(config, torchrun_args.master_port)
+    agent_args = torchrun_args(config, args)
+    check_port_free(config, agent_args.master_port)
     status_dir = status.make_status_dir()
     variables = {**launch_env(config), LAUNCHER_PID_VAR: str(os.getpid()), status.STATUS_DIR_VAR: status_dir}
     for name, value in variables.items():
@@ -282,46 +343,19 @@ def launch(args: argparse.Namespace) -> int:
     if not config.debug:
         _quiet_torch_loggers()
     try:
-        torchrun.run(torchrun_args)
+        with lifecycle.kill_survivors_of_failure(status_dir):
+            torchrun.run(agent_args)
     except ChildFailedError as e:
         preempted = status.read_preemptions(status_dir)
-        if _all_preempted(e.failures, preempted):
-            return _report_preemption(preempted)
+        if all_preempted(e.failures, preempted):
+            return report_preemption(preempted)
         return report_failure(e.failures, status.read_statuses(status_dir), config.timeout)
     except SignalException as e:
-        return _report_signal(e.sigval)
+        return report_signal(e.sigval)
     finally:
         shutil.rmtree(status_dir, ignore_errors=True)
     return 0
 
-
-PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
-
-
-def _report_signal(sig) -> int:
-    if sig.name in PREEMPTION_SIGNALS:
-        print(f"cadence launch: preempted by {sig.name}: the workers were asked to checkpoint and stop; "
-              f'run the same command again to resume (with fit(resume="auto"))', file=sys.stderr)
-    else:
-        print(f"cadence launch: stopped by {sig.name}; every worker was terminated", file=sys.stderr)
-    return 128 + int(sig)
-
-
-def _all_preempted(failures: dict, preempted: dict[int, dict]) -> bool:
-    """Every failed rank recorded a preemption and exited with that signal's status (143 alone is not trusted)."""
-    return bool(preempted) and all(
-        r in preempted and f.exitcode == 128 + signal.Signals[preempted[r]["signal"]] for r, f in failures.items())
-
-
-def _report_preemption(preempted: dict[int, dict]) -> int:
-    """Every worker left to be requeued after a preemption signal that reached workers, not the launcher."""
-    sig = signal.Signals[next(iter(preempted.values()))["signal"]]
-    receivers = sorted(r for r, p in preempted.items() if p["received"])
-    steps = sorted({p["step"] for p in preempted.values()})
-    by = f" (received by rank{'s' * (len(receivers) > 1)} {', '.join(map(str, receivers))})" if receivers else ""
-    print(f"cadence launch: preempted by {sig.name}{by}: every rank checkpointed step {', '.join(map(str, steps))}; "
-          f'run the same command again to resume (with fit(resume="auto"))', file=sys.stderr)
-    return 128 + int(sig)
 
 
 def check_script(args: argparse.Namespace) -> None:
@@ -355,74 +389,6 @@ def _quiet_torch_loggers() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def report_failure(failures: dict, statuses: dict[int, dict] | None = None, timeout_s: float | None = None) -> int:
-    """Print why the run failed, once; return the exit code for `cadence launch`.
-
-    `failures` maps global rank to torch's `ProcessFailure` (`ChildFailedError.failures`);
-    `statuses` maps rank to its last `status` report. When ranks timed out waiting and another
-    rank reported no error, that rank stopped responding: it is named first, with its last
-    event, step and line. Otherwise the earliest failure's traceback is printed, then one line
-    per other failed rank.
-
-    >>> report_failure(child_failed_error.failures, read_statuses(status_dir), 20.0)   # doctest: +SKIP
-    1
-    """
-    statuses = statuses or {}
-    hung = hung_ranks(failures, statuses)
-    if hung:
-        waiting = sorted(r for r, f in failures.items() if _is_timeout(f))
-        for rank in hung:
-            print(f"cadence launch: rank {rank} stopped responding {status.describe(statuses.get(rank, {}))}; "
-                  f"rank{'s' * (len(waiting) > 1)} {', '.join(map(str, waiting))} timed out waiting for it"
-                  f"{f' after {timeout_s:g} s' if timeout_s else ''}", file=sys.stderr)
-        for rank in waiting:
-            print(f"cadence launch: rank {rank} also stopped: {_failure_text(failures[rank])[0]}", file=sys.stderr)
-        code = next(f.exitcode for f in failures.values() if _is_timeout(f))
-        return code if code > 0 else 1
-    # the cause first: a rank that raised before one that was only stopped (killed or exited without an error:
-    # its time is the launcher's, whole seconds), and one that failed because a peer vanished mid-collective after
-    ordered = sorted(failures.items(), key=lambda item: (not _has_error(item[1]),
-                                                          _extra(item[1]).get("peer_failure", False),
-                                                          _failure_time(item[1])))
-    (rank, first), others = ordered[0], ordered[1:]
-    headline, trace = _failure_text(first)
-    print(f"cadence launch: rank {rank} failed:\n{trace}".rstrip() if trace else
-          f"cadence launch: rank {rank} failed: {headline}", file=sys.stderr)
-    for rank, failure in others:
-        print(f"cadence launch: rank {rank} also stopped: {_failure_text(failure)[0]}", file=sys.stderr)
-    return first.exitcode if first.exitcode > 0 else 1
-
-
-def hung_ranks(failures: dict, statuses: dict[int, dict]) -> list[int]:
-    """Ranks that reported no error while others timed out waiting on a collective ([] if none timed out)."""
-    if not any(_is_timeout(f) for f in failures.values()):
-        return []
-    silent = set(statuses) | set(failures)
-    return sorted(r for r in silent if r not in failures or not _has_error(failures[r]))
-
-
-_TIMEOUT_TEXT = ("Timed out", "timed out", "Timeout", "timeout")
-
-
-def _has_error(failure) -> bool:
-    """True when the worker recorded an exception (run_worker's error file), not just an exit code."""
-    return isinstance(failure.error_file_data.get("message"), dict)
-
-
-def _is_timeout(failure) -> bool:
-    headline, trace = _failure_text(failure)
-    return _has_error(failure) and any(t in headline or t in trace[-2000:] for t in _TIMEOUT_TEXT)
-
-
-def _extra(failure) -> dict:
-    info = failure.error_file_data.get("message", {})
-    return info.get("extraInfo", {}) if isinstance(info, dict) else {}
-
-
-def _failure_time(failure) -> float:
-    return _extra(failure).get("time_ns", failure.timestamp * 1e9)
-
-
 _PEER_FAILURE_TEXT = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout",
                       "communicator was aborted", "DistBackendError")
 
@@ -436,16 +402,6 @@ def is_peer_failure(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
-
-
-def _failure_text(failure) -> tuple[str, str]:
-    """(one-line summary, traceback or '') of a ProcessFailure."""
-    info = failure.error_file_data.get("message")
-    if isinstance(info, dict):
-        return info.get("message", ""), info.get("extraInfo", {}).get("py_callstack", "")
-    if failure.exitcode < 0:
-        return f"killed by {failure.signal_name()}", ""
-    return f"exited with code {failure.exitcode}", ""
 
 
 def run_worker(argv: list[str] | None = None) -> NoReturn:
@@ -463,7 +419,9 @@ def run_worker(argv: list[str] | None = None) -> NoReturn:
         lifecycle.die_with_parent(int(os.environ[LAUNCHER_PID_VAR]))
     if os.environ.get(status.STATUS_DIR_VAR):
         status.start_reporter(os.environ[status.STATUS_DIR_VAR], int(os.environ.get("RANK", "0")))
-    lifecycle.exit_now(_run_script(sys.argv[1:] if argv is None else argv))
+    code = _run_script(sys.argv[1:] if argv is None else argv)
+    status.record_exit(code)
+    lifecycle.exit_now(code)
 
 
 def _run_script(argv: list[str]) -> int:

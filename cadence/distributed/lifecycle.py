@@ -9,6 +9,10 @@ finalization. Workers started by `cadence launch` / `notebook_launcher` call it 
 under plain torchrun, `setup_distrib` installs `install_exit_guard`, an atexit handler that does
 the same with the script's exit code.
 
+The launcher's side: once a worker has failed, torch's agent SIGTERMs the others and waits 30 s
+before SIGKILL; `kill_survivors_of_failure` SIGKILLs those still there after a short grace (a
+stopped rank, or one stuck in C code, cannot act on SIGTERM), so a hung job ends soon after its timeout.
+
 >>> die_with_parent(os.getppid())     # in a worker: SIGKILL when the launcher goes away   # doctest: +SKIP
 >>> exit_now(0)                                                                           # doctest: +SKIP
 """
@@ -16,15 +20,21 @@ the same with the script's exit code.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import NoReturn
 
+from cadence.distributed import status
+
 _PR_SET_PDEATHSIG = 1
+TEARDOWN_GRACE_S = 3.0     # after a worker failed: what the others get to end on SIGTERM before SIGKILL
 # set by run_worker and the notebook worker: they end the process themselves, no guard needed
 SELF_EXITING_VAR = "CADENCE_WORKER_EXITS"
 
@@ -99,3 +109,58 @@ def install_exit_guard() -> None:
 
 def _guard() -> None:
     exit_now(int(os.environ.get("CADENCE_EXIT_STATUS", "0")))
+
+
+@contextlib.contextmanager
+def kill_survivors_of_failure(status_dir: str, grace_s: float = TEARDOWN_GRACE_S, poll_s: float = 0.2) -> Iterator[None]:
+    """In the launcher, around torch's agent: once a worker has failed (`status.failed_ranks`), SIGKILL the
+    workers of its group still alive `grace_s` seconds later (and their process groups, as the agent
+    does). A group restarted after the failure (`--max_restarts`) is a new group, left alone.
+
+    The agent sends SIGTERM at once; a worker that can act on it has ended by then. Only this
+    process's own children are killed, so a pid reused since its status was written is left alone.
+
+    >>> with kill_survivors_of_failure(status_dir):          # doctest: +SKIP
+    ...     torchrun.run(agent_args)
+    """
+    stop = threading.Event()
+
+    def watch() -> None:
+        handled: set[int] = set()              # worker groups (torchrun's restart count) already torn down
+        while not stop.wait(poll_s):
+            failed = status.failed_ranks(status_dir)
+            groups = {record.get("restart", 0) for record in failed.values()} - handled
+            if not groups:
+                continue
+            handled |= groups
+            survivors = {record["pid"] for rank, record in status.read_statuses(status_dir).items()
+                         if rank not in failed and record.get("restart", 0) in groups}
+            if stop.wait(grace_s):
+                return
+            for pid in survivors:
+                if _is_child(pid):
+                    _kill_group(pid)
+
+    watcher = threading.Thread(target=watch, name="cadence-teardown", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def _is_child(pid: int) -> bool:
+    """`pid` is a live (not yet reaped) child of this process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)           # torch starts each worker in its own session
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -17,6 +17,7 @@ STRATEGIES = {
     "fsdp": "cadence.distributed.fsdp:FSDP",
     "dp": "cadence.distributed.dp:DataParallel",
     "deepspeed": "cadence.distributed.deepspeed:DeepSpeed",
+    "model_parallel": "cadence.distributed.model_parallel:ModelParallel",
 }
 
 

@@ -6,7 +6,9 @@ event being fired (found as the `_fire` frame, by name, so nothing here imports 
 its step / epoch / iter, and the innermost frame of the user's own code. The training loop
 itself pays nothing. When a run fails, the launcher reads the files back (`read_statuses`). A rank
 that leaves to be requeued after a preemption signal says so (`record_preempted`), so the launcher
-reports a preemption even when the signal reached one worker only, not the launcher.
+reports a preemption even when the signal reached one worker only, not the launcher. A worker whose
+script is over records its exit code (`record_exit`), so that `failed_ranks` tells a worker that ended
+in failure (gone with a non-zero code, or killed) from one that finished or left for a preemption.
 
 >>> start_reporter("/tmp/status", rank=0)        # in a worker        # doctest: +SKIP
 >>> read_statuses("/tmp/status")[0]["event"]                           # doctest: +SKIP
@@ -68,12 +70,14 @@ def start_reporter(directory: str | os.PathLike, rank: int, interval_s: float = 
     """Start the daemon thread that writes `directory/rank<rank>.json` every `interval_s` seconds."""
     main = threading.main_thread()
     path = Path(directory) / f"rank{rank}.json"
+    restart = _restart()
 
     def report() -> None:
         while main.is_alive():
             frame = sys._current_frames().get(main.ident)
             if frame is not None:
-                _write_atomic(path, {"rank": rank, "pid": os.getpid(), "time": time.time(), **describe_stack(frame)})
+                _write_atomic(path, {"rank": rank, "pid": os.getpid(), "restart": restart, "time": time.time(),
+                                     **describe_stack(frame)})
             del frame
             time.sleep(interval_s)
 
@@ -130,12 +134,50 @@ def record_preempted(signal_name: str, step: int, received: bool) -> None:
     if directory:
         rank = int(os.environ.get("RANK", "0"))
         _write_atomic(Path(directory) / f"preempted-rank{rank}.json",
-                      {"rank": rank, "signal": signal_name, "step": step, "received": received})
+                      {"rank": rank, "pid": os.getpid(), "signal": signal_name, "step": step, "received": received})
 
 
 def read_preemptions(directory: str | os.PathLike | None) -> dict[int, dict]:
     """Rank -> its `record_preempted` record, for the ranks that left for a preemption."""
     return _read_records(directory, "preempted-rank*.json")
+
+
+def record_exit(code: int) -> None:
+    """In a worker whose script is over: the exit code it leaves with. Does nothing outside `cadence launch`."""
+    directory = os.environ.get(STATUS_DIR_VAR)
+    if directory:
+        rank = int(os.environ.get("RANK", "0"))
+        _write_atomic(Path(directory) / f"exit-rank{rank}.json", {"rank": rank, "pid": os.getpid(), "code": code})
+
+
+def failed_ranks(directory: str | os.PathLike | None, restart: int | None = None) -> dict[int, dict]:
+    """Rank -> status of the workers in `directory` that ended in failure (of worker group `restart`, or
+    any): their process is gone (reaped by the launcher) and it left neither an exit code of 0 nor a
+    preemption record.
+
+    >>> failed_ranks(os.environ["CADENCE_STATUS_DIR"])        # rank 0 raised and exited 1   # doctest: +SKIP
+    {0: {'rank': 0, 'pid': 4242, 'restart': 0, ...}}
+    """
+    exits, preempted = _read_records(directory, "exit-rank*.json"), read_preemptions(directory)
+    failed = {}
+    for rank, record in read_statuses(directory).items():
+        pid = record["pid"]
+        finished = exits.get(rank, {}).get("pid") == pid and exits[rank]["code"] == 0
+        if (restart is None or record.get("restart", 0) == restart) and not finished and \
+                preempted.get(rank, {}).get("pid") != pid and not _process_exists(pid):
+            failed[rank] = record
+    return failed
+
+
+def peer_failed() -> bool:
+    """In a worker under `cadence launch`: another rank of this machine's worker group has ended in failure."""
+    rank = int(os.environ.get("RANK", "0"))
+    return any(r != rank for r in failed_ranks(os.environ.get(STATUS_DIR_VAR), restart=_restart()))
+
+
+def _restart() -> int:
+    """Which worker group this is: torchrun counts the group's restarts (`--max_restarts`)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def describe(status: dict) -> str:

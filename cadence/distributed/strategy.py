@@ -35,6 +35,7 @@ class Strategy:
     """Base class: one process, one device. Subclasses override what their engine changes."""
 
     name = "single"
+    _skeleton: nn.Module | None = None  # a sharding engine's meta copy of the user's module, taken before it wraps
 
     def __init__(self, device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else env.default_device()
@@ -102,6 +103,10 @@ class Strategy:
     def forward_context(self) -> ContextManager:
         """Context the forward pass and loss run in (autocast for mixed precision)."""
         return self.precision.forward_context()
+
+    def loss_context(self) -> ContextManager | None:
+        """A context the forward pass and loss need besides precision (torch's `loss_parallel`); None for none."""
+        return None
 
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
         """With `enabled=False` the next forward and backward keep gradients local (accumulation micro-steps)."""
@@ -177,6 +182,17 @@ class Strategy:
     def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
         opt.load_state_dict(state)
 
+    def plain_copy(self, model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+        """A plain module of the user's architecture on the CPU holding `state` (full weights from `model_state_dict`),
+        its tied weights tied: what an export changes (a peft adapter merged in) without touching the trained model.
+
+        >>> merged = strategy.plain_copy(model, strategy.model_state_dict(model)).merge_and_unload()
+        """
+        template = self._skeleton if self._skeleton is not None else self.unwrap(model)
+        plain = rebuild(meta_copy(template), "cpu")
+        plain.load_state_dict(state)
+        return plain
+
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Unsharded weights on the CPU, for export (`save_model`); meaningful on the main process."""
         return {k: v.detach().cpu() for k, v in self.model_state_dict(model).items()}
@@ -199,16 +215,69 @@ class Strategy:
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` on the meta device (no memory): the skeleton a sharding engine rebuilds the plain module from.
+    """A copy of `model` on the meta device: the skeleton a sharding engine rebuilds the plain module from.
 
-    >>> skeleton = meta_copy(model); ...; plain = skeleton.to_empty(device="cpu"); plain.load_state_dict(full_weights)
+    Parameters and buffers take no memory; non-persistent buffers (a rotary embedding's `inv_freq`), which no
+    state dict carries, keep their values (small), so the rebuilt module computes what the original did.
+
+    >>> skeleton = meta_copy(model); ...; plain = rebuild(skeleton, "cpu"); plain.load_state_dict(full_weights)
     """
     def empty(t: torch.Tensor) -> torch.Tensor:  # a DeepSpeed ZeRO-3 partition knows its whole shape (ds_shape)
         return torch.empty(getattr(t, "ds_shape", t.shape), dtype=t.dtype, device="meta")
 
-    memo = {id(t): nn.Parameter(empty(t), t.requires_grad) if isinstance(t, nn.Parameter) else empty(t)
+    kept = {id(t) for _, t in _non_persistent_buffers(model)}
+    memo = {id(t): nn.Parameter(empty(t), t.requires_grad) if isinstance(t, nn.Parameter) else
+            t.detach().clone() if id(t) in kept else empty(t)
             for t in (*model.parameters(), *model.buffers())}
     return copy.deepcopy(model, memo)
+
+
+def _non_persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [(f"{owner}.{name}" if owner else name, module._buffers[name]) for owner, module in model.named_modules()
+            for name in module._non_persistent_buffers_set if module._buffers.get(name) is not None]
+
+
+def tied_names(model: nn.Module) -> dict[str, str]:
+    """Every other name of a Parameter that several modules share (tied weights) -> the name it is stored under.
+
+    The stored name is the one transformers keeps (not a key of the model's `all_tied_weights_keys`), else the
+    first in `named_parameters` order, as safetensors' `save_model` keeps.
+
+    >>> tied_names(gpt2)
+    {'lm_head.weight': 'transformer.wte.weight'}
+    """
+    declared = set(getattr(model, "all_tied_weights_keys", None) or ())  # transformers 5: {tied name: source}
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    aliases = {}
+    for names in names_of.values():
+        kept = next((n for n in names if n not in declared), names[0])
+        aliases.update({n: kept for n in names if n != kept})
+    return aliases
+
+
+def retie(model: nn.Module, aliases: dict[str, str]) -> nn.Module:
+    """Point every alias of `aliases` (from `tied_names`) at its source's Parameter again; returns `model`.
+
+    `Module.to_empty` (and any rebuild that replaces parameters module by module) gives each module its own.
+    """
+    for alias, source in aliases.items():
+        owner, _, attr = alias.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(source))
+    return model
+
+
+def rebuild(skeleton: nn.Module, device: torch.device | str) -> nn.Module:
+    """`skeleton` (from `meta_copy`) materialised on `device`: its weights uninitialised (load a state dict next),
+    its tied weights still tied, its non-persistent buffers as `meta_copy` kept them."""
+    aliases = tied_names(skeleton)  # both read first: to_empty replaces every tensor in place
+    buffers = [(name, t) for name, t in _non_persistent_buffers(skeleton) if not t.is_meta]
+    plain = retie(skeleton.to_empty(device=device), aliases)
+    for name, value in buffers:
+        owner, _, attr = name.rpartition(".")
+        plain.get_submodule(owner)._buffers[attr] = value.to(device)
+    return plain
 
 
 def _on_meta(model: nn.Module) -> bool:

@@ -126,11 +126,12 @@ class FeatureMethods:
         load_state(self, directory)
         return self
 
-    def save_model(self, directory: str | Path, max_shard_size: int | str = "2GB") -> Path:
-        """Write the weights only, as `model.safetensors` or shards with an index (the Hugging Face layout)."""
+    def save_model(self, directory: str | Path, max_shard_size: int | str = "2GB", merge_adapter: bool = False) -> Path:
+        """Write the weights only, as `model.safetensors` or shards with an index (the Hugging Face layout);
+        a peft model its adapter, or with `merge_adapter=True` the model with the adapter merged in."""
         from ..callbacks.checkpoint import save_model
 
-        return save_model(self, directory, max_shard_size)
+        return save_model(self, directory, max_shard_size, merge_adapter)
 
     def export(self, fname: str | Path = "export") -> Path:
         """Write the Learner for inference to `path/fname/`: weights as safetensors, the structure pickled.

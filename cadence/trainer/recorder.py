@@ -39,6 +39,7 @@ class Recorder(Callback):
         self._float_losses = True
         self._batch_sizes: list[int] = []
         self._resumed = False
+        self._as_tensor = {key: _GrowingTensor() for key in ("losses", "lrs", "epoch_losses", "epoch_sizes")}
         self.hps: dict[str, list] = {}  # per batch, the values a ParamScheduler set (plot_sched)
 
     @property
@@ -66,16 +67,23 @@ class Recorder(Callback):
         self._resumed = False
 
     def state_dict(self) -> dict[str, Any]:
-        """History so far, and the current epoch's batch losses (a checkpoint may fall mid-epoch)."""
-        return {"values": self.values, "losses": self.losses, "lrs": self.lrs,
-                "epoch_losses": [float(x) for x in self._batch_losses], "epoch_sizes": list(self._batch_sizes)}
+        """History so far, and the current epoch's batch losses (a checkpoint may fall mid-epoch).
+
+        The per-batch lists are float64 tensors (a checkpoint keeps them out of its JSON), each
+        extended by the batches since the last call: a checkpoint's cost does not grow with the run.
+        """
+        t = self._as_tensor
+        return {"values": self.values, "losses": t["losses"](self.losses), "lrs": t["lrs"](self.lrs),
+                "epoch_losses": t["epoch_losses"](self._batch_losses),
+                "epoch_sizes": t["epoch_sizes"](self._batch_sizes)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.values, self.losses, self.lrs = state["values"], state["losses"], state["lrs"]
-        losses = state["epoch_losses"]
+        """Restore `state_dict()` (lists, as checkpoints of format 1 hold them, load too)."""
+        self.values, self.losses, self.lrs = state["values"], _as_list(state["losses"]), _as_list(state["lrs"])
+        losses = _as_list(state["epoch_losses"])
         device = self.learn.strategy.device
-        self._batch_losses = list(losses) if self._on_cpu() else [torch.tensor(x, device=device) for x in losses]
-        self._batch_sizes = list(state["epoch_sizes"])
+        self._batch_losses = losses if self._on_cpu() else [torch.tensor(x, device=device) for x in losses]
+        self._batch_sizes = [int(n) for n in _as_list(state["epoch_sizes"])]
         self._resumed = True
 
     def before_validate(self):
@@ -176,6 +184,29 @@ class Recorder(Callback):
             ax.plot([float(np.asarray(v).reshape(-1)[-1]) for v in self.hps[key]])
             ax.set(xlabel="batch", ylabel=key)
         return fig
+
+
+class _GrowingTensor:
+    """A float64 copy of a list that only grows, extended by its new items at each call (0-d tensors
+    are read in one transfer); a list replaced or shortened is copied afresh."""
+
+    def __init__(self):
+        self.source: list | None = None
+        self.tensor = torch.zeros(0, dtype=torch.float64)
+
+    def __call__(self, items: list) -> torch.Tensor:
+        if items is not self.source or len(items) < len(self.tensor):
+            self.source, self.tensor = items, torch.zeros(0, dtype=torch.float64)
+        new = items[len(self.tensor):]
+        if new:
+            tail = (torch.stack(new).double().cpu().reshape(-1) if isinstance(new[0], torch.Tensor)
+                    else torch.tensor(new, dtype=torch.float64))
+            self.tensor = torch.cat([self.tensor, tail])
+        return self.tensor
+
+
+def _as_list(values: Any) -> list:
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
 
 
 def _pyplot():

@@ -4,7 +4,8 @@
     models/stage1/optimizer.pt         the optimizer state (torch.load(weights_only=True))
 
 The pair is written into a staged directory and renamed into place, so a kill at any moment
-leaves the previous pair or the new one, never a mix. `load` also reads the layout of cadence
+leaves the previous pair or the new one, never a mix. The directory is checked before the
+weights are gathered; a failed write names it and its free space and leaves no staged directory. `load` also reads the layout of cadence
 0.1 (`models/stage1.safetensors` + `models/stage1.opt.pt`).
 
 >>> learn.save("stage1"); learn.load("stage1")
@@ -16,8 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..serialization import (check_state_dict, commit_dir, load_torch, load_weights, recover_dir, save_torch,
-                             save_weights, staging_dir)
+from ..serialization import (check_state_dict, check_writable, commit_dir, load_torch, load_weights, recover_dir,
+                             save_torch, save_weights, sibling, staging_dir, writing, STAGED)
 
 MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.pt"
 
@@ -26,15 +27,18 @@ def save(learn: Any, name: str | Path, with_opt: bool = True) -> Path:
     """Write `path/model_dir/<name>/` (the main process writes; under a sharded engine every rank must call it)."""
     target = _target(learn, name)
     strategy = learn.strategy
+    if strategy.is_main:
+        check_writable(target.parent, "model directory")  # before the (collective) gathering of the weights
     weights = strategy.model_state_dict(learn.model)
     opt_state = strategy.optimizer_state_dict(learn.model, learn.opt) if with_opt else None
     if strategy.is_main:
-        recover_dir(target)
-        staged = staging_dir(target)
-        save_weights(weights, staged / MODEL_FILE)
-        if opt_state is not None:
-            save_torch(opt_state, staged / OPTIMIZER_FILE)
-        commit_dir(staged, target)
+        with writing(target, "saved model", sibling(target, STAGED)):
+            recover_dir(target)
+            staged = staging_dir(target)
+            save_weights(weights, staged / MODEL_FILE)
+            if opt_state is not None:
+                save_torch(opt_state, staged / OPTIMIZER_FILE)
+            commit_dir(staged, target)
     return target  # no barrier: under DDP a save called on the main process alone must not wait; `load` waits
 
 

@@ -50,6 +50,7 @@ def test_distributed_type_is_read_off_the_strategy():
     assert distributed_type_of("ddp", cpu, 1) == DistributedType.NO
     assert distributed_type_of("fsdp", cuda, 2) == DistributedType.FSDP
     assert distributed_type_of("deepspeed", cpu, 1) == DistributedType.DEEPSPEED
+    assert distributed_type_of("model_parallel", cuda, 4) == DistributedType.FSDP
     accelerator = Accelerator(cpu=True)
     assert accelerator.distributed_type == DistributedType.NO == accelerator.state.distributed_type
 
@@ -237,3 +238,11 @@ def test_patch_environment_and_synchronize_rng_states_on_one_process(monkeypatch
     assert torch.equal(torch.rand(2), torch.manual_seed(3) and torch.rand(2))
     with pytest.raises(ValueError, match="not 'xla'"):
         synchronize_rng_states(["xla"])
+
+
+def test_ddp_options_under_another_engine_are_not_used_and_a_warning_says_so():
+    # Accelerate uses DistributedDataParallelKwargs only under DDP; an FSDP run of a script that sets them must start
+    with pytest.warns(UserWarning, match="DistributedDataParallelKwargs options are DDP's"):
+        accelerator = Accelerator(cpu=True, strategy="fsdp",
+                                  kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    assert accelerator.strategy.name == "fsdp"

@@ -20,13 +20,16 @@ def test_directory_format(dls, tmp_path):
     assert names == ["step-00000003", "step-00000004", "step-00000006", "step-00000008"]  # every 3 steps + epoch ends
     assert (root / "latest").read_text() == "step-00000008"
     ckpt = root / "step-00000008"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "optimizer.pt", "rng-rank0.pt", "state.json"]
+    files = ["callbacks.safetensors", "model.safetensors", "optimizer.pt", "rng-rank0.pt"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [*files, "state.json"]
     weights = load_file(str(ckpt / "model.safetensors"))
     for k, v in learn.model.state_dict().items():
         assert torch.equal(weights[k], v)
     state = json.loads((ckpt / "state.json").read_text())
     assert (state["epoch"], state["step"], state["epoch_complete"], state["world_size"]) == (1, 8, True, 1)
     assert "recorder" in state["callbacks"] and state["sampler"]["batches_done"] == 4
+    assert state["files"] == files                      # a checkpoint is complete only when all of them are there
+    assert load_file(str(ckpt / "callbacks.safetensors"))["recorder.losses"].tolist() == learn.recorder.losses
     mid = json.loads((root / "step-00000003" / "state.json").read_text())
     assert (mid["epoch"], mid["sampler"]["batches_done"], mid["epoch_complete"]) == (0, 3, False)
     torch.load(ckpt / "optimizer.pt", weights_only=True)
@@ -124,3 +127,26 @@ def test_grad_scaler_state_round_trips_before_the_first_fit(dls, tmp_path):
     fresh.load_state(tmp_path / "amp")
     assert fresh.mixed_precision.state_dict() == learn.mixed_precision.state_dict()
     assert fresh.mixed_precision.plugin.scaler.get_scale() == learn.mixed_precision.plugin.scaler.get_scale()
+
+
+def test_state_json_does_not_grow_with_the_steps_and_resume_restores_the_history_exactly(dsets, tmp_path):
+    from cadence import DataLoaders
+    from torch.utils.data import DataLoader
+
+    train, valid = dsets
+    dls = DataLoaders(DataLoader(train, batch_size=2, shuffle=True), DataLoader(valid, batch_size=16), device="cpu")
+    reference = make_learner(dls, tmp_path / "ref", [Checkpoint()])  # the same (seeded, resumable) shuffling
+    reference.fit(2)                                          # 32 steps per epoch
+    learn = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=8)])
+    learn.fit(2)
+    root = tmp_path / "checkpoints"
+    size = {n: (root / f"step-{n:08d}" / "state.json").stat().st_size for n in (16, 24, 48, 56)}
+    # 8 steps later: one more name in the checkpoint history (~18 bytes), not 16 more numbers (~330 bytes)
+    assert size[24] - size[16] < 30 and size[56] - size[48] < 30, size
+    resumed = make_learner(dls, tmp_path, [Checkpoint()])
+    with pytest.warns(UserWarning, match="did not write"):   # steps 48 to 64 of the first run are left alone
+        resumed.fit(2, resume="step-00000040")                # mid-epoch 1
+    assert resumed.recorder.losses == reference.recorder.losses and len(reference.recorder.losses) == 64
+    assert resumed.recorder.lrs == reference.recorder.lrs
+    drop_time = [{k: v for k, v in row.items() if k != "time"} for row in reference.recorder.values]
+    assert [{k: v for k, v in row.items() if k != "time"} for row in resumed.recorder.values] == drop_time

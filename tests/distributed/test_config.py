@@ -48,6 +48,7 @@ def test_accelerate_formats_are_accepted(tmp_path):
     ({"distributed_type": "MULTI_TPU"}, ["distributed_type", "MULTI_CPU", "FSDP"]),
     ({"num_processes": "two"}, ["num_processes", "int"]),
     ({"num_processes": 0}, ["num_processes", ">= 1"]),
+    ({"main_process_port": 99999}, ["main_process_port", "<= 65535", "99999"]),
     ({"num_processes": 3, "num_machines": 2}, ["multiple of num_machines"]),
     ({"compute_environment": "AMAZON_SAGEMAKER"}, ["compute_environment", "LOCAL_MACHINE"]),
 ])
@@ -83,3 +84,12 @@ def test_questionnaire_asks_what_flags_leave_open_and_retries_bad_answers(capsys
     assert not any("batches per optimizer step" in p for p in prompts)     # answered by a flag
     assert "expected a value of type int" in capsys.readouterr().out
     assert yaml.safe_load(yaml.safe_dump(cfg.to_dict()))["num_processes"] == 2
+
+
+def test_gpu_ids_from_an_accelerate_file_are_honoured():
+    # gpu_ids was accepted and ignored; YAML reads `gpu_ids: 1` as an int
+    assert from_dict({"gpu_ids": 1}).gpu_ids == "1" and from_dict({"gpu_ids": None}).gpu_ids == "all"
+    assert from_dict({"gpu_ids": "0,2", "num_processes": 2}).gpu_ids == "0,2"
+    from cadence.distributed.launch import launch_env
+
+    assert launch_env(from_dict({"gpu_ids": "0,2", "num_processes": 2}))["CUDA_VISIBLE_DEVICES"] == "0,2"

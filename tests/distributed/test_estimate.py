@@ -1,5 +1,7 @@
 """`cadence estimate-memory`: model-state bytes per process, checked against the ZeRO paper and DeepSpeed's estimator."""
 
+import sys
+
 import pytest
 from torch import nn
 
@@ -67,4 +69,87 @@ def test_cli_builds_a_70b_model_on_meta_and_prints_the_table(capsys):
                                            (["1B", "--num_processes", "3", "--num_machines", "2"], "multiple of")])
 def test_bad_model_or_sizes_are_refused(argv, message, capsys):
     assert main(["estimate-memory", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def deepspeeds_own_estimates(model, per_machine, machines, monkeypatch):
+    """What DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs_all_live` compute for `model`, exactly.
+
+    They print rounded GB; the exact (cpu, gpu) bytes are recorded from the estimators they call, with
+    the parameter counts DeepSpeed derives from the live model itself.
+    """
+    from deepspeed.runtime.zero import stage3, stage_1_and_2
+
+    seen = {}
+
+    def recording(module, name, key):
+        original = getattr(module, name)
+
+        def record(**kw):
+            result = original(**kw)
+            seen[key(kw)] = result[:2]
+            return result
+        monkeypatch.setattr(module, name, record)
+
+    recording(stage_1_and_2, "estimate_zero2_model_states_mem_needs",
+              lambda kw: ("ZeRO-2", "optimizer" if kw["cpu_offload"] else "none"))
+    recording(stage3, "estimate_zero3_model_states_mem_needs",
+              lambda kw: ("ZeRO-3", {(False, False): "none", (True, False): "optimizer", (True, True): "optimizer+param"}[
+                  (kw["cpu_offload"], kw["cpu_offload_params"])]) if kw["zero_init"] else None)
+    stage_1_and_2.estimate_zero2_model_states_mem_needs_all_live(model, per_machine, machines)
+    stage3.estimate_zero3_model_states_mem_needs_all_live(model, per_machine, machines)
+    seen.pop(None)  # zero_init=False: cadence's ZeRO-3 builds under zero.Init
+    return seen
+
+
+def hf_configs():
+    transformers = pytest.importorskip("transformers")
+    return {"gpt2-tied": transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64),
+            "llama": transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)}
+
+
+@pytest.mark.parametrize("name, as_file, n, machines", [("gpt2-tied", False, 8, 1), ("llama", True, 16, 2)])
+def test_a_hugging_face_config_is_sized_offline_as_deepspeeds_estimators_size_the_model(tmp_path, monkeypatch, capsys,
+                                                                                         name, as_file, n, machines):
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM
+
+    config = hf_configs()[name]
+    config.save_pretrained(tmp_path / name)                          # a local directory: config.json, nothing else
+    spec = str(tmp_path / name / "config.json") if as_file else str(tmp_path / name)
+    expected = deepspeeds_own_estimates(AutoModelForCausalLM.from_config(config), n // machines, machines, monkeypatch)
+    assert len(expected) == 5
+
+    total, largest = model_sizes(spec)
+    for (engine, offload), (cpu, gpu) in expected.items():
+        ours = deepspeed_estimate(total, engine, n, machines, offload, largest_layer_params=largest)
+        assert (ours.device, ours.cpu) == pytest.approx((gpu, cpu), rel=1e-12), (engine, offload)
+
+    capsys.readouterr()
+    assert main(["estimate-memory", spec, "--num_processes", str(n), "--num_machines", str(machines)]) == 0
+    out = capsys.readouterr().out
+    assert f"Model states for {total:,} parameters on {n} processes" in out
+    cpu, gpu = expected["ZeRO-3", "optimizer"]
+    assert f"| ZeRO-3 | optimizer |" in out and f"| {gpu / 2**30:.2f} / {cpu / 2**30:.2f} |" in out
+
+
+def test_module_function_is_imported_from_the_current_directory(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_models_here.py").write_text("from torch import nn\n"
+                                                "def build():\n    return nn.Linear(1000, 1000)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    assert main(["estimate-memory", "my_models_here:build", "--num_processes", "2"]) == 0
+    assert "Model states for 1,001,000 parameters on 2 processes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("make, message", [(lambda d: d.mkdir(), "config.json does not exist"),
+                                           (lambda d: None, "config.json does not exist"),
+                                           (lambda d: (d.mkdir(), (d / "config.json").write_text("{}")),
+                                            "is not a Hugging Face model config")])
+def test_a_config_directory_without_a_usable_config_is_refused(tmp_path, capsys, make, message):
+    pytest.importorskip("transformers")
+    make(tmp_path / "cfg")
+    spec = tmp_path / "cfg" if (tmp_path / "cfg").is_dir() else tmp_path / "cfg" / "config.json"
+    assert main(["estimate-memory", str(spec)]) == 2
     assert message in capsys.readouterr().err

@@ -17,10 +17,13 @@ from torch.utils.data import DataLoader
 
 from ...distributed.ops import main_print
 from ...distributed.status import record_preempted
+from ...serialization import check_writable
 from ...trainer.callback import Callback, Order
+from .lock import DirectoryLock
 from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
-from .state import load_state, make_resumable, save_state
-from .store import BEST, LATEST, CheckpointStore, resolve
+from .state import load_state, make_resumable, read_state, save_state
+from .store import BEST, LATEST, STATE_FILE, CheckpointStore, is_checkpoint_name, resolve
+from .validate import refuse
 
 AUTO = "auto"
 
@@ -28,9 +31,11 @@ AUTO = "auto"
 class Checkpoint(Callback):
     """Save checkpoints during `fit`: every `every_n_steps` optimizer steps and/or after every epoch.
 
-    Checkpoints go to `dir` (relative to `learn.path`) as `step-<step>/`. `keep_last` keeps the
-    newest n that this run wrote (the best one by `monitor` and the one `latest` names are never
-    deleted; checkpoints another run wrote are never touched). `monitor` (a Recorder column such
+    Checkpoints go to `dir` (relative to `learn.path`) as `step-<step>/`. The directory is checked
+    writable and locked for the whole fit before anything runs: a second job on it is refused,
+    naming the first. `keep_last` keeps the newest n that this run wrote in `dir` (the best one by
+    `monitor` and the one `latest` names are never deleted; checkpoints another run wrote, and
+    those of a run resumed from another directory, are never touched). `monitor` (a Recorder column such
     as "valid_loss" or "accuracy", with `mode` "min"/"max") points `best` at the best epoch.
     `fit(..., resume="auto")` continues from `latest` when there is one and starts fresh
     otherwise; "latest" requires one; a name or path picks one.
@@ -59,8 +64,8 @@ class Checkpoint(Callback):
         self.preempt_on = parse_signals(preempt_on)
         self.best: float | None = None
         self.best_name: str | None = None
-        self.history: list[str] = []  # the checkpoints this run wrote and still keeps, oldest first
-        self.resumed_from: str | None = None
+        self.history: list[str] = []  # the checkpoints this run wrote in `root` and still keeps, oldest first
+        self.resumed_from: Path | None = None
         self._replaced: DataLoader | None = None
         self._epoch_ran = False  # training and validation of the current epoch are done
         self._watch: PreemptionWatch | None = None
@@ -73,8 +78,9 @@ class Checkpoint(Callback):
     # ------------------------------------------------------------------ around the fit
     @contextlib.contextmanager
     def fit_context(self) -> Iterator[None]:
-        """Around the whole fit (the Learner enters it), whatever ends it: the preemption signals are
-        handled, and the user's train loader is given back afterwards."""
+        """Around the whole fit (the Learner enters it), whatever ends it: the directory is locked, the
+        preemption signals are handled, and the user's train loader is given back afterwards."""
+        lock = self._lock_directory()
         self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
         try:
             with self._watch.installed():
@@ -83,6 +89,25 @@ class Checkpoint(Callback):
             if self._replaced is not None:
                 self.learn.dls.train, self._replaced = self._replaced, None
             self.resumed_from = None
+            if lock is not None:
+                lock.release()
+
+    def _lock_directory(self) -> DirectoryLock | None:
+        """The main process checks that `root` is writable and locks it; every rank raises what it found,
+        so the other ranks of a refused job end with the same message instead of waiting for it."""
+        strategy, lock, refused = self.learn.strategy, None, None
+        if strategy.is_main:
+            try:
+                check_writable(self.root, "checkpoint directory")
+                lock = DirectoryLock(self.root)
+                lock.acquire()
+            except (OSError, RuntimeError) as e:
+                lock, refused = None, (type(e), str(e))
+        refused = strategy.broadcast(refused)
+        if refused is not None:
+            kind, message = refused
+            raise (kind if issubclass(kind, OSError) else RuntimeError)(message)
+        return lock
 
     def prepare(self) -> None:
         """Before a resume or the first `before_fit`: drop what a killed save left, make the train loader resumable."""
@@ -102,9 +127,40 @@ class Checkpoint(Callback):
         target = strategy.broadcast(None if target is None else str(target))
         if target is None:
             return None
+        self._check_resumable(Path(target))
         state = load_state(self.learn, target)
-        self.resumed_from = Path(target).name
+        self.resumed_from = Path(target)
+        if not self._in_root(self.resumed_from):  # another directory's history is not this run's to prune
+            self.history, self.best, self.best_name = [], None, None
         return state
+
+    def _in_root(self, checkpoint: Path) -> bool:
+        return checkpoint.parent.resolve() == self.root.resolve()
+
+    def _check_resumable(self, target: Path) -> None:
+        """Refuse, before anything is loaded, a checkpoint this fit cannot continue or whose history names
+        anything but checkpoints (pruning deletes what the history names)."""
+        file, state = target / STATE_FILE, read_state(target)
+        resumes_at = state["epoch"] + state["epoch_complete"]
+        if resumes_at > self.learn.n_epoch:
+            raise ValueError(f"{file}: the checkpoint is at epoch {resumes_at} of {state.get('n_epoch', '?')}, beyond "
+                             f"this fit's n_epoch={self.learn.n_epoch}: fit({state.get('n_epoch', resumes_at)}) "
+                             f"continues it")
+        own = state["callbacks"].get(self.name)
+        if own is None:
+            return
+        history = own.get("history", [])
+        field = f"callbacks.{self.name}"
+        if not isinstance(history, list):
+            raise refuse(file, f"{field}.history", history, "a list of checkpoint names")
+        for i, name in enumerate(history):
+            if not is_checkpoint_name(name):
+                raise refuse(file, f"{field}.history[{i}]", name, "a checkpoint name such as 'step-00000200'; it "
+                             "is not a checkpoint name, and pruning would delete it")
+        if own.get("best_name") is not None and not is_checkpoint_name(own["best_name"]):
+            raise refuse(file, f"{field}.best_name", own["best_name"], "a checkpoint name or null")
+        if own.get("best") is not None and (isinstance(own["best"], bool) or not isinstance(own["best"], (int, float))):
+            raise refuse(file, f"{field}.best", own["best"], "a number or null")
 
     def before_fit(self):
         if self.monitor is not None and self.monitor not in self.learn.recorder.metric_names:
@@ -118,7 +174,7 @@ class Checkpoint(Callback):
         if self.learn.strategy.is_main:
             self._warn_about_other_checkpoints(resumed_from)
 
-    def _warn_about_other_checkpoints(self, resumed_from: str | None) -> None:
+    def _warn_about_other_checkpoints(self, resumed_from: Path | None) -> None:
         """Say so when the directory holds checkpoints this run did not write: they are kept, never pruned."""
         others = [d.name for d in CheckpointStore(self.root).complete() if d.name not in self.history]
         if not others:
@@ -127,8 +183,10 @@ class Checkpoint(Callback):
         if resumed_from is None:
             why = ("this run starts fresh next to them (resume=\"auto\" would continue the run that wrote them; "
                    "give this run its own Checkpoint(dir=...) to keep runs apart)")
+        elif not self._in_root(resumed_from):
+            why = f"this run resumed {resumed_from}, from another directory, whose history is not this directory's"
         else:
-            why = (f"they are not in the history of {resumed_from}, which this run resumed: they come from a "
+            why = (f"they are not in the history of {resumed_from.name}, which this run resumed: they come from a "
                    f"later point of an interrupted run or from another run")
         warnings.warn(f"{self.root} holds checkpoints this run did not write ({listed}); {why}. They are kept and "
                       f"never pruned by this run; `latest` will name this run's checkpoints.", stacklevel=2)

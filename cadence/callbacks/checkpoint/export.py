@@ -1,46 +1,161 @@
 """`save_model`: the weights alone, in the Hugging Face layout, from any engine.
 
+What `from_pretrained` reads: each tied weight stored once under the name transformers keeps (the
+alias is named in the file's metadata, so cadence's loaders restore it), the weights in their master
+precision (fp32 under a bf16 engine), and a transformers model's `config.json`. A peft model writes
+its adapter in peft's layout, or, with `merge_adapter=True`, the base model with the adapter merged in.
+
+An export appears whole or not at all: it is written into a staged directory next to its target and
+swapped in (`serialization.commit_dir`), so a kill or a full disk at any moment leaves the previous
+export or the new one, never shards of two saves. Other files already in the directory (a
+tokenizer) are carried into the new one (hard links, no copy). Every shard and the index carry the
+same save id, so a loader can tell shards of two saves apart.
+
 >>> learn.save_model("export", max_shard_size="500MB")   # model-00001-of-00003.safetensors, ... + index
+>>> learn.save_model("lora")                             # a PeftModel: adapter_config.json + adapter_model.safetensors
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from torch import nn
 
-from ...serialization import atomic_path, parse_size, save_weights
+from ...distributed.strategy import tied_names
+from ...serialization import SAVE_ID_KEY, atomic_path, commit_dir, parse_size, recover_dir, save_weights, staging_dir
+
+SINGLE_NAME, INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
 
 
-def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | str = "2GB") -> Path:
+def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | str = "2GB",
+               merge_adapter: bool = False) -> Path:
     """Write the weights only, in the Hugging Face layout: `model.safetensors`, or shards and an index.
 
-    Every rank must call it (sharded engines gather the weights); the main process writes.
+    Every rank must call it (sharded engines gather the weights); the main process writes. A peft
+    `PeftModel` writes its adapter (`PeftModel.from_pretrained(base, directory)` reads it); with
+    `merge_adapter=True`, the base model with the adapter merged in (`AutoModel...from_pretrained(directory)`).
 
     >>> learn.save_model("export", max_shard_size="500MB")   # model-00001-of-00003.safetensors, ... + index
+    >>> learn.save_model("merged", merge_adapter=True)       # a LoRA fine-tune as a plain transformers model
     """
     directory = Path(directory)
     limit = parse_size(max_shard_size, "max_shard_size")
+    _check_target(directory)
+    module = learn.strategy.unwrap(learn.model)
+    is_peft = _is_peft_model(module)
+    if merge_adapter and not is_peft:
+        raise ValueError(f"save_model(merge_adapter=True) merges a peft adapter, and this model "
+                         f"({type(module).__name__}) has none: call save_model without merge_adapter")
     state = learn.strategy.model_state_dict(learn.model)
     if learn.strategy.is_main:
-        directory.mkdir(parents=True, exist_ok=True)
-        shards = _split_shards(state, limit)
-        if len(shards) == 1:
-            save_weights(shards[0], directory / "model.safetensors")
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards, 1):
-                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                save_weights(shard, directory / name)
-                weight_map.update(dict.fromkeys(shard, name))
-            index = {"metadata": {"total_size": sum(_nbytes(t) for t in state.values())}, "weight_map": weight_map}
-            with atomic_path(directory / "model.safetensors.index.json") as f:
-                f.write_text(json.dumps(index, indent=1))
+        recover_dir(directory)  # a save killed between its two renames is finished first
+        staged = staging_dir(directory)
+        try:
+            if is_peft and not merge_adapter:
+                module.save_pretrained(str(staged), state_dict=state, safe_serialization=True)
+            else:
+                if merge_adapter:
+                    module = learn.strategy.plain_copy(learn.model, state).merge_and_unload()
+                    state = module.state_dict()
+                _write_weights(state, tied_names(module), staged, limit, uuid.uuid4().hex)
+                _write_config(module, staged)
+            _carry_other_files(directory, staged)
+        except BaseException as e:
+            shutil.rmtree(staged, ignore_errors=True)  # a full disk gets its space back now, not at the next save
+            if isinstance(e, (OSError, SafetensorError)):
+                free = shutil.disk_usage(directory.parent if not directory.is_dir() else directory).free
+                raise OSError(f"save_model could not write the export to {directory} ({e}); {free / 2**20:,.1f} MiB "
+                              f"free there. The previous export in it, if any, is untouched") from e
+            raise
+        commit_dir(staged, directory)
     learn.strategy.barrier()
     return directory
+
+
+def _is_peft_model(module: nn.Module) -> bool:
+    peft = sys.modules.get("peft")  # a PeftModel exists only once peft was imported: never import it here
+    return peft is not None and isinstance(module, peft.PeftModel)
+
+
+def _write_weights(state: dict[str, torch.Tensor], aliases: dict[str, str], directory: Path, limit: int,
+                   save_id: str) -> None:
+    """`model.safetensors`, or shards and their index, all stamped with `save_id`; a tied weight stored once, in
+    the file of its kept name."""
+    stored = {k: v for k, v in state.items() if k not in aliases}
+    shards = _split_shards(stored, limit)
+    stamp = {SAVE_ID_KEY: save_id}
+    if len(shards) == 1:
+        save_weights(_with_aliases(shards[0], aliases), directory / SINGLE_NAME, metadata=stamp)
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_weights(_with_aliases(shard, aliases), directory / name, metadata=stamp)
+        weight_map.update(dict.fromkeys(shard, name))
+    index = {"metadata": {"total_size": sum(_nbytes(t) for t in stored.values()), **stamp}, "weight_map": weight_map}
+    with atomic_path(directory / INDEX_NAME) as f:
+        f.write_text(json.dumps(index, indent=1))
+
+
+def _with_aliases(shard: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The shard plus each alias of a weight it holds, as that very tensor: `save_weights` stores it once and names the
+    alias in the file's metadata (transformers ignores it and ties the weights itself; cadence's loaders read it)."""
+    return {**shard, **{alias: shard[source] for alias, source in aliases.items() if source in shard}}
+
+
+def _write_config(module: nn.Module, directory: Path) -> None:
+    """A transformers model's config.json (and generation_config.json), which `from_pretrained` needs."""
+    for config in (getattr(module, "config", None), getattr(module, "generation_config", None)):
+        if hasattr(config, "save_pretrained"):
+            config.save_pretrained(str(directory))
+
+
+def _check_target(directory: Path) -> None:
+    """ValueError, before any work, for a target that cannot be swapped whole: a file, or the working directory."""
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"save_model: {directory} is a file; give a directory for the export")
+    if directory.exists() and Path.cwd().resolve().is_relative_to(directory.resolve()):
+        raise ValueError(f"save_model: {directory} holds the working directory; an export is swapped in whole, "
+                         f"so give it a directory of its own, e.g. save_model('export')")
+
+
+def _export_files(directory: Path) -> set[str]:
+    """The names in `directory` that belong to an export (weights, shards, index): the new save replaces them."""
+    names = {SINGLE_NAME, INDEX_NAME}
+    try:
+        names |= set(json.loads((directory / INDEX_NAME).read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return names | {p.name for p in directory.glob("model-*-of-*.safetensors")}
+
+
+def _carry_other_files(directory: Path, staged: Path) -> None:
+    """Hard-link (copy where links cannot be made) everything in `directory` but its export into `staged`; a name
+    the new export wrote (config.json, an adapter) keeps the new file."""
+    if not directory.is_dir():
+        return
+    exported = _export_files(directory)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        written = {n for n in names if (staged / Path(folder).relative_to(directory) / n).is_file()}
+        return written | (exported if Path(folder) == directory else set())
+
+    shutil.copytree(directory, staged, symlinks=True, dirs_exist_ok=True, copy_function=_link_or_copy, ignore=ignore)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _nbytes(t: torch.Tensor) -> int:

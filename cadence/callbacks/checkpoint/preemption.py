@@ -5,6 +5,10 @@ them got one (`AgreedFlag`: a non-blocking all-reduce read one step later), so a
 checkpoint the same step. The process then exits with 128 + the signal's number (143 for
 SIGTERM), the status schedulers requeue on; `fit(resume="auto")` continues the run.
 
+A SIGTERM that comes after another rank has failed is not a preemption: it is `cadence launch`
+ending the group, and no step will come to save at. The rank then dies by it at once, as it
+would without a Checkpoint (`status.peer_failed`).
+
 >>> watch = PreemptionWatch(["SIGTERM", "SIGUSR1"], device="cpu")
 >>> with watch.installed():             # handlers in place for the fit, the previous ones restored after
 ...     ...
@@ -20,6 +24,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from ...distributed import status
 from ...distributed.flag import AgreedFlag
 
 
@@ -81,6 +86,9 @@ class PreemptionWatch:
             signal.raise_signal(self.received)
 
     def _record(self, signum: int, frame) -> None:
+        if self.acted_on is None and status.peer_failed():    # the launcher tears the group down after a failure
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
         self.received = signal.Signals(signum)
 
     def agreed(self) -> signal.Signals | None:

@@ -4,7 +4,13 @@ A checkpoint is a directory::
 
     model.safetensors, optimizer.pt   the engine's format (FSDP: sharded/ written by every rank)
     rng-rank<r>.pt                    python, numpy and torch random states of each rank
-    state.json                        counters, callback states, sampler position, world size; written last
+    callbacks.safetensors             the tensors of callback states (the Recorder's per-step history)
+    state.json                        counters, callback states, sampler position, world size and the
+                                      list of the other files (all must be there); written last
+
+state.json stays the same size however long the run: per-step histories travel as tensors in
+callbacks.safetensors (a state_dict value that is a tensor goes there), so a save costs the same
+at step 20,000 as at step 1,000.
 
 >>> learn.save_state("checkpoints/before-finetune")
 >>> learn.load_state("checkpoints/before-finetune")
@@ -18,16 +24,22 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from ... import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.env import rank, world_size
-from ...serialization import STAGED, atomic_path, commit_dir, load_torch, recover_dir, save_torch, sibling, staging_dir
+from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch, save_weights,
+                               sibling, staging_dir, writing)
 from .rng import rng_state, set_rng_state
 from .store import STATE_FILE
+from .validate import check_state
 
-FORMAT = 1
+FORMAT = 2  # 2: callback tensors in callbacks.safetensors, the files listed; 1 (all in state.json) still loads
+READS = (1, 2)
+TENSORS_FILE = "callbacks.safetensors"
+_TENSOR_REF = "__cadence_tensor__"  # what stands in state.json for a tensor of callbacks.safetensors
 REQUIRED_KEYS = ("format", "epoch", "epoch_complete", "step", "train_iter", "world_size", "sampler", "callbacks")
 
 
@@ -55,19 +67,65 @@ def save_state(learn: Any, directory: str | os.PathLike, epoch_complete: bool = 
     """
     directory, strategy = Path(directory), learn.strategy
     staged = sibling(directory, STAGED)
-    if strategy.is_main:
-        recover_dir(directory)
-        staging_dir(directory)
-    strategy.barrier()
-    strategy.save_checkpoint(staged, learn.model, learn.opt)  # collectives for sharded engines: every rank
-    save_torch(rng_state(), staged / f"rng-rank{rank()}.pt")
-    strategy.barrier()  # every rank's files are in before state.json marks the checkpoint complete
-    if strategy.is_main:
-        with atomic_path(staged / STATE_FILE) as f:
-            f.write_text(json.dumps(_train_state(learn, epoch_complete), indent=1))
-        commit_dir(staged, directory)
+    with writing(directory, "checkpoint", staged):  # a failed write names the directory and its free space
+        if strategy.is_main:
+            recover_dir(directory)
+            staging_dir(directory)
+        strategy.barrier()
+        strategy.save_checkpoint(staged, learn.model, learn.opt)  # collectives for sharded engines: every rank
+        save_torch(rng_state(), staged / f"rng-rank{rank()}.pt")
+        strategy.barrier()  # every rank's files are in before state.json marks the checkpoint complete
+        if strategy.is_main:
+            state = _train_state(learn, epoch_complete)
+            state["callbacks"], tensors = _split_tensors(state["callbacks"])
+            if tensors:
+                save_weights(tensors, staged / TENSORS_FILE)
+            state["files"] = _files(staged)
+            with atomic_path(staged / STATE_FILE) as f:
+                f.write_text(json.dumps(state, indent=1))
+            commit_dir(staged, directory)
     strategy.barrier()
     return directory
+
+
+def _files(directory: Path) -> list[str]:
+    """Every file under `directory` (relative paths): state.json lists them, completeness checks them."""
+    return [p.relative_to(directory).as_posix() for p in sorted(directory.rglob("*")) if p.is_file()]
+
+
+def _split_tensors(obj: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+    """(`obj` with each tensor replaced by a reference, the tensors by reference name)."""
+    if isinstance(obj, torch.Tensor):
+        return {_TENSOR_REF: prefix}, {prefix: obj}
+    tensors: dict[str, torch.Tensor] = {}
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            out[key], found = _split_tensors(value, f"{prefix}.{key}" if prefix else str(key))
+            tensors.update(found)
+        return out, tensors
+    if isinstance(obj, (list, tuple)) and any(isinstance(v, (torch.Tensor, dict, list, tuple)) for v in obj):
+        out = []
+        for i, value in enumerate(obj):
+            item, found = _split_tensors(value, f"{prefix}.{i}")
+            out.append(item)
+            tensors.update(found)
+        return out, tensors
+    return obj, tensors
+
+
+def _join_tensors(obj: Any, tensors: dict[str, torch.Tensor], file: Path) -> Any:
+    """The inverse of `_split_tensors`: references replaced by the tensors of `file`."""
+    if isinstance(obj, dict):
+        if set(obj) == {_TENSOR_REF}:
+            if obj[_TENSOR_REF] not in tensors:
+                raise ValueError(f"{file} lacks the tensor {obj[_TENSOR_REF]!r} that state.json names; "
+                                 f"resume from another checkpoint")
+            return tensors[obj[_TENSOR_REF]]
+        return {key: _join_tensors(value, tensors, file) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_join_tensors(value, tensors, file) for value in obj]
+    return obj
 
 
 def _train_state(learn: Any, epoch_complete: bool) -> dict[str, Any]:
@@ -94,8 +152,12 @@ def read_state(directory: str | os.PathLike) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{file} lacks {missing}: it is not a complete cadence checkpoint; "
                          f"resume from another checkpoint")
-    if state["format"] != FORMAT:
-        raise ValueError(f"{file} has checkpoint format {state['format']}; this cadence ({__version__}) reads {FORMAT}")
+    if state["format"] not in READS:
+        raise ValueError(f"{file} has checkpoint format {state['format']!r}; this cadence ({__version__}) reads {READS}")
+    check_state(state, file)
+    tensors_file = Path(directory) / TENSORS_FILE
+    if tensors_file.is_file():
+        state["callbacks"] = _join_tensors(state["callbacks"], load_weights(tensors_file), tensors_file)
     return state
 
 

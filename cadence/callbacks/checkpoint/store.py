@@ -3,13 +3,16 @@
     checkpoints/
       step-00000200/             a complete checkpoint; a second save at step 200 is step-00000200-1
       latest, best               text files naming a checkpoint directory
+      .lock                      held by the job writing here (`lock.DirectoryLock`)
       .step-00000300.tmp/        a save in progress, or killed: never read, removed at the next start
       .step-00000100.deleted/    a prune in progress, or killed: removed at the next start
 
 A checkpoint appears by one rename of its complete staged directory (`save_state`); `latest`
 is rewritten atomically after that; a checkpoint disappears by a rename to its tombstone
 first. So whenever a process is killed, every visible `step-*` directory is complete and
-`latest` names one of them.
+`latest` names one of them. A checkpoint is complete when its state.json is there and so is
+every file it lists. Only a `step-*` directory directly under the root (not a
+link) is ever removed.
 
 >>> store = CheckpointStore("checkpoints"); store.clean()
 >>> store.fresh_name(200), store.find("latest")
@@ -18,6 +21,7 @@ first. So whenever a process is killed, every visible `step-*` directory is comp
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -36,8 +40,26 @@ def step_key(name: str) -> tuple[int, int] | None:
     return (int(m[1]), int(m[2] or 0)) if m else None
 
 
+def is_checkpoint_name(name: object) -> bool:
+    """A name this store writes ("step-00000200", "step-00000200-1"): no path, no "..", nothing else."""
+    return isinstance(name, str) and step_key(name) is not None
+
+
+def missing_files(directory: Path) -> list[str]:
+    """The files the checkpoint's state.json lists that are absent (state.json itself if absent)."""
+    try:
+        listed = json.loads((directory / STATE_FILE).read_text()).get("files", [])
+    except FileNotFoundError:
+        return [STATE_FILE]
+    except (OSError, ValueError, AttributeError):
+        return []  # unreadable, or not an object: read_state names the fault when it is loaded
+    if not isinstance(listed, list):
+        return []
+    return [name for name in listed if not isinstance(name, str) or not (directory / name).is_file()]
+
+
 def is_complete(directory: Path) -> bool:
-    return (directory / STATE_FILE).is_file()
+    return (directory / STATE_FILE).is_file() and not missing_files(directory)
 
 
 def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -86,9 +108,13 @@ class CheckpointStore:
         return file.read_text().strip() if file.is_file() else None
 
     def remove(self, name: str) -> None:
-        """Delete checkpoint `name` (through a tombstone: a kill half-way leaves nothing that looks like it)."""
-        if (self.root / name).is_dir():
-            remove_dir(self.root / name)
+        """Delete checkpoint `name` (through a tombstone: a kill half-way leaves nothing that looks like it).
+
+        Only a `step-*` directory directly under the root: any other name, or a link, is left alone.
+        """
+        path = self.root / name
+        if is_checkpoint_name(name) and path.is_dir() and not path.is_symlink():
+            remove_dir(path)
 
     def complete(self) -> list[Path]:
         return complete_checkpoints(self.root)
@@ -97,15 +123,24 @@ class CheckpointStore:
         """The checkpoint `which` names: "latest" (None when there is none), a name under `root`, or a path."""
         if str(which) == LATEST:
             name = self.pointed(LATEST)
-            if name is not None and is_complete(self.root / name):
-                return self.root / name
+            if name is not None and is_checkpoint_name(name) and (self.root / name / STATE_FILE).is_file():
+                return self._whole(self.root / name)
             candidates = self.complete()  # no pointer yet, or one edited by hand
             return candidates[-1] if candidates else None
         path = Path(which)
         path = path if path.is_dir() else self.root / path
-        if not is_complete(path):
+        if not (path / STATE_FILE).is_file():
             raise FileNotFoundError(f"no complete checkpoint at {path} (a complete one holds {STATE_FILE}); "
                                     f"checkpoints in {self.root}: {[d.name for d in self.complete()]}")
+        return self._whole(path)
+
+    def _whole(self, path: Path) -> Path:
+        """`path`, a checkpoint with a state.json; FileNotFoundError naming what is missing if a file it lists is."""
+        missing = missing_files(path)
+        if missing:
+            raise FileNotFoundError(f"{path} has no {', '.join(missing)}: the checkpoint is incomplete (its "
+                                    f"{STATE_FILE} lists them; was it copied in part, or written by two jobs?); resume "
+                                    f"from another one: {[d.name for d in self.complete()]}")
         return path
 
 

@@ -1,0 +1,115 @@
+"""The Accelerator's read-only facts of the run (and the settable accumulation), under Accelerate's names.
+
+>>> accelerator.process_index, accelerator.num_processes, accelerator.distributed_type
+(0, 2, <DistributedType.MULTI_CPU: 'MULTI_CPU'>)
+>>> accelerator.gradient_accumulation_steps = 4
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .plugins import DeepSpeedPlugin, DistributedType, distributed_type_of
+
+__all__ = ["RunProperties"]
+
+
+class RunProperties:
+    """Mixed into `Accelerator`: needs `self.strategy`, `self.state`, `self.gradient_state`,
+    `self.gradient_accumulation_plugin`, `self.dataloader_config`, `self.project_configuration`, `self._optimizers`."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.strategy.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """Accelerate's kind of run for this strategy: MULTI_CPU / MULTI_GPU (DDP), FSDP, DEEPSPEED, XLA or NO."""
+        return distributed_type_of(self.strategy.name, self.device, self.num_processes)
+
+    @property
+    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
+        """The DeepSpeed plugin of this run (its `deepspeed_config` is the engine's config); None off DeepSpeed."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step in `accumulate`; settable (e.g. after `find_executable_batch_size`)."""
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be a positive int, got {steps!r}")
+        self.gradient_state.num_steps = self.gradient_accumulation_plugin.num_steps = steps
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        """Always True: every process gets as many batches (the last shard completed from the start)."""
+        return self.dataloader_config.even_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return self.dataloader_config.use_stateful_dataloader
+
+    @property
+    def sync_gradients(self) -> bool:
+        """False on the micro-steps of an accumulation window (no all-reduce, no optimizer step)."""
+        return self.gradient_state.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when the last step of a prepared optimizer was skipped (fp16 overflow)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir

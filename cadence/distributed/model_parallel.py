@@ -1,0 +1,225 @@
+"""ModelParallel: tensor (and sequence) parallelism inside FSDP2 data parallelism, on one device mesh.
+
+The processes form a (dp, tp) mesh, tp innermost: the `tp` ranks of one group hold slices of the
+same layers and see the same batches; the `dp` groups see different data and shard what is left
+with FSDP2 (2-D parallelism). The model says how it is sliced: a function
+`parallelize(model, tp_mesh)` that calls `torch.distributed.tensor.parallel.parallelize_module`
+(ColwiseParallel, RowwiseParallel, SequenceParallel, ...), a `model.parallelize(tp_mesh)` method, or, for a
+Hugging Face model, the tensor-parallel plan its config carries (`base_model_tp_plan`: Llama, Mistral, Qwen...).
+
+>>> def parallelize(model, tp_mesh):
+...     parallelize_module(model, tp_mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+>>> with learn.distrib_ctx(strategy="model_parallel", tp_size=2, parallelize=parallelize):   # dp = the rest
+...     learn.fit(3)
+
+What the rest of cadence sees: data, metrics and `get_preds` over the dp group (`dp_rank`, `dp_size`,
+`all_sum`, `gather`), files written by global rank 0 (`is_main`), gradients clipped by the true
+global norm (computed per mesh and combined), tied weights kept tied. Checkpoints are FSDP's sharded
+format (torch.distributed.checkpoint), which loads on another mesh or in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, ContextManager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import env
+from .data import DistributedDL
+from .fsdp import FSDP
+from .precision import FullPrecision
+from .strategy import MakeOpt, meta_copy, retie, tied_names
+
+__all__ = ["ModelParallel"]
+
+Parallelize = Callable[[nn.Module, Any], Any]
+
+
+class ModelParallel(FSDP):
+    """Tensor parallelism over `tp_size` processes, FSDP2 over the `world // tp_size` data-parallel groups.
+
+    Args:
+        tp_size: processes per tensor-parallel group (a divisor of the world size).
+        parallelize: `fn(model, tp_mesh)` slicing the model's layers; else the model's own `parallelize(tp_mesh)`.
+        Other keywords are FSDP's (`transformer_layer_cls_to_wrap`, `sharding_strategy`, ...), applied over dp.
+    """
+
+    name = "model_parallel"
+
+    def __init__(self, device: torch.device | str | None = None, tp_size: int | None = None,
+                 parallelize: Parallelize | None = None, loss_parallel: bool = False, **fsdp_options: Any):
+        super().__init__(device, **fsdp_options)
+        if tp_size is None or int(tp_size) < 1:
+            raise ValueError(f"model_parallel needs tp_size, a whole number >= 1 dividing the process count; got {tp_size!r}")
+        self.tp_size, self.parallelize, self.loss_parallel = int(tp_size), parallelize, loss_parallel
+        self.device_mesh = None
+
+    # ------------------------------------------------------------------ the mesh
+    def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
+        if world == 1:  # one process trains the plain model
+            return (1, 1)
+        if world % self.tp_size:
+            raise ValueError(f"tp_size={self.tp_size} does not divide the {world} processes: dp x tp = world, so "
+                             f"tp_size must be one of {[d for d in range(1, world + 1) if world % d == 0]}")
+        return (world // self.tp_size, self.tp_size)
+
+    def _mesh(self):
+        if self.device_mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.device_mesh = init_device_mesh(self.device.type, self._mesh_shape(), mesh_dim_names=("dp", "tp"))
+        return self.device_mesh["dp"]
+
+    # ------------------------------------------------------------------ model and optimizer
+    def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
+              ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Slice the layers over tp (ties restored), then shard over dp with FSDP2, then build the optimizer."""
+        if not env.is_initialized():  # one process: nothing to slice, the same script still runs (as FSDP)
+            return super().setup(model, make_opt, precision)
+        skeleton, ties = meta_copy(model), tied_names(model)
+        model = model.to(self.device)
+        self._mesh()
+        tp_mesh = self.device_mesh["tp"]
+        if self.parallelize is not None:
+            self.parallelize(model, tp_mesh)
+            _retie_sliced(model, ties)
+        elif callable(getattr(model, "parallelize", None)):
+            model.parallelize(tp_mesh)
+            _retie_sliced(model, ties)
+        elif _has_tp_plan(model):
+            _apply_tp_plan(model, tp_mesh, self.tp_size)
+            retie(model, ties)
+        else:
+            raise ValueError(f"model_parallel does not know how to slice {type(model).__name__}: pass "
+                             f"`parallelize=fn(model, tp_mesh)`, give the model a `parallelize(tp_mesh)` method, "
+                             f"or use a Hugging Face model whose config has a `base_model_tp_plan`")
+        model, opt = super().setup(model, make_opt, precision)
+        self._skeleton = skeleton
+        return model, opt
+
+    def loss_context(self) -> ContextManager | None:
+        """With `loss_parallel`: torch's `loss_parallel()`, cross-entropy on logits sliced over the vocabulary."""
+        return _loss_parallel() if self.loss_parallel and env.is_initialized() else None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """With `loss_parallel`, the backward of the sliced cross-entropy runs inside it too (torch requires both)."""
+        with _loss_parallel() if self.loss_parallel and env.is_initialized() else contextlib.nullcontext():
+            super().backward(loss)
+
+    def shard(self, dl: DataLoader) -> DistributedDL:
+        """This dp group's part of `dl`: the ranks of one tp group get the same batches."""
+        return DistributedDL(dl, rank=self.dp_rank, world_size=self.dp_size, device=self.device)
+
+    def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
+                       norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the global norm: one norm per mesh (sliced, sharded and plain parameters), combined."""
+        from torch.distributed.tensor import DTensor
+
+        self.precision.unscale(opt)
+        by_mesh: dict[Any, list[nn.Parameter]] = {}
+        for p in model.parameters():
+            if p.grad is not None:
+                by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+        norms = []
+        for params in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        total = torch.nn.utils.get_total_norm(norms, norm_type)
+        for params in by_mesh.values():  # torch's foreach ops take one mesh at a time
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total
+
+    # ------------------------------------------------------------------ the data-parallel group
+    @property
+    def is_main(self) -> bool:
+        """Global rank 0: one process writes each file and prints (dp rank 0 exists once per tp rank)."""
+        return env.rank() == 0
+
+    @property
+    def dp_rank(self) -> int:
+        return self._dp_coordinate()[0]
+
+    @property
+    def dp_size(self) -> int:
+        return self._dp_coordinate()[1]
+
+    def _dp_coordinate(self) -> tuple[int, int]:
+        if not env.is_initialized():
+            return 0, 1
+        return env.rank() // self.tp_size, env.world_size() // self.tp_size
+
+    def _dp_group(self):
+        self._mesh()
+        return self.device_mesh.get_group("dp")
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over the dp group (the tp ranks of a group hold the same values)."""
+        t = _whole(t)
+        if self.dp_size == 1:
+            return t
+        t = t.clone()
+        dist.all_reduce(t, group=self._dp_group())
+        return t
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every dp group's `t` concatenated on dim 0 in dp order (lengths may differ); sliced logits made whole."""
+        t = _whole(t)
+        if self.dp_size == 1:
+            return t
+        group = self._dp_group()
+        sizes = [torch.zeros((), dtype=torch.long, device=t.device) for _ in range(self.dp_size)]
+        dist.all_gather(sizes, torch.tensor(t.shape[0], device=t.device), group=group)
+        longest = int(max(sizes))
+        padded = torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))]) if t.shape[0] < longest else t
+        parts = [torch.empty_like(padded) for _ in range(self.dp_size)]
+        dist.all_gather(parts, padded.contiguous(), group=group)
+        return torch.cat([part[:int(n)] for part, n in zip(parts, sizes)])
+
+
+def _has_tp_plan(model: nn.Module) -> bool:
+    """A transformers model that carries its own tensor-parallel plan (Llama, Mistral, Qwen, ...)."""
+    return callable(getattr(model, "_resolve_parallel_plans", None)) and bool(getattr(model, "tp_plan", None))
+
+
+def _apply_tp_plan(model: nn.Module, tp_mesh: Any, tp_size: int) -> None:
+    """Slice a transformers model by its own plan, with transformers' own styles (its layers expect them)."""
+    from transformers.distributed.configuration_utils import DistributedConfig
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp_size))
+    aliases = tied_names(model)  # a tied weight is sliced once, through its first name (transformers 5.24 fails on
+    apply_tensor_parallelism(model, tp_mesh, {k: v for k, v in plan.items() if k not in aliases})  # the alias)
+
+
+def _loss_parallel() -> ContextManager:
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (logits sliced over the vocabulary with loss_parallel) as the full local tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _retie_sliced(model: nn.Module, aliases: dict[str, str]) -> None:
+    """parallelize_module gives each module its own sliced Parameter: tie them again, or refuse when the slices differ."""
+    from torch.distributed.tensor import DTensor
+
+    def layout(name: str) -> str:
+        p = model.get_parameter(name)
+        return f"{tuple(p.placements)} on {p.device_mesh}" if isinstance(p, DTensor) else "not sliced"
+
+    for alias, source in aliases.items():
+        if layout(alias) != layout(source):
+            raise ValueError(f"tied parameters {source!r} and {alias!r} were sliced differently by the parallelize "
+                             f"plan ({layout(source)} and {layout(alias)}); slice them the same way (e.g. the "
+                             f"embedding RowwiseParallel and the output layer ColwiseParallel: both Shard(0)) or untie them")
+    retie(model, aliases)

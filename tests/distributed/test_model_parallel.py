@@ -1,0 +1,84 @@
+"""Tensor parallelism and TP x FSDP2 (2-D) through the Learner, on gloo CPU processes launched by our CLI."""
+
+import pytest
+
+from helpers import run_launch
+
+CHECKS = ("tied_while_sliced", "batches_per_group", "losses_and_norms", "weights_equal_reference", "valid_and_get_preds")
+
+
+def assert_checks(out: str, variants: tuple[str, ...]) -> None:
+    for variant in variants:
+        for check in CHECKS:
+            assert f"CHECK {variant}:{check} ok" in out, out
+
+
+@pytest.mark.slow
+def test_tp_sp_loss_parallel_and_bf16_on_two_processes_equal_one_process_with_clipping_and_tied_embeddings():
+    variants = ("tp", "sp", "loss_parallel", "bf16")
+    assert_checks(run_launch("model_parallel.py", "0.5", *variants, nproc=2, timeout=300).stdout, variants)
+
+
+@pytest.mark.slow
+def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_equal_one_process_with_the_global_batch():
+    variants = ("tp", "sp")
+    assert_checks(run_launch("model_parallel.py", "0.5", *variants, nproc=4, timeout=300).stdout, variants)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_llama_with_tied_embeddings_is_sliced_by_its_own_plan_and_trains_like_one_process():
+    out = run_launch("model_parallel_hf.py", nproc=2, timeout=300).stdout
+    assert "CHECK losses ok" in out and "CHECK weights ok" in out, out
+
+
+def test_a_tp_size_that_does_not_divide_the_processes_is_refused_with_the_divisors():
+    from cadence.distributed.model_parallel import ModelParallel
+
+    with pytest.raises(ValueError, match=r"tp_size=3 does not divide the 4 processes.*\[1, 2, 4\]"):
+        ModelParallel(device="cpu", tp_size=3)._mesh_shape_for(4)
+    with pytest.raises(ValueError, match="needs tp_size"):
+        ModelParallel(device="cpu")
+
+
+def _weights_lines(out: str) -> dict[int, float]:
+    return {int(step): float(total) for step, total in
+            (line.split()[1:] for line in out.splitlines() if line.startswith("WEIGHTS "))}
+
+
+def _launch_resume(tmp_path, nproc, ckpt, out, *extra, check=True):
+    return run_launch("model_parallel_resume.py", "--ckpt", tmp_path / ckpt, "--out", tmp_path / out, *extra,
+                      nproc=nproc, timeout=300, check=check)
+
+
+@pytest.mark.slow
+def test_a_2x2_run_killed_mid_training_resumes_bitwise_and_its_checkpoint_loads_on_1x2_and_in_one_process(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    import torch
+
+    from helpers import SCRIPTS, cadence_env
+
+    _launch_resume(tmp_path, 4, "ref", "ref.pt")
+    killed = _launch_resume(tmp_path, 4, "run", "run.pt", "--kill-at", "5", check=False)
+    assert killed.returncode != 0 and (tmp_path / "run" / "latest").exists(), killed.stderr[-2000:]
+    saved = _weights_lines(killed.stdout)[4]          # the weights of the step-4 checkpoint, as the 2x2 run saw them
+    shutil.copytree(tmp_path / "run", tmp_path / "on1x2")
+    shutil.copytree(tmp_path / "run", tmp_path / "on1")
+
+    resumed = _launch_resume(tmp_path, 4, "run", "run.pt")          # the same command continues the run
+    ref, run = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "run.pt")
+    assert ref.keys() == run.keys() and all(torch.equal(ref[k], run[k]) for k in ref), "2x2 resume is not bitwise"
+    assert "STEPS 12" in resumed.stdout
+
+    on_1x2 = _weights_lines(_launch_resume(tmp_path, 2, "on1x2", "on1x2.pt").stdout)
+    one = subprocess.run([sys.executable, str(SCRIPTS / "model_parallel_resume.py"), "--ckpt", str(tmp_path / "on1"),
+                          "--out", str(tmp_path / "on1.pt")], capture_output=True, text=True, timeout=300,
+                         env=cadence_env(PYTHONPATH=str(SCRIPTS)))
+    assert one.returncode == 0, one.stderr[-3000:]
+    in_one = _weights_lines(one.stdout)
+    assert on_1x2[4] == saved and in_one[4] == saved, (saved, on_1x2, in_one)   # loaded exactly
+    assert on_1x2.keys() == in_one.keys() == {4, 12, 20}                       # dp=1: 8 steps per epoch
+    for step in (12, 20):
+        assert abs(on_1x2[step] - in_one[step]) <= 1e-6 * abs(in_one[step])      # TP and one process train alike
