@@ -152,7 +152,7 @@ EXAMPLES = [
     Example("by_feature/early_stopping"),
     Example("by_feature/fsdp_with_peak_mem_tracking", ("--model_name_or_path", "bert-base-cased", "--output_dir", "{out}"),
             skip="measures GPU memory: its TorchTracemalloc sets `begin`/`end` only on CUDA/XPU/NPU, so on a CPU-only "
-                 "machine it stops with AttributeError: 'TorchTracemalloc' object has no attribute 'end' (Accelerate too)"),
+                 "machine it stops with AttributeError: 'TorchTracemalloc' object has no attribute 'end' (the script's own code)"),
     Example("by_feature/gradient_accumulation", own_accumulation_flag=True),
     Example("by_feature/gradient_accumulation_for_autoregressive_models", (),
             (finite(r"eval perplexity: (\S+)"),), own_accumulation_flag=True),
