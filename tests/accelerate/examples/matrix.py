@@ -142,7 +142,9 @@ EXAMPLES = [
             resume=("--resume_from_checkpoint", "{out}/step_10"),
             resume_checks=(*NLP, printed("Resumed from checkpoint", "epoch 0:", "epoch 2:"))),
     Example("by_feature/cross_validation", ("--num_folds", "2"),
-            (last_metric, counted_once(SPLITS["train"] // 2, EVAL_SAMPLES))),
+            # its test loader (the validation split) is not prepared: each of 2 processes predicts all of it, and the
+            # final metric gathers both (Accelerate's gather_for_metrics outside a prepared loader does the same)
+            (last_metric, counted_once(SPLITS["train"] // 2, EVAL_SAMPLES, 2 * EVAL_SAMPLES))),
     Example("by_feature/ddp_comm_hook", ("--ddp_comm_hook", "fp16")),
     Example("by_feature/deepspeed_with_config_support",
             ("--model_name_or_path", "HuggingFaceTB/SmolLM-360M", "--dataset_name", "wikitext",
