@@ -168,7 +168,7 @@ EXAMPLES = [
     Example("by_feature/tracking", ("--with_tracking", "--project_dir", "{out}"), (*NLP, files("**/*tfevents*")),
             extra_env={"WANDB_MODE": "offline", "WANDB_DIR": "{out}"}),
     Example("by_feature/megatron_lm_gpt_pretraining",
-            skip="needs Megatron-LM and GPUs; `cadence launch --use_megatron_lm` is refused (use the model-parallel strategy)"),
+            skip="needs Megatron-LM and GPUs (cadence's model-parallel strategy is the way to tensor parallelism)"),
 ]
 
 
