@@ -30,7 +30,7 @@ from typing import Callable
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent))
-from helpers import REPO, cadence_env  # noqa: E402
+from helpers import cadence_env  # noqa: E402
 from standins.build import SPLITS, build  # noqa: E402
 from swap import swap  # noqa: E402
 
