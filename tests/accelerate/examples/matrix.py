@@ -183,8 +183,9 @@ def first_error(text: str) -> str:
 
 def launch_command(library: str, nproc: int, flags: tuple[str, ...], script: Path, args: list[str]) -> list[str]:
     if library == "accelerate":
-        return [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(nproc),
-                *(("--multi_gpu",) if nproc > 1 and not flags else ()), *flags, str(script), *args]
+        engine = [f for f in flags if f in ("--use_fsdp", "--use_deepspeed")]   # Accelerate takes one of these or --cpu
+        return [sys.executable, "-m", "accelerate.commands.launch", *(() if engine else ("--cpu",)),
+                "--num_processes", str(nproc), *flags, str(script), *args]
     return [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), *flags,
             str(script), *args]
 
