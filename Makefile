@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 # the [deepspeed] extra's range (pyproject.toml); built without its C++ ops, which it compiles on first use
 DEEPSPEED_SPEC ?= deepspeed>=0.19,<0.20
 
-.PHONY: demo test test-fast bench setup setup-dev setup-deepspeed
+.PHONY: demo test test-fast test-examples bench setup setup-dev setup-deepspeed
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,6 +35,11 @@ test: setup-dev
 
 test-fast: setup-dev
 	$(PY) -m pytest -m "not slow"
+
+# Accelerate's example scripts (imports swapped) x every engine through `cadence launch`, offline;
+# the table goes to examples-status.md (`make test` runs a slice: tests/accelerate/examples/test_accelerate_examples.py)
+test-examples: setup-dev
+	$(PY) tests/accelerate/examples/matrix.py --status examples-status.md
 
 bench: setup
 	$(PY) bench/overhead.py
