@@ -47,7 +47,8 @@ def _bench_table(script, *args) -> list[list[str]]:
 @pytest.mark.slow
 def test_engine_step_bench_compares_each_engine_with_its_hand_written_loop():
     rows = _bench_table("ddp.py", "--smoke")
-    assert [r[0] for r in rows] == ["raw DDP", "cadence DDP", "raw FSDP2", "cadence FSDP2", "raw DeepSpeed", "cadence DeepSpeed"]
+    assert [r[0] for r in rows] == ["raw DDP", "cadence DDP", "raw FSDP2", "cadence FSDP2", "raw TP", "cadence TP",
+                                    "raw DeepSpeed", "cadence DeepSpeed"]
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)  # ms/step and ratio measured
 
 
@@ -57,5 +58,6 @@ def test_full_shard_and_zero3_hold_half_the_model_state_of_ddp_on_two_processes(
     total = {name: float(r[5]) for name, r in rows.items()}         # params + grads + optimizer state
     assert total["FSDP FULL_SHARD"] <= total["DDP"] / 2 * 1.05   # the target: 1/N of DDP + 5%
     assert total["ZeRO-3 bf16"] <= total["DDP"] / 2 * 1.05
+    assert total["TP x FSDP (tp=2, dp=rest)"] <= total["DDP"] / 2 * 1.05   # tensor parallelism: 1/tp + 5%
     assert total["DDP"] > 20                                      # params + grads + Adam state of a 1.6M-param MLP
     assert float(rows["ZeRO-3 bf16"][8]) > 0.4                   # its gradient bucket (one 512x512 layer), shown apart

@@ -17,6 +17,7 @@ in failure (gone with a non-zero code, or killed) from one that finished or left
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -67,7 +68,9 @@ def _process_exists(pid: int) -> bool:
 
 
 def start_reporter(directory: str | os.PathLike, rank: int, interval_s: float = 0.5) -> threading.Thread:
-    """Start the daemon thread that writes `directory/rank<rank>.json` every `interval_s` seconds."""
+    """Start the daemon thread that writes `directory/rank<rank>.json` every `interval_s` seconds; an `os._exit`
+    of this process records its exit code (`record_exit_on_os_exit`)."""
+    record_exit_on_os_exit()
     main = threading.main_thread()
     path = Path(directory) / f"rank{rank}.json"
     restart = _restart()
@@ -148,6 +151,27 @@ def record_exit(code: int) -> None:
     if directory:
         rank = int(os.environ.get("RANK", "0"))
         _write_atomic(Path(directory) / f"exit-rank{rank}.json", {"rank": rank, "pid": os.getpid(), "code": code})
+
+
+def record_exit_on_os_exit() -> None:
+    """In a worker: a script that ends its process itself with `os._exit(code)` (skipping teardown, as
+    multi-process scripts often do) leaves its exit code too, so the launcher does not take the rank for a
+    failed one and kill its peers. Forked children (DataLoader workers) of the worker write nothing.
+
+    >>> record_exit_on_os_exit(); os._exit(0)          # doctest: +SKIP
+    """
+    real_exit, worker = os._exit, os.getpid()
+    if getattr(real_exit, "records_exit", False):
+        return
+
+    def exit_recording(code: int) -> None:
+        if os.getpid() == worker:
+            with contextlib.suppress(OSError):
+                record_exit(code)
+        real_exit(code)
+
+    exit_recording.records_exit = True
+    os._exit = exit_recording
 
 
 def failed_ranks(directory: str | os.PathLike | None, restart: int | None = None) -> dict[int, dict]:
