@@ -9,6 +9,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -266,6 +267,9 @@ def test_state_round_trip_continues_tensorboard_csv_and_wandb_run(dls, model, tm
     assert state["trackers"]["tensorboard"] == state["trackers"]["csv"] == {"dir": str(run_dir)}
     wandb_id = state["trackers"]["wandb"]["id"]
 
+    # W&B names an offline session's directory by the second it started: two sessions of one run id
+    # within one second would share it (seen on a fast machine), and the check below counts sessions
+    time.sleep(max(0.0, 1.05 - (time.time() % 1.0)))
     torch.manual_seed(1)
     tracker = Tracker(["tensorboard", "csv", "wandb"], project="p", run_name="r", dir=tmp_path)
     tracker.load_state_dict(state)
