@@ -89,11 +89,10 @@ class Recorder(Callback):
         self.lrs: list[float] = []
         self._batch_losses: list[torch.Tensor | float] = []  # floats on the CPU, tensors on an accelerator
         self._float_losses = True
-        self._batch_sizes: list[int] = []  # unused since the smoothed loss (unweighted, as fastai's); kept for state_dict
         self._resumed = False
         self._train_values: dict[str, float | None] = {}
         self._live: tuple[int, SmoothLoss | None] = (0, None)  # smooth_loss read mid-epoch: batches folded in, state
-        self._as_tensor = {key: _GrowingTensor() for key in ("losses", "lrs", "epoch_losses", "epoch_sizes")}
+        self._as_tensor = {key: _GrowingTensor() for key in ("losses", "lrs", "epoch_losses")}
         self.hps: dict[str, list] = {}  # per batch, the values a ParamScheduler set (plot_sched)
 
     @property
@@ -134,7 +133,7 @@ class Recorder(Callback):
                 self.smooth.reset()
             return
         self.losses, self.raw_losses, self.lrs, self.values = [], [], [], []
-        self._batch_losses, self._batch_sizes = [], []
+        self._batch_losses = []
         self.smooth.reset()
 
     def before_epoch(self):
@@ -143,7 +142,7 @@ class Recorder(Callback):
         self.train_loss.reset()
         self._train_values = {}
         if not self._resumed:  # a resumed epoch keeps the losses of its first part
-            self._batch_losses, self._batch_sizes = [], []
+            self._batch_losses = []
         self._resumed = False
 
     def before_train(self):
@@ -159,16 +158,15 @@ class Recorder(Callback):
         """
         t = self._as_tensor
         return {"values": self.values, "losses": t["losses"](self.losses), "lrs": t["lrs"](self.lrs),
-                "epoch_losses": t["epoch_losses"](self._batch_losses),
-                "epoch_sizes": t["epoch_sizes"](self._batch_sizes)}
+                "epoch_losses": t["epoch_losses"](self._batch_losses)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore `state_dict()` (lists, as checkpoints of format 1 hold them, load too)."""
+        """Restore `state_dict()` (lists, as checkpoints of format 1 hold them, load too; their `epoch_sizes`, which
+        weighted the unsmoothed epoch mean, is not needed)."""
         self.values, self.losses, self.lrs = state["values"], _as_list(state["losses"]), _as_list(state["lrs"])
         losses = _as_list(state["epoch_losses"])
         device = self.learn.strategy.device
         self._batch_losses = losses if self._on_cpu() else [torch.tensor(x, device=device) for x in losses]
-        self._batch_sizes = [int(n) for n in _as_list(state["epoch_sizes"])]
         self._resumed = True
 
     def before_validate(self):
