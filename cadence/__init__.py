@@ -13,7 +13,7 @@ from .accelerate import (Accelerator, DistributedDataParallelKwargs, DummyOptim,
                          set_seed)
 # Accelerate's top-level names (accelerate/__init__.py) that cadence.accelerate implements
 from .accelerate import (DataLoaderConfiguration, DDPCommunicationHookType, DeepSpeedPlugin, DistributedType,
-                         FullyShardedDataParallelPlugin, GradientAccumulationPlugin, ProfileKwargs,
+                         FullyShardedDataParallelPlugin, GradientAccumulationPlugin, ParallelismConfig, ProfileKwargs,
                          synchronize_rng_states)
 from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
                            load_checkpoint_and_dispatch)
@@ -72,7 +72,7 @@ __all__ = [
     "MonitorCallback", "ReduceLROnPlateau", "SaveModel", "TensorBoardTracker", "TerminateOnNaN", "Tracker", "WandbTracker",
     "Accelerator", "PartialState", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
     "ProjectConfiguration", "DummyOptim", "DummyScheduler", "find_executable_batch_size", "set_seed",
-    "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin", "DistributedType",
+    "DataLoaderConfiguration", "ParallelismConfig", "DDPCommunicationHookType", "DeepSpeedPlugin", "DistributedType",
     "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "ProfileKwargs", "synchronize_rng_states",
     "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",
     # fastai names (issue 21)

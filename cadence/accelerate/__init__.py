@@ -14,6 +14,7 @@ from .handlers import (DDPCommunicationHookType, DistributedDataParallelKwargs, 
 from .imports import *  # noqa: F403 (the is_*_available checks, listed in imports.__all__)
 from .imports import __all__ as _IMPORTS
 from .local_sgd import LocalSGD
+from .parallelism import ParallelismConfig
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
@@ -26,4 +27,4 @@ __all__ = ["Accelerator", "PartialState", "GradientState", "DistributedDataParal
            "PreparedOptimizer", "PreparedScheduler", "find_executable_batch_size", "set_seed",
            "DistributedType", "DataLoaderConfiguration", "GradientAccumulationPlugin", "FullyShardedDataParallelPlugin",
            "DeepSpeedPlugin", "DDPCommunicationHookType", "ProfileKwargs", "LocalSGD", "synchronize_rng_states",
-           "gather_object", "patch_environment", "tqdm", "release_memory", *_IMPORTS]
+           "gather_object", "patch_environment", "tqdm", "release_memory", "ParallelismConfig", *_IMPORTS]

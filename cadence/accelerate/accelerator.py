@@ -38,6 +38,7 @@ from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, loa
                             save_accelerator_state)
 from .clipping import clip_grad_norm
 from .collectives import ProcessHelpers
+from .parallelism import ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine
 from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                        InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
@@ -52,7 +53,7 @@ from .trackers import TrackerSet
 
 __all__ = ["Accelerator"]
 
-class Accelerator(RunProperties, ProcessHelpers):
+class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
     """Accelerate's `Accelerator`: prepare your objects, then write the training loop yourself.
 
     Args:
@@ -73,6 +74,8 @@ class Accelerator(RunProperties, ProcessHelpers):
         device_placement: prepared loaders put batches on `accelerator.device`.
         dynamo_backend: torch.compile backend for prepared models ("inductor", "aot_eager", ...; "no": none);
             by default what `cadence launch --dynamo_backend` set. Compiled in place: saved weights keep their names.
+        parallelism_config: a `ParallelismConfig` (tp_size, dp_shard_size): tensor parallelism inside FSDP2
+            (`cadence.accelerate.parallelism`); default the launcher's `--use_parallelism_config` sizes.
 
     >>> accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024)])
     """
@@ -85,7 +88,7 @@ class Accelerator(RunProperties, ProcessHelpers):
                  dataloader_config: DataLoaderConfiguration | None = None,
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
-                 deepspeed_plugin: DeepSpeedPlugin | None = None):
+                 deepspeed_plugin: DeepSpeedPlugin | None = None, parallelism_config: ParallelismConfig | None = None):
         handlers = sort_handlers(kwargs_handlers)
         self.gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
@@ -104,6 +107,9 @@ class Accelerator(RunProperties, ProcessHelpers):
         self.profile_handler = handlers.get(ProfileKwargs)
         self.state = PartialState(cpu=cpu, backend=pg.backend, timeout=pg.timeout)
         engine, options = choose_engine(strategy, fsdp_plugin, deepspeed_plugin)
+        self.parallelism_config = parallelism_config or launched_parallelism_config()
+        if self.parallelism_config is not None:
+            engine, options = parallel_engine(self.parallelism_config, engine, options)
         self.strategy = make_strategy(engine, cpu, handlers.get(DistributedDataParallelKwargs), options)
         self.strategy.setup_environment()
         self.state.distributed_type = self.distributed_type
@@ -201,7 +207,7 @@ class Accelerator(RunProperties, ProcessHelpers):
 
     def _prepare_loader(self, dl: DataLoader, placement: bool) -> PreparedDataLoader:
         if self.split_batches:
-            dl = split_loader(dl, self.num_processes)
+            dl = split_loader(dl, self.strategy.dp_size)   # the ranks of a tensor-parallel group share a batch
         sharded = self.strategy.shard(dl)
         if not isinstance(sharded, DistributedDL):  # one device: a one-process shard, resumable and device-placing
             sharded = DistributedDL(dl, rank=0, world_size=1, device=self.device)

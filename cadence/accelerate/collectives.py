@@ -20,7 +20,7 @@ __all__ = ["ProcessHelpers"]
 
 
 class ProcessHelpers:
-    """Mixed into `Accelerator`: needs `self.state`, `self.gradient_state`, `self.device`."""
+    """Mixed into `Accelerator`: needs `self.state`, `self.gradient_state`, `self.device`, `self._metrics_group()`."""
 
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
@@ -36,14 +36,15 @@ class ProcessHelpers:
         >>> preds, refs = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
         """
         dl = self.gradient_state.active_dataloader
+        group = self._metrics_group()   # under tensor parallelism the dp group: a tp group's ranks hold the same samples
         if use_gather_object or not all_tensors(input_data):
-            return self._gather_objects_for_metrics(input_data, dl)
+            return self._gather_objects_for_metrics(input_data, dl, group)
         if dl is None:
-            return ops.gather(input_data)
-        return ops.gather_for_metrics(input_data, dl.base)
+            return ops.gather(input_data, group)
+        return ops.gather_for_metrics(input_data, dl.base, group=group)
 
-    def _gather_objects_for_metrics(self, data: Any, dl: PreparedDataLoader | None) -> list:
-        parts = ops.gather_object(list(data))
+    def _gather_objects_for_metrics(self, data: Any, dl: PreparedDataLoader | None, group: Any = None) -> list:
+        parts = ops.gather_object(list(data), group)
         if dl is None or dl.base.last_batch is None:
             return [x for part in parts for x in part]
         start = dl.base.last_batch[0]

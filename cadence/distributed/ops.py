@@ -107,30 +107,31 @@ def reduce(data: T, op: str = "mean") -> T:
     return map_tensors(_reduce, data)
 
 
-def _all_gather(t: torch.Tensor) -> list[torch.Tensor]:
-    """One tensor per rank; every rank's `t` must have the same shape. Bool goes over the wire as uint8."""
+def _all_gather(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+    """One tensor per rank (of `group`, default all); every rank's `t` must have the same shape. Bool goes over the
+    wire as uint8."""
     wire = t.to(torch.uint8) if t.dtype == torch.bool else t.contiguous()
-    out = [torch.empty_like(wire) for _ in range(env.world_size())]
-    dist.all_gather(out, wire)
+    out = [torch.empty_like(wire) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, wire, group=group)
     return [o.to(t.dtype) for o in out]
 
 
-def _sizes(t: torch.Tensor, dim: int) -> list[int]:
+def _sizes(t: torch.Tensor, dim: int, group: Any = None) -> list[int]:
     size = torch.tensor([t.shape[dim]], device=t.device)
-    return [int(s) for s in _all_gather(size)]
+    return [int(s) for s in _all_gather(size, group)]
 
 
-def _gather_parts(t: torch.Tensor) -> list[torch.Tensor]:
+def _gather_parts(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
     """Every rank's `t` (first dims may differ; 0-d tensors become 1-element), unpadded."""
     t = t.detach()
     t = t.reshape(1) if t.ndim == 0 else t
-    sizes = _sizes(t, 0)
+    sizes = _sizes(t, 0, group)
     padded = _pad_to(t, 0, max(sizes), pad_index=0, pad_first=False)
-    return [part[:n] for part, n in zip(_all_gather(padded), sizes)]
+    return [part[:n] for part, n in zip(_all_gather(padded, group), sizes)]
 
 
-def gather(data: T) -> T:
-    """Concatenate `data` (a tensor or nested tensors) on dim 0 across ranks, in rank order.
+def gather(data: T, group: Any = None) -> T:
+    """Concatenate `data` (a tensor or nested tensors) on dim 0 across ranks (of `group`, default all), in rank order.
 
     Ranks may hold different numbers of rows; 0-d tensors give one row per rank.
 
@@ -140,19 +141,19 @@ def gather(data: T) -> T:
     _check_tensors_only(data, "gather")
     if not env.is_initialized():
         return data
-    return map_tensors(lambda t: torch.cat(_gather_parts(t)), data)
+    return map_tensors(lambda t: torch.cat(_gather_parts(t, group)), data)
 
 
-def gather_object(obj: Any) -> list[Any]:
-    """A list with every rank's picklable `obj`, in rank order.
+def gather_object(obj: Any, group: Any = None) -> list[Any]:
+    """A list with every rank's picklable `obj`, in rank order (the ranks of `group`, default all).
 
     >>> gather_object({"rank": rank()})                # on 2 ranks
     [{'rank': 0}, {'rank': 1}]
     """
     if not env.is_initialized():
         return [obj]
-    out: list[Any] = [None] * env.world_size()
-    dist.all_gather_object(out, obj)
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
@@ -162,15 +163,17 @@ def _keep_mask(source: Any, rank: int, start: int, length: int) -> torch.Tensor:
     return source.real_mask(rank, start, length)
 
 
-def _check_source(source: Any) -> None:
+def _check_source(source: Any, group: Any) -> None:
     if not (isinstance(source, int) or hasattr(source, "real_mask")):
         raise TypeError(f"gather_for_metrics needs a DistributedDL or a number of samples, got {type(source).__name__}")
-    if env.is_initialized() and getattr(source, "world_size", env.world_size()) != env.world_size():
-        raise ValueError(f"the DistributedDL was built for world_size={source.world_size} but "
-                         f"{env.world_size()} processes run; build it without an explicit world_size")
+    size = dist.get_world_size(group) if env.is_initialized() else 1
+    if env.is_initialized() and getattr(source, "world_size", size) != size:
+        raise ValueError(f"the DistributedDL was built for world_size={source.world_size} but gather_for_metrics "
+                         f"gathers over {size} processes; build it without an explicit world_size, or pass the "
+                         f"group it shards over (group=, e.g. the data-parallel group under tensor parallelism)")
 
 
-def gather_for_metrics(data: T, source: Any, start: int | None = None) -> T:
+def gather_for_metrics(data: T, source: Any, start: int | None = None, group: Any = None) -> T:
     """`gather(data)` without the samples DistributedDL added as padding, so each sample counts once.
 
     `source` is the DistributedDL that produced `data`, or the number of samples in the dataset.
@@ -183,13 +186,16 @@ def gather_for_metrics(data: T, source: Any, start: int | None = None) -> T:
 
     >>> for xb, yb in valid_dl: preds.append(gather_for_metrics(model(xb), valid_dl))
     >>> all_preds = gather_for_metrics(torch.cat(local_preds), valid_dl)     # after the loop
+
+    `group`: the process group the loader shards over (its ranks in order), default every process; under tensor
+    parallelism the data-parallel group, since the ranks of a tensor-parallel group hold the same samples.
     """
     _check_tensors_only(data, "gather_for_metrics")
-    _check_source(source)
-    ranks = range(env.world_size()) if env.is_initialized() else [getattr(source, "rank", 0)]
+    _check_source(source, group)
+    ranks = range(dist.get_world_size(group)) if env.is_initialized() else [getattr(source, "rank", 0)]
 
     def _gather(t: torch.Tensor) -> torch.Tensor:
-        parts = _gather_parts(t) if env.is_initialized() else [t.reshape(1) if t.ndim == 0 else t]
+        parts = _gather_parts(t, group) if env.is_initialized() else [t.reshape(1) if t.ndim == 0 else t]
         kept = [p[m.to(p.device)] for p, m in zip(parts, _keep_masks(source, list(ranks), parts, start))]
         out = torch.cat(kept)
         return out[:source] if isinstance(source, int) else out

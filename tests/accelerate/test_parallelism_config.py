@@ -1,0 +1,66 @@
+"""Accelerate's `ParallelismConfig` through cadence's Accelerator: TP and TP x FSDP2 on gloo CPU processes launched
+by our CLI, against a hand-written one-process loop (tests/scripts/accelerate_parallelism.py)."""
+
+import pytest
+
+from helpers import run_launch
+
+CHECKS = ("mesh", "batches", "losses_and_norms", "metrics", "state_dict", "save_model", "save_load_state")
+
+
+def assert_checks(out: str) -> None:
+    for check in CHECKS:
+        assert f"CHECK {check} ok" in out, out
+        assert out.count(f"CHECK {check} ok") == 1, "printed by more than the main process"
+
+
+@pytest.mark.slow
+def test_tensor_parallel_accelerator_on_two_processes_equals_one_process(tmp_path):
+    assert_checks(run_launch("accelerate_parallelism.py", tmp_path, nproc=2, timeout=300).stdout)
+
+
+@pytest.mark.slow
+def test_launcher_sizes_give_an_accelerator_script_naming_none_tp_inside_fsdp2_on_four_processes(tmp_path):
+    out = run_launch("accelerate_parallelism.py", tmp_path, "--launched", nproc=4, timeout=300,
+                     flags=("--use_parallelism_config", "--parallelism_config_tp_size", "2")).stdout
+    assert_checks(out)
+
+
+def test_sizes_whose_product_is_not_the_process_count_are_refused_with_the_arithmetic():
+    from cadence.utils import ParallelismConfig
+
+    with pytest.raises(ValueError, match=r"dp_shard_size=4 x tp_size=2 x cp_size=1 = 8, not the 4 processes"):
+        ParallelismConfig(tp_size=2, dp_shard_size=4).check_processes(4)
+
+
+@pytest.mark.parametrize("sizes, said", [
+    ({"tp_size": 0}, "tp_size=0: give a whole number >= 1"),
+    ({"tp_size": 2, "cp_size": 2}, "cp_size=2: context parallelism is not available"),
+    ({"sp_size": 2}, "sp_size=2: Accelerate's sequence parallelism"),
+    ({"tp_size": 2, "dp_replicate_size": 2, "dp_shard_size": 2}, "dp_replicate_size=2 with tp_size=2"),
+])
+def test_sizes_cadence_cannot_run_are_refused_when_the_config_is_built(sizes, said):
+    from cadence.utils import ParallelismConfig
+
+    with pytest.raises(ValueError, match=said):
+        ParallelismConfig(**sizes)
+
+
+def test_a_config_naming_no_sizes_takes_the_launchers(monkeypatch):
+    from cadence import ParallelismConfig
+
+    monkeypatch.setenv("CADENCE_PARALLELISM_CONFIG", '{"parallelism_config_tp_size": 2}')
+    config = ParallelismConfig()
+    assert (config.tp_size, config.dp_shard_size, config.tp_enabled) == (2, 1, True)
+
+
+def test_one_process_runs_the_plain_model_whatever_the_sizes():
+    import torch
+
+    from cadence import Accelerator, ParallelismConfig
+
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2, dp_shard_size=2))
+    model = accelerator.prepare(torch.nn.Linear(4, 2))
+    assert accelerator.torch_device_mesh is None and accelerator.tensor_parallel_rank == 0
+    assert isinstance(accelerator.unwrap_model(model).weight, torch.nn.Parameter)
+    assert accelerator.gather_for_metrics(torch.ones(3)).shape == (3,)

@@ -1,0 +1,192 @@
+"""Launched on 2 or 4 processes by tests/accelerate/test_parallelism_config.py: `accelerate_parallelism.py OUT [--launched]`.
+
+An Accelerate-style loop (`from cadence import Accelerator`, `cadence.utils.ParallelismConfig`) trains a tiny
+language model with tensor parallelism over 2 processes (and FSDP2 over the dp groups on 4). With `--launched` the
+script names no sizes (`ParallelismConfig(parallelize=...)`): `cadence launch --use_parallelism_config
+--parallelism_config_tp_size 2` gives them. Rank 0 prints `CHECK <name> ok` for each check against a hand-written
+one-process loop over the same global batches (computed here, without cadence):
+- mesh: `torch_device_mesh` is (dp, tp), the tp/dp ranks are the process's coordinates, the model is sliced;
+- batches: the ranks of a tp group get the same batches, dp groups different ones;
+- losses_and_norms: the loss (averaged over dp) and `clip_grad_norm_` equal the reference's, step by step;
+- metrics: `gather_for_metrics` over the validation set gives every sample once (not once per tp rank, padding
+  dropped), its logits equal to the reference's;
+- state_dict: `get_state_dict` is the full trained model on the main process, equal to the reference;
+- save_model: the exported safetensors equal the reference, written by the main process alone;
+- save_load_state: `load_state` after one more step brings back the saved weights exactly.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import Accelerator
+from cadence.utils import ParallelismConfig
+
+VOCAB, DIM, SEQ, N_TRAIN, N_VALID, BS, EPOCHS, LR, CLIP = 16, 8, 6, 32, 13, 4, 2, 0.5, 0.3
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(DIM), nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        x = x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+        return self.head(x)
+
+
+def parallelize(model, tp_mesh):
+    """The MLP column- then row-wise, the output layer column-wise (logits made whole); the norm stays plain."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    parallelize_module(model, tp_mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel(),
+                                        "head": ColwiseParallel(output_layouts=Replicate())})
+
+
+def make_model():
+    torch.manual_seed(0)
+    return TinyLM()
+
+
+def lm_loss(logits, targets):
+    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (n, SEQ + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def reference(x, y, dp):
+    """One process, plain torch: step k trains on the k-th batch of every dp group's contiguous share, together."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    share, losses, norms = len(x) // dp, [], []
+    for _ in range(EPOCHS):
+        for k in range(share // BS):
+            idx = torch.cat([torch.arange(g * share + k * BS, g * share + (k + 1) * BS) for g in range(dp)])
+            loss = lm_loss(model(x[idx]), y[idx])
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return model, losses, norms
+
+
+def ok(accelerator, name):
+    if accelerator.is_main_process:
+        print(f"CHECK {name} ok", flush=True)
+
+
+def main():
+    out, launched = Path(sys.argv[1]), "--launched" in sys.argv
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    config = (ParallelismConfig(parallelize=parallelize) if launched else
+              ParallelismConfig(tp_size=2, dp_shard_size=world // 2, parallelize=parallelize))
+    accelerator = Accelerator(parallelism_config=config)
+    tp, dp, rank = 2, accelerator.num_processes // 2, accelerator.process_index
+    x, y = data(N_TRAIN, 1)
+    xv, yv = data(N_VALID, 2)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    train_dl = DataLoader(TensorDataset(x, y), batch_size=BS)
+    valid_dl = DataLoader(TensorDataset(xv, yv), batch_size=BS)
+    model, opt, train_dl, valid_dl = accelerator.prepare(model, opt, train_dl, valid_dl)
+
+    mesh = accelerator.torch_device_mesh
+    assert mesh.mesh_dim_names == ("dp", "tp") and tuple(mesh.shape) == (dp, tp), (mesh.mesh_dim_names, mesh.shape)
+    assert (accelerator.tensor_parallel_rank, accelerator.data_parallel_shard_rank) == (rank % tp, rank // tp)
+    assert accelerator.parallelism_config.tp_size == tp and accelerator.parallelism_config.dp_shard_size == dp
+    from torch.distributed.tensor import DTensor
+    fc1 = accelerator.unwrap_model(model).fc1.weight
+    assert isinstance(fc1, DTensor) and fc1.to_local().shape[0] == 4 * DIM // (tp * dp), fc1.to_local().shape
+    ok(accelerator, "mesh")
+
+    losses, norms, firsts = [], [], []
+    for _ in range(EPOCHS):
+        model.train()
+        for xb, yb in train_dl:
+            loss = lm_loss(model(xb), yb)
+            accelerator.backward(loss)
+            norms.append(float(accelerator.clip_grad_norm_(model.parameters(), CLIP)))
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(accelerator.reduce(loss.detach(), "mean")))   # tp ranks hold the same loss
+            firsts.append(xb[0].tolist())
+    everyone = accelerator.gather_object([firsts])
+    ref_model, ref_losses, ref_norms = reference(x, y, dp)
+
+    for r in range(accelerator.num_processes):
+        assert everyone[r] == everyone[(r // tp) * tp], f"rank {r} saw other batches than its tp group"
+    assert dp == 1 or everyone[0] != everyone[tp], "dp groups saw the same batches"
+    ok(accelerator, "batches")
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(norms), torch.tensor(ref_norms), rtol=1e-4, atol=1e-5)
+    assert min(ref_norms) > CLIP, "every step must clip for the norm check to mean something"
+    ok(accelerator, "losses_and_norms")
+
+    model.eval()
+    logits, targets = [], []
+    with torch.no_grad():
+        for xb, yb in valid_dl:
+            lg, tg = accelerator.gather_for_metrics((model(xb), yb))
+            logits.append(lg)
+            targets.append(tg)
+    logits, targets = torch.cat(logits), torch.cat(targets)
+    with torch.no_grad():
+        ref_logits = ref_model(xv)
+    # gathered batch by batch, dp group after dp group: match each gathered row to its sample (rows are distinct)
+    assert len({tuple(row) for row in yv.tolist()}) == N_VALID
+    order = [yv.tolist().index(row) for row in targets.tolist()]
+    assert sorted(order) == list(range(N_VALID)), f"samples gathered {order}, not each of the {N_VALID} once"
+    torch.testing.assert_close(logits, ref_logits[order], rtol=1e-4, atol=1e-4)
+    ok(accelerator, "metrics")
+
+    full = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        ref = ref_model.state_dict()
+        assert full.keys() == ref.keys(), (sorted(full), sorted(ref))
+        for k in ref:
+            torch.testing.assert_close(full[k].cpu(), ref[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
+    ok(accelerator, "state_dict")
+
+    accelerator.save_model(model, out / "export")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        from safetensors.torch import load_file
+        files = sorted(p.name for p in (out / "export").iterdir())
+        assert files == ["model.safetensors"], files
+        saved = load_file(out / "export" / "model.safetensors")
+        for k, v in ref_model.state_dict().items():
+            torch.testing.assert_close(saved[k], v, rtol=1e-4, atol=1e-5)
+    ok(accelerator, "save_model")
+
+    accelerator.save_state(out / "state")
+    before = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
+    model.train()
+    xb, yb = next(iter(train_dl))
+    accelerator.backward(lm_loss(model(xb), yb))
+    opt.step()
+    opt.zero_grad()
+    changed = accelerator.get_state_dict(model)
+    accelerator.load_state(out / "state")
+    after = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        assert any(not torch.equal(changed[k], before[k]) for k in before), "the extra step changed nothing"
+        assert all(torch.equal(after[k], before[k]) for k in before), "load_state did not restore the weights"
+    ok(accelerator, "save_load_state")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()
