@@ -1,4 +1,4 @@
-"""Step time of cadence's DDP, FSDP2 and DeepSpeed against hand-written loops on the same engines (2 CPU processes).
+"""Step time of cadence's DDP, FSDP2, DeepSpeed, TP and TP x FSDP2 against hand-written loops on the same engines.
 
 Model: 3 x (Linear(1024, 1024), ReLU) and Linear(1024, 10); batch 64 per rank; SGD; one torch
 thread per process; the batches are built in memory beforehand (no loader cost on either side).
@@ -11,6 +11,10 @@ thread per process; the batches are built in memory beforehand (no loader cost o
 - **raw TP**: `parallelize_module` (Linear 0 and 4 column-wise, 2 and 6 row-wise) over both processes, the same
   step (every rank sees the same batch).
 - **cadence TP**: `learn.distrib_ctx(strategy="model_parallel", tp_size=2, parallelize=...)` with that plan.
+- With `--nproc 4` only the model-parallel loops run: **raw TP** / **cadence TP** over all 4 processes (tp_size=4),
+  and **raw 2-D**: a (dp=2, tp=2) `init_device_mesh`, `parallelize_module` with the plan above on "tp", then
+  `fully_shard` on each Linear and the root over "dp", the same step; **cadence 2-D**:
+  `distrib_ctx(strategy="model_parallel", tp_size=2, parallelize=..., transformer_layer_cls_to_wrap="Linear")`.
 - **raw DeepSpeed**: `deepspeed.initialize(model, optimizer=SGD, config=ZeRO-2)`, then `engine(x)`, loss,
   `engine.backward(loss)`, `engine.step()` (DeepSpeed's documented loop); gradient clipping off.
 - **cadence DeepSpeed**: `learn.distrib_ctx(strategy="deepspeed", zero_stage=2)` (only when deepspeed is installed).
@@ -21,6 +25,7 @@ over rounds of (loop time / its raw loop's time in the same round).
 
     .venv/bin/python bench/ddp.py                 # ~4 min on 2 cores (~8 with DeepSpeed)
     .venv/bin/python bench/ddp.py --smoke         # one short round: the script runs
+    .venv/bin/python bench/ddp.py --nproc 4       # TP over 4 processes and 2-D (2 tp x 2 FSDP2 dp groups)
 """
 
 from __future__ import annotations
@@ -93,6 +98,21 @@ def tensor_parallel(model, tp_mesh=None):
     return model
 
 
+def two_d(model):
+    """2-D: the tensor-parallel plan on the "tp" dimension of a (dp, tp=2) mesh, then FSDP2 over "dp"."""
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
+    tensor_parallel(model, mesh["tp"])
+    for m in model:
+        if isinstance(m, nn.Linear):
+            fully_shard(m, mesh=mesh["dp"])
+    return fully_shard(model, mesh=mesh["dp"])
+
+
 DEEPSPEED_CONFIG = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
                     "zero_optimization": {"stage": 2}, "steps_per_print": 2**31 - 1, "zero_allow_untested_optimizer": True}
 
@@ -132,8 +152,11 @@ LOOPS = {"raw DDP": raw_loop(ddp_wrap), "cadence DDP": cadence_loop("ddp"),
          "raw FSDP2": raw_loop(fsdp_wrap), "cadence FSDP2": cadence_loop("fsdp", transformer_layer_cls_to_wrap="Linear"),
          "raw TP": raw_loop(tensor_parallel),
          "cadence TP": cadence_loop("model_parallel", tp_size=2, parallelize=tensor_parallel)}
+FOUR = {"raw TP": raw_loop(tensor_parallel), "cadence TP": cadence_loop("model_parallel", tp_size=4, parallelize=tensor_parallel),
+        "raw 2-D": raw_loop(two_d), "cadence 2-D": cadence_loop("model_parallel", tp_size=2, parallelize=tensor_parallel,
+                                                               transformer_layer_cls_to_wrap="Linear")}
 BASELINE = {"cadence DDP": "raw DDP", "cadence FSDP2": "raw FSDP2", "cadence DeepSpeed": "raw DeepSpeed",
-            "cadence TP": "raw TP"}
+            "cadence TP": "raw TP", "cadence 2-D": "raw 2-D"}
 
 
 def _add_deepspeed() -> None:
@@ -158,23 +181,25 @@ def timed(run, warmup, batches) -> float:
 def worker(args) -> None:
     import torch
 
-    from cadence.distributed.env import rank, setup_distrib
+    from cadence.distributed.env import rank, setup_distrib, world_size
 
     torch.set_num_threads(1)
     setup_distrib()
-    _add_deepspeed()
+    loops = LOOPS if world_size() == 2 else FOUR
+    if world_size() == 2:
+        _add_deepspeed()
     batches, warmup = make_batches(args.steps, rank()), make_batches(args.warmup, rank())
-    names = list(LOOPS)
+    names = list(loops)
     times = {n: [] for n in names}
-    for r in range(args.rounds):
+    for r in range(args.rounds):   # every round runs each loop once, in a rotating order: cadence and raw interleaved
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(timed(LOOPS[name], warmup, batches))
+            times[name].append(timed(loops[name], warmup, batches))
     if rank() == 0:
         print(report(times, args))
 
 
 def report(times: dict[str, list[float]], args) -> str:
-    lines = [f"2 processes, {args.rounds} rounds of {args.steps} steps; ms/step median (ratio: median of per-round ratios)",
+    lines = [f"{args.nproc} processes, {args.rounds} rounds of {args.steps} steps; ms/step median (ratio: median of per-round ratios)",
              "| loop | ms/step | ratio to its raw loop |", "| --- | --- | --- |"]
     for name, ts in times.items():
         ms = statistics.median(ts) / args.steps * 1e3
@@ -189,6 +214,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--nproc", type=int, default=2, choices=(2, 4), help="4: the TP (tp=4) and 2-D (2x2) loops only")
     p.add_argument("--smoke", action="store_true", help="one short round: checks the script runs")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -196,8 +222,8 @@ def main() -> None:
         args.rounds, args.steps, args.warmup = 1, 3, 1
     if is_worker():
         return worker(args)
-    flags = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    print(relaunch(2, __file__, flags))
+    flags = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup), "--nproc", str(args.nproc)]
+    print(relaunch(args.nproc, __file__, flags))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ except its communication buckets, which are "buffers": the ZeRO paper counts par
 and optimizer state as model state and such fused buffers as residual state (constant size per rank,
 not divided by N). "estimate" is `cadence estimate-memory`'s model-state accounting for the same
 engine. Targets: FSDP FULL_SHARD and ZeRO-3 model state at most 1/N of DDP's + 5%; tensor parallelism
-(tp=2; on 4 processes inside FSDP2 over dp=2) at most 1/(tp x dp) of DDP's + 5%.
+(tp=2; on 4 processes inside FSDP2 over dp=2: 2-D) at most 1/(tp x dp) of DDP's + 5%; TP over every process
+(tp=N, no FSDP) at most 1/N + 5%.
 
     .venv/bin/python bench/memory.py               # 2 and 4 processes (~1 min)
     .venv/bin/python bench/memory.py --nproc 2     # one size
@@ -29,7 +30,8 @@ ENGINES = {"DDP": ("ddp", {}, "no", "DDP"),
                                "no", "FSDP"),
            "FSDP SHARD_GRAD_OP": ("fsdp", {"sharding_strategy": "SHARD_GRAD_OP", "transformer_layer_cls_to_wrap": "Linear"},
                                   "no", None),
-           "TP x FSDP (tp=2, dp=rest)": ("model_parallel", {"tp_size": 2, "parallelize": "megatron_pairs"}, "no", None)}
+           "TP x FSDP (tp=2, dp=rest)": ("model_parallel", {"tp_size": 2, "parallelize": "megatron_pairs"}, "no", None),
+           "TP (tp=all, dp=1)": ("model_parallel", {"tp_size": "all", "parallelize": "megatron_pairs"}, "no", None)}
 DEEPSPEED_ENGINES = {f"ZeRO-{k}{' bf16' if p == 'bf16' else ''}": ("deepspeed", {"zero_stage": k}, p, f"ZeRO-{k}")
                      for p in ("no", "bf16") for k in (1, 2, 3)}
 
@@ -123,6 +125,10 @@ def measure(strategy: str, kwargs: dict, precision: str) -> dict[str, int]:
     learn.remove_cb(learn.progress)
     if kwargs.get("parallelize") == "megatron_pairs":
         kwargs = {**kwargs, "parallelize": megatron_pairs}
+    if kwargs.get("tp_size") == "all":
+        from cadence.distributed.env import world_size
+
+        kwargs = {**kwargs, "tp_size": world_size()}
     with learn.distrib_ctx(strategy=strategy, **kwargs):
         learn.fit(1)
     return probe.bytes
