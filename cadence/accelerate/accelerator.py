@@ -38,7 +38,8 @@ from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, loa
                             save_accelerator_state)
 from .clipping import clip_grad_norm
 from .collectives import ProcessHelpers
-from .parallelism import ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine
+from .parallelism import (ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine,
+                          refuse_presliced)
 from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                        InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
@@ -175,6 +176,7 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
     def _prepare_model(self, model: nn.Module, opts: list) -> nn.Module:
         if any(model is m for m in self._models):
             return model
+        refuse_presliced(model, self.parallelism_config)
         if self.strategy.precision.name != "no":
             autocast_forward(model, self.strategy.forward_context)
         names = {id(p): n for n, p in model.named_parameters()}

@@ -24,7 +24,8 @@ from typing import Any, Callable
 from ..distributed import env
 from ..distributed.model_parallel import parallelism_sizes
 
-__all__ = ["ParallelismConfig", "ParallelismProperties", "parallel_engine", "launched_parallelism_config"]
+__all__ = ["ParallelismConfig", "ParallelismProperties", "parallel_engine", "launched_parallelism_config",
+           "refuse_presliced"]
 
 _NAMES = ("dp_replicate", "dp_shard", "tp", "cp")
 
@@ -159,6 +160,18 @@ def parallel_engine(config: ParallelismConfig, engine: Any, options: dict[str, A
 def launched_parallelism_config() -> ParallelismConfig | None:
     """The launcher's sizes (`--use_parallelism_config`, or a config file's parallelism_config block), else None."""
     return ParallelismConfig() if os.environ.get("CADENCE_PARALLELISM_CONFIG") else None
+
+
+def refuse_presliced(model: Any, config: ParallelismConfig | None) -> None:
+    """A model with DTensor parameters before `prepare` (`from_pretrained(tp_plan="auto")`, Accelerate's way) is
+    refused: `prepare` slices it, and slicing twice would fail inside torch."""
+    from torch.distributed.tensor import DTensor
+
+    if config is not None and config.tp_enabled and any(isinstance(p, DTensor) for p in model.parameters()):
+        raise ValueError(f"{type(model).__name__} is already sliced (DTensor parameters, e.g. from_pretrained("
+                         f"tp_plan='auto')): under cadence prepare slices it. Build or load the plain model and give "
+                         f"the plan as ParallelismConfig(parallelize=fn), a model.parallelize(tp_mesh) method, or the "
+                         f"Hugging Face config's base_model_tp_plan")
 
 
 class ParallelismProperties:

@@ -2,8 +2,8 @@
 
 An Accelerate-style loop (`from cadence import Accelerator`, `cadence.utils.ParallelismConfig`) trains a tiny
 language model with tensor parallelism over 2 processes (and FSDP2 over the dp groups on 4). With `--launched` the
-script names no sizes (`ParallelismConfig(parallelize=...)`): `cadence launch --use_parallelism_config
---parallelism_config_tp_size 2` gives them. Rank 0 prints `CHECK <name> ok` for each check against a hand-written
+script is a plain `Accelerator()` and the model carries its own `parallelize(tp_mesh)`: `cadence launch
+--use_parallelism_config --parallelism_config_tp_size 2` gives the sizes. Rank 0 prints `CHECK <name> ok` for each check against a hand-written
 one-process loop over the same global batches (computed here, without cadence):
 - mesh: `torch_device_mesh` is (dp, tp), the tp/dp ranks are the process's coordinates, the model is sliced;
 - batches: the ranks of a tp group get the same batches, dp groups different ones;
@@ -13,6 +13,7 @@ one-process loop over the same global batches (computed here, without cadence):
 - state_dict: `get_state_dict` is the full trained model on the main process, equal to the reference;
 - save_model: the exported safetensors equal the reference, written by the main process alone;
 - save_load_state: `load_state` after one more step brings back the saved weights exactly.
+- presliced_refused: a model already sliced before `prepare` is refused with what to do instead.
 """
 
 import os
@@ -51,9 +52,16 @@ def parallelize(model, tp_mesh):
                                         "head": ColwiseParallel(output_layouts=Replicate())})
 
 
-def make_model():
+class PlannedLM(TinyLM):
+    """The same model, carrying its own tensor-parallel plan."""
+
+    def parallelize(self, tp_mesh):
+        parallelize(self, tp_mesh)
+
+
+def make_model(cls=TinyLM):
     torch.manual_seed(0)
-    return TinyLM()
+    return cls()
 
 
 def lm_loss(logits, targets):
@@ -91,13 +99,15 @@ def ok(accelerator, name):
 def main():
     out, launched = Path(sys.argv[1]), "--launched" in sys.argv
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    config = (ParallelismConfig(parallelize=parallelize) if launched else
-              ParallelismConfig(tp_size=2, dp_shard_size=world // 2, parallelize=parallelize))
-    accelerator = Accelerator(parallelism_config=config)
+    if launched:
+        accelerator = Accelerator()
+    else:
+        accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=2, dp_shard_size=world // 2,
+                                                                       parallelize=parallelize))
     tp, dp, rank = 2, accelerator.num_processes // 2, accelerator.process_index
     x, y = data(N_TRAIN, 1)
     xv, yv = data(N_VALID, 2)
-    model = make_model()
+    model = make_model(PlannedLM if launched else TinyLM)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     train_dl = DataLoader(TensorDataset(x, y), batch_size=BS)
     valid_dl = DataLoader(TensorDataset(xv, yv), batch_size=BS)
@@ -185,6 +195,15 @@ def main():
         assert any(not torch.equal(changed[k], before[k]) for k in before), "the extra step changed nothing"
         assert all(torch.equal(after[k], before[k]) for k in before), "load_state did not restore the weights"
     ok(accelerator, "save_load_state")
+
+    sliced = make_model()
+    parallelize(sliced, accelerator.torch_device_mesh["tp"])
+    try:
+        accelerator.prepare(sliced)
+        raise AssertionError("a model sliced before prepare was taken")
+    except ValueError as e:
+        assert "already sliced" in str(e) and "prepare slices it" in str(e), e
+    ok(accelerator, "presliced_refused")
     accelerator.end_training()
 
 
