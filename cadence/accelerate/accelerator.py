@@ -38,10 +38,10 @@ from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, loa
                             save_accelerator_state)
 from .clipping import clip_grad_norm
 from .collectives import ProcessHelpers
-from .parallelism import (ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine,
-                          refuse_presliced)
 from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                        InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
+from .parallelism import (ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine,
+                          refuse_presliced)
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler

@@ -135,7 +135,7 @@ def parallel_engine(config: ParallelismConfig, engine: Any, options: dict[str, A
     """
     world = env.world_size()
     if world == 1 and config.total_size > 1:
-        return engine, options   # the same script runs in one process, as Accelerate's does
+        return engine, options   # cadence's reading: the plain model in one process (Accelerate refuses)
     if config.total_size == 1 and world > 1:   # Accelerate's reading: every process a data-parallel replica
         config.dp_replicate_size = world
     elif not config._dp_shard_given and world % config.total_size == 0:   # dp = the rest, as in distrib_ctx
