@@ -16,14 +16,17 @@ def assert_checks(out: str) -> None:
 
 
 @pytest.mark.slow
-def test_tensor_parallel_accelerator_on_two_processes_equals_one_process(tmp_path):
-    assert_checks(run_launch("accelerate_parallelism.py", tmp_path, nproc=2, timeout=300).stdout)
+@pytest.mark.parametrize("precision", [(), ("--bf16",)], ids=["fp32", "bf16"])
+def test_tensor_parallel_accelerator_on_two_processes_equals_one_process(tmp_path, precision):
+    assert_checks(run_launch("accelerate_parallelism.py", tmp_path, *precision, nproc=2, timeout=300).stdout)
 
 
 @pytest.mark.slow
-def test_launcher_sizes_give_an_accelerator_script_naming_none_tp_inside_fsdp2_on_four_processes(tmp_path):
+def test_launcher_sizes_give_an_accelerator_script_naming_none_tp_inside_fsdp2_with_accumulation_on_four_processes(
+        tmp_path):
     out = run_launch("accelerate_parallelism.py", tmp_path, "--launched", nproc=4, timeout=300,
-                     flags=("--use_parallelism_config", "--parallelism_config_tp_size", "2")).stdout
+                     flags=("--use_parallelism_config", "--parallelism_config_tp_size", "2",
+                            "--gradient_accumulation_steps", "2")).stdout
     assert_checks(out)
 
 
