@@ -165,9 +165,11 @@ def launched_parallelism_config() -> ParallelismConfig | None:
 def refuse_presliced(model: Any, config: ParallelismConfig | None) -> None:
     """A model with DTensor parameters before `prepare` (`from_pretrained(tp_plan="auto")`, Accelerate's way) is
     refused: `prepare` slices it, and slicing twice would fail inside torch."""
+    if config is None or not config.tp_enabled:
+        return
     from torch.distributed.tensor import DTensor
 
-    if config is not None and config.tp_enabled and any(isinstance(p, DTensor) for p in model.parameters()):
+    if any(isinstance(p, DTensor) for p in model.parameters()):
         raise ValueError(f"{type(model).__name__} is already sliced (DTensor parameters, e.g. from_pretrained("
                          f"tp_plan='auto')): under cadence prepare slices it. Build or load the plain model and give "
                          f"the plan as ParallelismConfig(parallelize=fn), a model.parallelize(tp_mesh) method, or the "
