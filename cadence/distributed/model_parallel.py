@@ -58,10 +58,20 @@ class ModelParallel(FSDP):
     """
 
     name = "model_parallel"
+    pp_size = 1
+
+    def __new__(cls, *args: Any, pp_size: int | None = None, **kwargs: Any):
+        """With `pp_size` > 1 (given, or from the launcher) the strategy is a `Pipeline` (pipeline.py)."""
+        if cls is ModelParallel and int(_launcher_sizes().get("pp_size", 1) if pp_size is None else pp_size) > 1:
+            from .pipeline import Pipeline
+
+            return super().__new__(Pipeline)
+        return super().__new__(cls)
 
     def __init__(self, device: torch.device | str | None = None, tp_size: int | None = None,
                  parallelize: Parallelize | None = None, loss_parallel: bool = False, cp_size: int | None = None,
-                 dp_shard_size: int | None = None, dp_replicate_size: int | None = None, **fsdp_options: Any):
+                 dp_shard_size: int | None = None, dp_replicate_size: int | None = None, pp_size: int | None = None,
+                 **fsdp_options: Any):
         super().__init__(device, **fsdp_options)
         launched = _launcher_sizes()
         tp_size = launched.get("tp_size") if tp_size is None else tp_size
@@ -104,8 +114,11 @@ class ModelParallel(FSDP):
 
     def _mesh(self):
         if self.device_mesh is None:
-            self.device_mesh = env.device_mesh(self.device.type, self._mesh_shape(), ("dp", "tp"))
+            self.device_mesh = env.device_mesh(self.device.type, self._mesh_shape(), self._mesh_names())
         return self.device_mesh["dp"]
+
+    def _mesh_names(self) -> tuple[str, ...]:
+        return ("dp", "tp")
 
     # ------------------------------------------------------------------ model and optimizer
     def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
@@ -157,6 +170,11 @@ class ModelParallel(FSDP):
     def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the global norm: one norm per mesh (sliced, sharded and plain parameters), combined."""
+        return self._clip_by_total(model, opt, max_norm, norm_type, lambda norm, _: norm)
+
+    def _clip_by_total(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float, norm_type: float,
+                       combine: Callable[[torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
+        """Unscale; the norm per mesh, combined, then `combine(norm, norm_type)` (over pipeline stages); clip by it."""
         from torch.distributed.tensor import DTensor
 
         self.precision.unscale(opt)
@@ -168,7 +186,7 @@ class ModelParallel(FSDP):
         for params in by_mesh.values():
             norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
             norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        total = torch.nn.utils.get_total_norm(norms, norm_type)
+        total = combine(torch.nn.utils.get_total_norm(norms, norm_type), norm_type)
         for params in by_mesh.values():  # torch's foreach ops take one mesh at a time
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
@@ -188,9 +206,11 @@ class ModelParallel(FSDP):
         return self._dp_coordinate()[1]
 
     def _dp_coordinate(self) -> tuple[int, int]:
+        """(rank, size) in the dp group: ranks are laid out (pp, dp, tp), tp innermost."""
         if not env.is_initialized():
             return 0, 1
-        return env.rank() // self.tp_size, env.world_size() // self.tp_size
+        size = env.world_size() // (self.tp_size * self.pp_size)
+        return (env.rank() // self.tp_size) % size, size
 
     def _dp_group(self):
         self._mesh()
@@ -220,7 +240,7 @@ class ModelParallel(FSDP):
         return torch.cat([part[:int(n)] for part, n in zip(parts, sizes)])
 
 
-SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size", "pp_microbatches")
 
 
 def parallelism_sizes(block: dict[str, Any]) -> dict[str, int]:
@@ -234,7 +254,8 @@ def parallelism_sizes(block: dict[str, Any]) -> dict[str, int]:
     if int(plain.get("sp_size") or 1) != 1:
         raise ValueError(f"sp_size={plain['sp_size']}: Accelerate's sequence parallelism (DeepSpeed's) is not in cadence; "
                          f"sequence parallelism is part of the tensor-parallel plan (SequenceParallel): use tp_size")
-    return {k: int(plain[k]) for k in SIZES if plain.get(k) is not None}
+    sizes: dict[str, Any] = {k: int(plain[k]) for k in SIZES if plain.get(k) is not None}
+    return {**sizes, "pp_schedule": str(plain["pp_schedule"])} if plain.get("pp_schedule") else sizes
 
 
 def _launcher_sizes() -> dict[str, int]:

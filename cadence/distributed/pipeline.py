@@ -1,0 +1,361 @@
+"""Pipeline parallelism: the model cut into stages over `pp_size` processes, run by a `torch.distributed.pipelining`
+schedule (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, ZBVZeroBubble, DualPipeV, ...), inside FSDP2 data parallelism.
+
+>>> with learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_schedule="1F1B", pp_microbatches=4,
+...                        pp_split_points=["3"]):     # an nn.Sequential: stage 1 starts at its child "3"
+...     learn.fit(3)
+
+The processes form a (pp, dp) mesh, dp inside pp. The pipeline engine owns the step (the OwnsStep ability): the
+forward pass, the loss and the backward of every micro-batch run inside the schedule, so the Learner asks it for
+`(pred, loss)` instead of calling the model. What the rest of cadence sees:
+- the batch's loss and predictions (which exist only on the rank holding the last stage, rank 0 under V-shaped
+  schedules) are broadcast over the pp group, so every rank's Recorder, metrics, trackers and EarlyStopping see them;
+- a batch that the micro-batches do not divide is padded and the padding left out of loss, gradients and `pred`;
+  the loss of each micro-batch is weighted by its share of the batch, so gradients equal the whole batch's
+  (the schedule's own scaling is off: `schedule.eval()` would divide pending gradients by the micro-batches);
+- gradient clipping uses the norm over every stage (each stage's norm per mesh, summed over pp);
+- weights tied across stages are refused (ties within a stage are kept);
+- checkpoints are FSDP's sharded format keyed by the model's own parameter names, so they load in one process.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import env
+from .fsdp import FSDP
+from .model_parallel import ModelParallel, _launcher_sizes
+from .precision import FullPrecision
+from .strategy import MakeOpt, OwnsStep, meta_copy, rebuild, tied_names
+
+__all__ = ["Pipeline"]
+
+Split = Callable[[nn.Module, int, int], nn.Module]
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # rank r holds stages r and 2 * pp - 1 - r
+
+
+class Pipeline(OwnsStep, ModelParallel):
+    """`strategy="model_parallel"` with `pp_size` > 1: stages over pp, FSDP2 over the `world // pp_size` dp groups.
+
+    Args:
+        pp_size: processes per pipeline (a divisor of the world size); `--parallelism_config_pp_size N` sets it.
+        pp_schedule: a `torch.distributed.pipelining` schedule name: "GPipe", "1F1B" (one stage per rank);
+            "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV" (several).
+        pp_microbatches: micro-batches per batch (default `pp_size`).
+        pp_split_points: for an `nn.Sequential`, the names of the children that begin stages 1, 2, ...
+        split: else `split(model, stage, num_stages)` -> the module of stage `stage` (its forward takes the
+            previous stage's output); `pp_stages` says how many stages there are (default one per rank, two
+            for V-shaped schedules).
+    """
+
+    def __init__(self, device: torch.device | str | None = None, pp_size: int | None = None,
+                 pp_schedule: str | None = None, pp_microbatches: int | None = None,
+                 pp_split_points: Sequence[str] | None = None, split: Split | None = None, pp_stages: int | None = None,
+                 tp_size: int | None = None, **options: Any):
+        launched = _launcher_sizes()
+        super().__init__(device, tp_size=launched.get("tp_size", 1) if tp_size is None else tp_size, **options)
+        from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
+
+        self.pp_size = int(launched.get("pp_size", 1) if pp_size is None else pp_size)
+        name = str(pp_schedule or launched.get("pp_schedule") or "1F1B")
+        try:
+            self.schedule_class = get_schedule_class(name)
+        except ValueError as e:
+            raise ValueError(f"pp_schedule={name!r}: {e}") from None
+        self.v_shaped = self.schedule_class.__name__.removeprefix("Schedule") in V_SHAPED
+        multi = issubclass(self.schedule_class, PipelineScheduleMulti)
+        self.num_stages = int(pp_stages or (len(pp_split_points) + 1 if pp_split_points else
+                                            self.pp_size * (2 if multi else 1)))
+        per_rank = self.num_stages // self.pp_size
+        if self.num_stages % self.pp_size or (per_rank > 1) != multi or (self.v_shaped and per_rank != 2):
+            need = "2 per rank" if self.v_shaped else "several per rank" if multi else "one per rank"
+            raise ValueError(f"pp_schedule={name!r} runs {need}, but {self.num_stages} stages on pp_size={self.pp_size}: "
+                             f"give {'2 x' if self.v_shaped else 'k x' if multi else ''} {self.pp_size} stages "
+                             f"(pp_split_points has one name fewer than the stages)")
+        self.microbatches = int(pp_microbatches or launched.get("pp_microbatches") or self.pp_size)
+        if self.microbatches < 1:
+            raise ValueError(f"pp_microbatches={pp_microbatches!r}: a whole number >= 1")
+        if pp_split_points is not None and split is not None:
+            raise ValueError("give pp_split_points or split, not both")
+        if self.tp_size != 1:
+            raise ValueError(f"tp_size={self.tp_size} with pp_size={self.pp_size}: tensor parallelism inside pipeline "
+                             f"stages is not in cadence yet; use one of them (with FSDP2 over the rest)")
+        self.split_points, self.split = list(pp_split_points or []), split
+        self._schedules: dict[tuple, Any] = {}
+        self._stages: list[tuple[int, nn.Module]] = []
+
+    # ------------------------------------------------------------------ the mesh
+    def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
+        if world == 1:  # one process trains the plain model
+            return (1, 1, 1)
+        if world % self.pp_size:
+            raise ValueError(f"pp_size={self.pp_size} does not divide the {world} processes: pp x dp = world, so "
+                             f"pp_size must be one of {[d for d in range(1, world + 1) if world % d == 0]}")
+        if self.dp_shard_size is not None and self.dp_shard_size * self.pp_size != world:
+            raise ValueError(f"pp_size={self.pp_size} x dp_shard_size={self.dp_shard_size} = "
+                             f"{self.dp_shard_size * self.pp_size}, not the {world} processes: make dp_shard_size "
+                             f"{world // self.pp_size} or leave it out")
+        return (self.pp_size, world // self.pp_size, 1)
+
+    def _mesh_names(self) -> tuple[str, ...]:
+        return ("pp", "dp", "tp")
+
+    def _pp_group(self):
+        self._mesh()
+        return self.device_mesh.get_group("pp")
+
+    def _pp_rank(self) -> int:
+        return env.rank() // (env.world_size() // self.pp_size)
+
+    # ------------------------------------------------------------------ cutting the model
+    def _cut(self, model: nn.Module) -> list[nn.Module]:
+        """Every stage's module (views of `model`'s layers); ties across stages refused."""
+        if self.split is not None:
+            stages = [self.split(model, s, self.num_stages) for s in range(self.num_stages)]
+        elif self.split_points:
+            stages = _cut_sequential(model, self.split_points)
+        else:
+            raise ValueError("pipeline parallelism needs where to cut the model: pp_split_points=[names of the "
+                             "nn.Sequential children that begin stages 1, 2, ...] or split=fn(model, stage, num_stages)")
+        owner = {}
+        for s, stage in enumerate(stages):
+            for name, p in stage.named_parameters(remove_duplicate=False):
+                first = owner.setdefault(id(p), (s, name))
+                if first[0] != s:
+                    raise ValueError(f"parameter {first[1]!r} of stage {first[0]} is tied to {name!r} of stage {s}: "
+                                     f"weights tied across pipeline stages are not supported (their gradients would "
+                                     f"need a sum over stages); cut the model so both uses fall in one stage, or untie them")
+        return stages
+
+    def _my_stages(self) -> list[int]:
+        r = self._pp_rank()
+        if self.v_shaped:
+            return [r, 2 * self.pp_size - 1 - r]
+        return list(range(r, self.num_stages, self.pp_size))
+
+    def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
+              ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Cut the model, keep this rank's stages, shard each over dp with FSDP2, then build the optimizer."""
+        if precision is not None and precision.name == "fp16":
+            raise ValueError("fp16 under pipeline parallelism: the schedule runs the backward, so cadence cannot scale "
+                             "the loss; use bf16 (learn.to_bf16())")
+        stages = self._cut(model)  # refusals first, on one process too
+        if not env.is_initialized():
+            return FSDP.setup(self, model, make_opt, precision)
+        from torch.distributed.fsdp import fully_shard
+
+        skeleton = meta_copy(model)
+        model = model.to(self.device)
+        self._mesh()
+        self._stages = [(s, stages[s]) for s in self._my_stages()]
+        if precision is not None:
+            self.set_precision(precision)
+        self._precision_fixed = True
+        if self.dp_size > 1:
+            from .fsdp import SHARDING_STRATEGIES, _mp_policy
+
+            kwargs = dict(mesh=self.device_mesh["dp"], reshard_after_forward=SHARDING_STRATEGIES[self.sharding],
+                          mp_policy=_mp_policy(self.precision))
+            for _, stage in self._stages:
+                for group in self._groups(stage):
+                    fully_shard(group, **kwargs)
+                fully_shard(stage, **kwargs)
+        held = self._holder([m for _, m in self._stages])
+        self._skeleton = skeleton
+        return held, make_opt(held)
+
+    def _holder(self, modules: list[nn.Module]) -> nn.Module:
+        """One module holding this rank's stages under the model's own parameter names where it can."""
+        if len(modules) == 1:
+            return modules[0]
+        if self.split is None:  # children of one nn.Sequential: their names are the model's
+            return nn.Sequential(OrderedDict((n, c) for m in modules for n, c in m.named_children()))
+        return nn.ModuleList(modules)
+
+    def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
+                ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The whole plain model on every rank, with the trained weights; a fresh optimizer with the same settings."""
+        if not self._stages:
+            return model, opt
+        weights = self._gathered_state(model, everywhere=True)
+        plain = rebuild(self._skeleton, self.device)
+        plain.load_state_dict(weights)
+        new_opt = make_opt(plain)
+        for new, old in zip(new_opt.param_groups, opt.param_groups):
+            new.update({k: v for k, v in old.items() if k != "params"})
+        return plain, new_opt
+
+    # ------------------------------------------------------------------ one step
+    def forward_backward(self, model: nn.Module, xb: Any, yb: tuple, loss_func: Callable | None, training: bool
+                         ) -> tuple[Any, torch.Tensor | None]:
+        """Run the batch through the schedule: forward, loss (and backward when `training`) of every micro-batch.
+
+        Returns the batch's predictions and loss (detached), the same on every rank of the pipeline.
+        """
+        if loss_func is None:
+            raise ValueError("pipeline parallelism needs a loss_func (the schedule computes the loss on the last stage); "
+                             "a model computing its own loss cannot be cut into stages")
+        args, kwargs = (xb, {}) if isinstance(xb, tuple) else ((), dict(xb))
+        if not self._stages:  # one process: the plain model
+            pred = model(*args, **kwargs)
+            loss = loss_func(pred, *yb) if yb else None
+            if training:
+                self.precision.backward(loss)
+            return pred, None if loss is None else loss.detach()
+        n = _batch_size(args, kwargs)
+        if training and not yb:
+            raise ValueError("the training batch has no targets for loss_func: yield (inputs, targets) batches")
+        per = math.ceil(n / self.microbatches)
+        padded = per * self.microbatches
+        index = torch.arange(padded, device=self.device)
+        take = index.clamp(max=n - 1)  # padding repeats the last sample; its rows are left out below
+        args = tuple(_rows(a, take) for a in args)
+        kwargs = {k: _rows(v, take) for k, v in kwargs.items()}
+
+        def loss_fn(out: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+            real = idx < n
+            if not bool(real.any()):
+                return out.sum() * 0.0
+            return loss_func(out[real], *(y[idx[real]] for y in yb)) * (int(real.sum()) / n)
+
+        schedule = self._schedule(per, training, loss_fn)
+        losses: list[torch.Tensor] = []
+        target = index if yb else None
+        if training:
+            out = schedule.step(*args, target=target, losses=losses, **kwargs)
+        else:
+            out = schedule.eval(*args, target=target, losses=losses, **kwargs)
+        last = self._holds_last_stage()
+        loss = torch.stack([l.detach() for l in losses]).sum().float() if last and losses else None
+        pred = out[:n].detach() if last and out is not None else None
+        return self._from_last_stage(pred), self._from_last_stage(loss) if yb else None
+
+    def _schedule(self, per: int, training: bool, loss_fn: Callable):
+        """A schedule (and its stages) for micro-batches of `per` samples: stages infer their shapes once."""
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+
+        key = (per, training)
+        if key not in self._schedules:
+            group = self._pp_group()
+            stages = [PipelineStage(m, s, self.num_stages, self.device, group=group) for s, m in self._stages]
+            multi = issubclass(self.schedule_class, PipelineScheduleMulti)
+            forward = _Loss()
+            self._schedules[key] = (self.schedule_class(stages if multi else stages[0], self.microbatches,
+                                                        loss_fn=forward, scale_grads=False), forward)
+        schedule, forward = self._schedules[key]
+        forward.fn = loss_fn  # this batch's targets and size
+        return schedule
+
+    def _holds_last_stage(self) -> bool:
+        return any(s == self.num_stages - 1 for s, _ in self._stages)
+
+    def _last_rank(self) -> int:
+        """The pp-group rank of the process holding the last stage (rank 0 under V-shaped schedules)."""
+        return 0 if self.v_shaped else self.pp_size - 1
+
+    def _from_last_stage(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """The last stage's tensor on every rank of the pipeline (shape and dtype sent first)."""
+        group = self._pp_group()
+        src = dist.get_global_rank(group, self._last_rank())
+        meta = [(tuple(t.shape), t.dtype) if t is not None else None]
+        dist.broadcast_object_list(meta, src=src, group=group)
+        if meta[0] is None:
+            return None
+        t = t.contiguous() if t is not None else torch.empty(meta[0][0], dtype=meta[0][1], device=self.device)
+        dist.broadcast(t, src=src, group=group)
+        return t
+
+    def backward(self, loss: torch.Tensor | None) -> None:
+        """Nothing: the schedule ran the backward inside `forward_backward`."""
+
+    def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
+        if not enabled and self._stages:
+            raise ValueError("GradAccum under pipeline parallelism: the schedule already accumulates over its "
+                             "micro-batches; raise pp_microbatches (and the batch size) instead of accumulating")
+
+    def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
+                       norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the norm over every stage: this stage's norm per mesh, combined, then summed over pp."""
+        return self._clip_by_total(model, opt, max_norm, norm_type, self._combine_stages)
+
+    def _combine_stages(self, norm: torch.Tensor, norm_type: float) -> torch.Tensor:
+        if not self._stages:
+            return norm
+        group = self._pp_group()
+        if math.isinf(norm_type):
+            norm = norm.clone()
+            dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
+            return norm
+        power = norm.double() ** norm_type
+        dist.all_reduce(power, group=group)
+        return (power ** (1.0 / norm_type)).to(norm.dtype)
+
+    # ------------------------------------------------------------------ state
+    def _gathered_state(self, model: nn.Module, everywhere: bool = False) -> dict[str, torch.Tensor]:
+        """The whole model's weights on the CPU: every stage's, merged over pp (on rank 0, or on every rank)."""
+        from torch.distributed.tensor import DTensor
+
+        local = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()  # a collective over dp
+                 for k, v in model.state_dict().items()}
+        parts = [None] * self.pp_size
+        dist.all_gather_object(parts, local if (env.rank() % self.dp_size == 0) else {}, group=self._pp_group())
+        if not (everywhere or env.rank() == 0):
+            return {}
+        return {k: v for part in parts for k, v in part.items()}
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full weights of every stage on rank 0 (others get {}); every rank must call it."""
+        if not self._stages:
+            return ModelParallel.model_state_dict(self, model)
+        return self._gathered_state(model)
+
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+        """Load full weights: each stage takes its own names."""
+        if not self._stages:
+            return ModelParallel.load_model_state_dict(self, model, state)
+        mine = model.state_dict().keys()
+        ModelParallel.load_model_state_dict(self, model, {k: v for k, v in state.items() if k in mine})
+
+
+class _Loss:
+    """The schedule's loss function, re-pointed at each batch's (a schedule keeps the one it was built with)."""
+
+    fn: Callable | None = None
+
+    def __call__(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.fn(out, target)
+
+
+def _cut_sequential(model: nn.Module, points: list[str]) -> list[nn.Module]:
+    if not isinstance(model, nn.Sequential):
+        raise ValueError(f"pp_split_points cut an nn.Sequential, not {type(model).__name__}: pass "
+                         f"split=fn(model, stage, num_stages) returning each stage's module instead")
+    names = [n for n, _ in model.named_children()]
+    missing = [p for p in points if p not in names]
+    if missing:
+        raise ValueError(f"pp_split_points {missing} are not children of the model; its children are {names}")
+    starts = [0, *(names.index(p) for p in points), len(names)]
+    if starts != sorted(set(starts)):
+        raise ValueError(f"pp_split_points {points} must be distinct children in the model's order ({names})")
+    return [nn.Sequential(OrderedDict((n, model.get_submodule(n)) for n in names[a:b]))
+            for a, b in zip(starts, starts[1:])]
+
+
+def _batch_size(args: tuple, kwargs: Mapping) -> int:
+    first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+    if first is None:
+        raise ValueError("pipeline parallelism splits the batch into micro-batches along dim 0 of its tensors; "
+                         "the batch has no tensor input")
+    return first.shape[0]
+
+
+def _rows(t: Any, index: torch.Tensor) -> Any:
+    return t[index] if isinstance(t, torch.Tensor) else t

@@ -1,0 +1,141 @@
+"""Launched on 2 or 4 processes by tests/distributed/test_pipeline.py: `pipeline.py CLIP VARIANT...`.
+
+An nn.Sequential classifier (a tie inside its first stage) trained by the Learner under
+`distrib_ctx(strategy="model_parallel", pp_size=2, pp_schedule=...)` (dp = world // 2, FSDP2 over dp) with
+GradClip(CLIP), once per VARIANT in the same processes. A variant is `SCHEDULE/MICROBATCHES`: the batch of 8 cut
+into that many micro-batches (3 leaves a padded one). Rank 0 prints `CHECK <variant>:<name> ok` for each check
+against a hand-written one-process loop over the same global batches (computed here, without cadence):
+- the loss of every step (the same on every rank), the clipped norm, the weights after training;
+- the valid loss and accuracy, get_preds (valid batches of 8 and 2 per dp group: micro-batches padded);
+- validating with gradients pending leaves them as they were (`schedule.eval` would divide them);
+- the tie inside a stage holds while cut and after the context.
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import Callback, DataLoaders, GradClip, Learner, accuracy
+from cadence.distributed.env import rank, world_size
+
+DIM, CLASSES, N_TRAIN, N_VALID, BS, EPOCHS, LR, PP = 16, 4, 32, 20, 8, 2, 0.3, 2
+SPLITS = {2: ["4"], 4: ["4", "6", "8"]}  # stages: [0..3] [4..8] or [0..3] [4,5] [6,7] [8]
+
+
+def make_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh(), nn.Linear(DIM, DIM), nn.Tanh(), nn.Linear(DIM, DIM),
+                          nn.Tanh(), nn.Linear(DIM, DIM), nn.Tanh(), nn.Linear(DIM, CLASSES))
+    model[2].weight = model[0].weight  # tied inside stage 0
+    return model
+
+
+def data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, DIM, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+
+
+def global_batches(x, y, dp):
+    share = len(x) // dp
+    for k in range(share // BS):
+        idx = torch.cat([torch.arange(g * share + k * BS, g * share + (k + 1) * BS) for g in range(dp)])
+        yield x[idx], y[idx]
+
+
+def reference(x, y, dp, clip):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses, norms = [], []
+    for _ in range(EPOCHS):
+        for xb, yb in global_batches(x, y, dp):
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return model, losses, norms
+
+
+class Record(Callback):
+    def before_fit(self):
+        self.losses, self.norms = [], []
+
+    def after_batch(self):
+        if self.training:
+            self.losses.append(float(self.learn.loss))
+            self.norms.append(float(getattr(self.learn, "grad_norm", float("nan"))))
+
+
+def ok(variant, name):
+    if rank() == 0:
+        print(f"CHECK {variant}:{name} ok", flush=True)
+
+
+def run(variant, clip):
+    schedule, microbatches = variant.split("/")
+    x, y = data(N_TRAIN, 1)
+    xv, yv = data(N_VALID, 2)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), DataLoader(TensorDataset(xv, yv), batch_size=BS),
+                      device="cpu")
+    record = Record()
+    learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, opt_func=torch.optim.SGD, lr=LR,
+                    metrics=accuracy, cbs=[record, GradClip(clip)])
+    multi = schedule not in ("GPipe", "1F1B")
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_schedule=schedule,
+                           pp_microbatches=int(microbatches), pp_split_points=SPLITS[2 * PP if multi else PP]):
+        dp = world_size() // PP
+        held = learn.model
+        if "0" in dict(held.named_children()):
+            assert held[2].weight is held[0].weight, "the tie inside a stage must hold while cut"
+        learn.fit(EPOCHS)
+        got = learn.validate()
+        preds, targs = learn.get_preds()
+
+        xb, yb = next(iter(learn.dls.train))                     # gradients pending, then a validation
+        learn.strategy.forward_backward(learn.model, (xb,), (yb,), nn.functional.cross_entropy, True)
+        pending = [p.grad.clone() for p in learn.model.parameters() if p.grad is not None]
+        learn.validate()
+        after = [p.grad for p in learn.model.parameters() if p.grad is not None]
+        assert pending and all(torch.equal(a, b) for a, b in zip(pending, after)), "validation changed pending gradients"
+        learn.opt.zero_grad()
+        losses = [None] * world_size()
+        dist.all_gather_object(losses, record.losses)
+    ok(variant, "eval_leaves_pending_gradients")
+    ref_model, ref_losses, ref_norms = reference(x, y, dp, clip)
+    rtol, atol = 1e-4, 1e-5
+
+    assert all(l == losses[0] for l in losses), f"ranks recorded different losses: {losses}"
+    if dp == 1:  # a dp group's loss is its share of the global batch
+        torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(ref_losses), rtol=rtol, atol=atol)
+    torch.testing.assert_close(torch.tensor(record.norms), torch.tensor(ref_norms), rtol=rtol, atol=atol)
+    assert max(ref_norms) > clip, "the clip never acted: the test would not see a wrong norm"
+    ok(variant, "losses_and_norms")
+
+    plain = learn.model
+    assert isinstance(plain, nn.Sequential) and plain[2].weight is plain[0].weight, "the tie must hold after the context"
+    for (name, a), b in zip(ref_model.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+    ok(variant, "weights_equal_reference")
+
+    with torch.no_grad():
+        ref_logits = ref_model(xv)
+    torch.testing.assert_close(torch.tensor(got["valid_loss"]), nn.functional.cross_entropy(ref_logits, yv),
+                               rtol=rtol, atol=atol)
+    torch.testing.assert_close(torch.tensor(got["accuracy"]), (ref_logits.argmax(1) == yv).float().mean())
+    assert preds.shape == ref_logits.shape and torch.equal(targs, yv), (preds.shape, ref_logits.shape)
+    torch.testing.assert_close(preds, ref_logits, rtol=rtol, atol=atol)
+    ok(variant, "valid_and_get_preds")
+
+
+def main():
+    clip = float(sys.argv[1])
+    for variant in sys.argv[2:]:
+        run(variant, clip)
+
+
+if __name__ == "__main__":
+    main()
