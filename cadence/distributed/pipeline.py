@@ -248,11 +248,29 @@ class Pipeline(OwnsStep, ModelParallel):
             stages = [PipelineStage(m, s, self.num_stages, self.device, group=group) for s, m in self._stages]
             multi = issubclass(self.schedule_class, PipelineScheduleMulti)
             forward = _Loss()
-            self._schedules[key] = (self.schedule_class(stages if multi else stages[0], self.microbatches,
-                                                        loss_fn=forward, scale_grads=False), forward)
+            schedule = self.schedule_class(stages if multi else stages[0], self.microbatches, loss_fn=forward,
+                                           scale_grads=False)
+            if self.v_shaped and not training:
+                self._forward_only(schedule)
+            self._schedules[key] = (schedule, forward)
         schedule, forward = self._schedules[key]
         forward.fn = loss_fn  # this batch's targets and size
         return schedule
+
+    def _forward_only(self, schedule) -> None:
+        """Give a V-shaped schedule a forward-only order for evaluation: torch's ZBV and DualPipeV orders run their
+        split backward even in `eval()` (AssertionError "can't steal_bwd_input", torch 2.13). Each rank runs its
+        stages in order, every micro-batch through the first before the second (V: r, then 2 * pp - 1 - r)."""
+        from torch.distributed.pipelining.schedules import (_Action, _add_send_recv, _add_unshard_reshard,
+                                                            _ComputationType)
+
+        order = {r: [_Action(s, _ComputationType.FORWARD, mb) for s in (r, 2 * self.pp_size - 1 - r)
+                     for mb in range(self.microbatches)] for r in range(self.pp_size)}
+        # lowered as torch's `_prepare_schedule_with_comms` does, less its check that every stage runs a backward
+        schedule.pipeline_order = order
+        schedule.pipeline_order_with_comms = _add_send_recv(
+            {r: _add_unshard_reshard(actions) for r, actions in order.items()},
+            stage_to_rank=lambda s: schedule.stage_index_to_group_rank[s], num_stages=self.num_stages)
 
     def _holds_last_stage(self) -> bool:
         return any(s == self.num_stages - 1 for s, _ in self._stages)
