@@ -324,7 +324,7 @@ class Pipeline(OwnsStep, ModelParallel):
         local = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()  # a collective over dp
                  for k, v in model.state_dict().items()}
         parts = [None] * self.pp_size
-        dist.all_gather_object(parts, local if (env.rank() % self.dp_size == 0) else {}, group=self._pp_group())
+        dist.all_gather_object(parts, local, group=self._pp_group())  # every pp group: one per dp rank
         if not (everywhere or env.rank() == 0):
             return {}
         return {k: v for part in parts for k, v in part.items()}

@@ -1,0 +1,86 @@
+"""Pipeline parallelism (and PP x FSDP2) through the Learner, on gloo CPU processes launched by our CLI."""
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import run_launch
+
+CHECKS = ("eval_leaves_pending_gradients", "losses_and_norms", "weights_equal_reference", "valid_and_get_preds")
+
+
+def assert_checks(out: str, variants: tuple[str, ...]) -> None:
+    for variant in variants:
+        for check in CHECKS:
+            assert f"CHECK {variant}:{check} ok" in out, out
+
+
+@pytest.mark.slow
+def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_one_process_with_clipping():
+    # 1F1B/3: 3 micro-batches of a batch of 8 (the last padded); ZBVZeroBubble: the last stage on rank 0
+    variants = ("GPipe/4", "1F1B/3", "Interleaved1F1B/4", "ZBVZeroBubble/4")
+    assert_checks(run_launch("pipeline.py", "0.2", *variants, nproc=2, timeout=400).stdout, variants)
+
+
+@pytest.mark.slow
+def test_pipeline_inside_fsdp2_on_a_2x2_mesh_equals_one_process_with_the_global_batch():
+    variants = ("1F1B/4", "Interleaved1F1B/4")
+    assert_checks(run_launch("pipeline.py", "0.2", *variants, nproc=4, timeout=400).stdout, variants)
+
+
+def _sequential(tie_across: bool) -> nn.Sequential:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    model[4 if tie_across else 2].weight = model[0].weight
+    return model
+
+
+def _pipeline(**options):
+    from cadence.distributed.model_parallel import ModelParallel
+
+    return ModelParallel(device="cpu", pp_size=2, **options)
+
+
+def test_weights_tied_across_stages_are_refused_and_a_tie_inside_a_stage_is_kept():
+    with pytest.raises(ValueError, match=r"'0.weight' of stage 0 is tied to '4.weight' of stage 1.*untie"):
+        _pipeline(pp_split_points=["3"])._cut(_sequential(tie_across=True))
+    stages = _pipeline(pp_split_points=["3"])._cut(_sequential(tie_across=False))
+    assert stages[0][2].weight is stages[0][0].weight
+
+
+def test_sizes_schedules_and_split_points_that_do_not_fit_are_refused_with_the_arithmetic():
+    with pytest.raises(ValueError, match=r"pp_size=2 does not divide the 3 processes.*\[1, 3\]"):
+        _pipeline(pp_split_points=["3"])._mesh_shape_for(3)
+    with pytest.raises(ValueError, match=r"pp_size=2 x dp_shard_size=3 = 6, not the 4 processes"):
+        _pipeline(pp_split_points=["3"], dp_shard_size=3)._mesh_shape_for(4)
+    with pytest.raises(ValueError, match=r"'1F1B' runs one per rank, but 3 stages on pp_size=2"):
+        _pipeline(pp_schedule="1F1B", pp_split_points=["2", "3"])
+    with pytest.raises(ValueError, match=r"'Interleaved1F1B' runs several per rank, but 2 stages"):
+        _pipeline(pp_schedule="Interleaved1F1B", pp_split_points=["3"])
+    with pytest.raises(ValueError, match=r"pp_schedule='Zigzag'"):
+        _pipeline(pp_schedule="Zigzag", pp_split_points=["3"])
+    with pytest.raises(ValueError, match=r"pp_split_points \['7'\] are not children of the model"):
+        _pipeline(pp_split_points=["7"])._cut(_sequential(tie_across=False))
+    with pytest.raises(ValueError, match="needs where to cut the model"):
+        _pipeline()._cut(_sequential(tie_across=False))
+
+
+def test_pipeline_on_one_process_trains_the_plain_model_like_a_plain_loop():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from cadence import DataLoaders, Learner
+
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4), torch.randn(16, 4)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8), device="cpu")
+    learn = Learner(dls, _sequential(tie_across=False), loss_func=nn.functional.mse_loss, opt_func=torch.optim.SGD, lr=0.1)
+    ref = _sequential(tie_across=False)
+    ref.load_state_dict(learn.model.state_dict())
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_split_points=["3"]):
+        learn.fit(1)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for xb, yb in ((x[:8], y[:8]), (x[8:], y[8:])):
+        nn.functional.mse_loss(ref(xb), yb).backward()
+        opt.step()
+        opt.zero_grad()
+    for a, b in zip(ref.parameters(), learn.model.parameters()):
+        torch.testing.assert_close(a, b)
