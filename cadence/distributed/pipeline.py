@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import env
-from .fsdp import FSDP
+from .fsdp import FSDP, SHARDED_DIR
 from .model_parallel import ModelParallel, _launcher_sizes
 from .precision import FullPrecision
 from .strategy import MakeOpt, OwnsStep, meta_copy, rebuild, tied_names
@@ -341,6 +342,32 @@ class Pipeline(OwnsStep, ModelParallel):
             return ModelParallel.load_model_state_dict(self, model, state)
         mine = model.state_dict().keys()
         ModelParallel.load_model_state_dict(self, model, {k: v for k, v in state.items() if k in mine})
+
+
+    def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """FSDP's sharded format, the optimizer state flattened to one key per parameter (each stage writes its own:
+        torch's nested `param_groups` would be written once, by rank 0, for every stage)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, opt_state = get_state_dict(model, opt, options=_flat_options())
+        dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=Path(directory) / SHARDED_DIR)
+
+    def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Read what `save_checkpoint` wrote, on any pp x dp mesh or in one process."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, opt_state = get_state_dict(model, opt, options=_flat_options())
+        state = {"model": model_state, "optimizer": opt_state}
+        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_flat_options())
+
+
+def _flat_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class _Loss:

@@ -84,3 +84,42 @@ def test_pipeline_on_one_process_trains_the_plain_model_like_a_plain_loop():
         opt.zero_grad()
     for a, b in zip(ref.parameters(), learn.model.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def _weights_lines(out: str) -> dict[int, float]:
+    return {int(step): float(total) for step, total in
+            (line.split()[1:] for line in out.splitlines() if line.startswith("WEIGHTS "))}
+
+
+@pytest.mark.slow
+def test_a_pipeline_killed_mid_training_resumes_bitwise_and_its_checkpoint_loads_in_one_process(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import SCRIPTS, cadence_env
+
+    def launch(ckpt, out, *extra, check=True):
+        return run_launch("pipeline_resume.py", "--ckpt", tmp_path / ckpt, "--out", tmp_path / out, *extra,
+                          nproc=2, timeout=300, check=check)
+
+    launch("ref", "ref.pt")
+    killed = launch("run", "run.pt", "--kill-at", "5", check=False)
+    assert killed.returncode != 0 and (tmp_path / "run" / "latest").exists(), killed.stderr[-2000:]
+    saved = _weights_lines(killed.stdout)[4]          # the weights of the step-4 checkpoint, as the pipeline saw them
+    shutil.copytree(tmp_path / "run", tmp_path / "on1")
+
+    resumed = launch("run", "run.pt")                  # the same command continues the run
+    ref, run = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "run.pt")
+    assert ref.keys() == run.keys() and all(torch.equal(ref[k], run[k]) for k in ref), "the resume is not bitwise"
+    assert "STEPS 12" in resumed.stdout
+
+    one = subprocess.run([sys.executable, str(SCRIPTS / "pipeline_resume.py"), "--ckpt", str(tmp_path / "on1"),
+                          "--out", str(tmp_path / "on1.pt")], capture_output=True, text=True, timeout=300,
+                         env=cadence_env(PYTHONPATH=str(SCRIPTS)))
+    assert one.returncode == 0, one.stderr[-3000:]
+    in_one = _weights_lines(one.stdout)
+    assert in_one[4] == saved, (saved, in_one)                                  # loaded exactly
+    final = torch.load(tmp_path / "on1.pt")
+    for k in ref:                                                               # and trains on like the pipeline
+        torch.testing.assert_close(final[k], ref[k], rtol=1e-5, atol=1e-6)
