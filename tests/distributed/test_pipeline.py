@@ -123,3 +123,43 @@ def test_a_pipeline_killed_mid_training_resumes_bitwise_and_its_checkpoint_loads
     final = torch.load(tmp_path / "on1.pt")
     for k in ref:                                                               # and trains on like the pipeline
         torch.testing.assert_close(final[k], ref[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cadences_pp_flags_make_a_plain_distrib_ctx_a_pipeline_inside_fsdp():
+    out = run_launch("pipeline_launch.py", nproc=4, timeout=300,
+                     flags=("--parallelism_config_pp_size", "2", "--parallelism_config_pp_schedule", "GPipe",
+                            "--parallelism_config_pp_microbatches", "2")).stdout
+    assert "STRATEGY model_parallel pp 2 ScheduleGPipe 2 dp 2" in out and "TRAINED 2" in out, out
+
+
+@pytest.mark.parametrize("flags, said", [
+    (("--parallelism_config_pp_size", "3"), "pp_size=3 does not divide the 4 processes: pp x dp = world"),
+    (("--parallelism_config_pp_size", "2", "--parallelism_config_dp_shard_size", "4"), "pp_size=2 x dp_shard_size=4 = 8"),
+    (("--parallelism_config_pp_size", "2", "--parallelism_config_pp_schedule", "Interleaved1F1B",
+      "--parallelism_config_tp_size", "2"), "tp_size=2 with pp_size=2"),
+    (("--parallelism_config_pp_size", "2", "--parallelism_config_pp_schedule", "Zigzag"), "pp_schedule='Zigzag'"),
+])
+def test_pp_sizes_that_do_not_fit_are_refused_before_any_worker_starts(flags, said, capsys):
+    from cadence.cli import main
+
+    assert main(["launch", "--cpu", "--num_processes", "4", "--use_parallelism_config", *flags, "train.py"]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_a_config_files_parallelism_block_carries_the_pp_keys_to_the_workers(tmp_path):
+    from cadence.distributed.config import load_config
+    from cadence.distributed.launch import launch_env
+
+    path = tmp_path / "config.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 4\nuse_cpu: true\nparallelism_config:\n"
+                    "  parallelism_config_pp_size: 2\n  parallelism_config_pp_schedule: 1F1B\n"
+                    "  parallelism_config_pp_microbatches: 4\n")
+    config = load_config(path)
+    config.check_engine_options()
+    env = launch_env(config)
+    assert env["CADENCE_STRATEGY"] == "model_parallel"
+    assert '"parallelism_config_pp_size": 2' in env["CADENCE_PARALLELISM_CONFIG"]
+    path.write_text(path.read_text().replace("pp_size: 2", "pp_size: 3"))
+    with pytest.raises(ValueError, match="pp_size=3 does not divide the 4 processes"):
+        load_config(path).check_engine_options()
