@@ -16,10 +16,12 @@ def assert_checks(out: str, variants: tuple[str, ...]) -> None:
 
 
 @pytest.mark.slow
-def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_one_process_with_clipping():
+def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_one_process_and_grad_accum_is_refused():
     # 1F1B/3: 3 micro-batches of a batch of 8 (the last padded); ZBVZeroBubble: the last stage on rank 0
     variants = ("GPipe/4", "1F1B/3", "Interleaved1F1B/4", "ZBVZeroBubble/4")
-    assert_checks(run_launch("pipeline.py", "0.2", *variants, nproc=2, timeout=400).stdout, variants)
+    out = run_launch("pipeline.py", "0.2", *variants, "grad_accum", nproc=2, timeout=400).stdout
+    assert_checks(out, variants)
+    assert "CHECK grad_accum:refused ok" in out, out
 
 
 @pytest.mark.slow
@@ -62,6 +64,18 @@ def test_sizes_schedules_and_split_points_that_do_not_fit_are_refused_with_the_a
         _pipeline(pp_split_points=["7"])._cut(_sequential(tie_across=False))
     with pytest.raises(ValueError, match="needs where to cut the model"):
         _pipeline()._cut(_sequential(tie_across=False))
+
+
+def test_fp16_under_a_pipeline_is_refused_with_bf16_named():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from cadence import DataLoaders, Learner
+
+    dls = DataLoaders(DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 4)), batch_size=4), device="cpu")
+    learn = Learner(dls, _sequential(tie_across=False), loss_func=nn.functional.mse_loss).to_fp16()
+    with pytest.raises(ValueError, match=r"fp16 under pipeline parallelism.*use bf16"):
+        with learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_split_points=["3"]):
+            pass
 
 
 def test_pipeline_on_one_process_trains_the_plain_model_like_a_plain_loop():

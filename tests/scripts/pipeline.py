@@ -139,10 +139,27 @@ def run(variant, clip):
     ok(variant, "valid_and_get_preds")
 
 
+def refuse_grad_accum():
+    """GradAccum under PP: refused at the first accumulation micro-step, on every rank, naming what to do."""
+    from cadence import GradAccum
+
+    x, y = data(N_TRAIN, 1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), device="cpu")
+    learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, cbs=[GradAccum(2 * BS)])
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_split_points=SPLITS[PP]):
+        try:
+            learn.fit(1)
+        except ValueError as e:
+            assert "raise pp_microbatches" in str(e), e
+        else:
+            raise AssertionError("GradAccum under PP was not refused")
+    ok("grad_accum", "refused")
+
+
 def main():
     clip = float(sys.argv[1])
     for variant in sys.argv[2:]:
-        run(variant, clip)
+        refuse_grad_accum() if variant == "grad_accum" else run(variant, clip)
 
 
 if __name__ == "__main__":
