@@ -11,6 +11,10 @@ thread per process; the batches are built in memory beforehand (no loader cost o
 - **raw TP**: `parallelize_module` (Linear 0 and 4 column-wise, 2 and 6 row-wise) over both processes, the same
   step (every rank sees the same batch).
 - **cadence TP**: `learn.distrib_ctx(strategy="model_parallel", tp_size=2, parallelize=...)` with that plan.
+- **raw PP**: `torch.distributed.pipelining`: stage 0 = children 0-3 on rank 0, stage 1 = the rest on rank 1,
+  `Schedule1F1B` over 4 micro-batches with the loss in the schedule; `schedule.step`, step, zero_grad.
+- **cadence PP**: `learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_schedule="1F1B", pp_microbatches=4,
+  pp_split_points=["4"])`.
 - **raw DeepSpeed**: `deepspeed.initialize(model, optimizer=SGD, config=ZeRO-2)`, then `engine(x)`, loss,
   `engine.backward(loss)`, `engine.step()` (DeepSpeed's documented loop); gradient clipping off.
 - **cadence DeepSpeed**: `learn.distrib_ctx(strategy="deepspeed", zero_stage=2)` (only when deepspeed is installed).
@@ -21,6 +25,7 @@ over rounds of (loop time / its raw loop's time in the same round).
 
     .venv/bin/python bench/ddp.py                 # ~4 min on 2 cores (~8 with DeepSpeed)
     .venv/bin/python bench/ddp.py --smoke         # one short round: the script runs
+    .venv/bin/python bench/ddp.py --only PP       # raw PP and cadence PP only
 """
 
 from __future__ import annotations
@@ -97,6 +102,26 @@ DEEPSPEED_CONFIG = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulat
                     "zero_optimization": {"stage": 2}, "steps_per_print": 2**31 - 1, "zero_allow_untested_optimizer": True}
 
 
+def raw_pipeline(batches):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    model, rank = make_model(), dist.get_rank()
+    stage = nn.Sequential(*list(model)[:4]) if rank == 0 else nn.Sequential(*list(model)[4:])
+    opt = torch.optim.SGD(stage.parameters(), lr=1e-2)
+    schedule = Schedule1F1B(PipelineStage(stage, rank, 2, torch.device("cpu")), 4, loss_fn=F.cross_entropy)
+    for x, y in batches:
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=[])
+        opt.step()
+        opt.zero_grad()
+
+
 def raw_deepspeed(batches):
     import torch
     import torch.nn.functional as F
@@ -131,9 +156,12 @@ def cadence_loop(strategy, **kwargs):
 LOOPS = {"raw DDP": raw_loop(ddp_wrap), "cadence DDP": cadence_loop("ddp"),
          "raw FSDP2": raw_loop(fsdp_wrap), "cadence FSDP2": cadence_loop("fsdp", transformer_layer_cls_to_wrap="Linear"),
          "raw TP": raw_loop(tensor_parallel),
-         "cadence TP": cadence_loop("model_parallel", tp_size=2, parallelize=tensor_parallel)}
+         "cadence TP": cadence_loop("model_parallel", tp_size=2, parallelize=tensor_parallel),
+         "raw PP": raw_pipeline,
+         "cadence PP": cadence_loop("model_parallel", pp_size=2, pp_schedule="1F1B", pp_microbatches=4,
+                                    pp_split_points=["4"])}
 BASELINE = {"cadence DDP": "raw DDP", "cadence FSDP2": "raw FSDP2", "cadence DeepSpeed": "raw DeepSpeed",
-            "cadence TP": "raw TP"}
+            "cadence TP": "raw TP", "cadence PP": "raw PP"}
 
 
 def _add_deepspeed() -> None:
@@ -164,7 +192,7 @@ def worker(args) -> None:
     setup_distrib()
     _add_deepspeed()
     batches, warmup = make_batches(args.steps, rank()), make_batches(args.warmup, rank())
-    names = list(LOOPS)
+    names = [n for n in LOOPS if not args.only or n.split()[-1] in args.only.split(",")]
     times = {n: [] for n in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -190,13 +218,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--smoke", action="store_true", help="one short round: checks the script runs")
+    p.add_argument("--only", default="", help="engines to run, e.g. PP,TP (both loops of each)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smoke:
         args.rounds, args.steps, args.warmup = 1, 3, 1
     if is_worker():
         return worker(args)
-    flags = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    flags = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup), "--only", args.only]
     print(relaunch(2, __file__, flags))
 
 

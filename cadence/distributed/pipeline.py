@@ -40,6 +40,8 @@ __all__ = ["Pipeline"]
 
 Split = Callable[[nn.Module, int, int], nn.Module]
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # rank r holds stages r and 2 * pp - 1 - r
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.bool)
+_MAX_DIMS = 8  # of the output broadcast from the last stage
 
 
 class Pipeline(OwnsStep, ModelParallel):
@@ -215,28 +217,28 @@ class Pipeline(OwnsStep, ModelParallel):
             raise ValueError("the training batch has no targets for loss_func: yield (inputs, targets) batches")
         per = math.ceil(n / self.microbatches)
         padded = per * self.microbatches
-        index = torch.arange(padded, device=self.device)
-        take = index.clamp(max=n - 1)  # padding repeats the last sample; its rows are left out below
-        args = tuple(_rows(a, take) for a in args)
-        kwargs = {k: _rows(v, take) for k, v in kwargs.items()}
+        if padded > n:  # padding repeats the last sample; the loss leaves its rows out
+            take = torch.arange(padded, device=self.device).clamp(max=n - 1)
+            args = tuple(_rows(a, take) for a in args)
+            kwargs = {k: _rows(v, take) for k, v in kwargs.items()}
 
-        def loss_fn(out: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            real = idx < n
-            if not bool(real.any()):
+        def loss_fn(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            start = int(rows[0])  # a micro-batch is the batch's rows [start, start + per)
+            real = max(0, min(n, start + len(rows)) - start)
+            if not real:
                 return out.sum() * 0.0
-            return loss_func(out[real], *(y[idx[real]] for y in yb)) * (int(real.sum()) / n)
+            return loss_func(out[:real], *(y[start:start + real] for y in yb)) * (real / n)
 
         schedule = self._schedule(per, training, loss_fn)
         losses: list[torch.Tensor] = []
-        target = index if yb else None
+        target = torch.arange(padded, device=self.device) if yb else None
         if training:
             out = schedule.step(*args, target=target, losses=losses, **kwargs)
         else:
             out = schedule.eval(*args, target=target, losses=losses, **kwargs)
         last = self._holds_last_stage()
         loss = torch.stack([l.detach() for l in losses]).sum().float() if last and losses else None
-        pred = out[:n].detach() if last and out is not None else None
-        return self._from_last_stage(pred), self._from_last_stage(loss) if yb else None
+        return self._from_last_stage(out[:n].detach() if last else None, loss)
 
     def _schedule(self, per: int, training: bool, loss_fn: Callable):
         """A schedule (and its stages) for micro-batches of `per` samples: stages infer their shapes once."""
@@ -280,17 +282,28 @@ class Pipeline(OwnsStep, ModelParallel):
         """The pp-group rank of the process holding the last stage (rank 0 under V-shaped schedules)."""
         return 0 if self.v_shaped else self.pp_size - 1
 
-    def _from_last_stage(self, t: torch.Tensor | None) -> torch.Tensor | None:
-        """The last stage's tensor on every rank of the pipeline (shape and dtype sent first)."""
+    def _from_last_stage(self, pred: torch.Tensor | None, loss: torch.Tensor | None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last stage's `pred` and `loss` on every rank of the pipeline: a header (the loss, pred's dtype and
+        shape), then pred; two broadcasts a step."""
         group = self._pp_group()
         src = dist.get_global_rank(group, self._last_rank())
-        meta = [(tuple(t.shape), t.dtype) if t is not None else None]
-        dist.broadcast_object_list(meta, src=src, group=group)
-        if meta[0] is None:
-            return None
-        t = t.contiguous() if t is not None else torch.empty(meta[0][0], dtype=meta[0][1], device=self.device)
-        dist.broadcast(t, src=src, group=group)
-        return t
+        header = torch.zeros(4 + _MAX_DIMS, dtype=torch.float64, device=self.device)
+        if pred is not None:
+            if pred.ndim > _MAX_DIMS or pred.dtype not in _DTYPES:
+                raise ValueError(f"the last stage's output ({pred.dtype}, {pred.ndim} dims) cannot be broadcast: a tensor "
+                                 f"of at most {_MAX_DIMS} dims and one of {_DTYPES}")
+            header[:4] = torch.tensor([loss is not None, 0.0 if loss is None else float(loss),
+                                       _DTYPES.index(pred.dtype), pred.ndim], dtype=torch.float64)
+            header[4:4 + pred.ndim] = torch.tensor(pred.shape, dtype=torch.float64)
+        dist.broadcast(header, src=src, group=group)
+        has_loss, value, dtype, ndim = header[:4].tolist()
+        if pred is None:
+            shape = [int(d) for d in header[4:4 + int(ndim)].tolist()]
+            pred = torch.empty(shape, dtype=_DTYPES[int(dtype)], device=self.device)
+            loss = torch.tensor(value, dtype=torch.float32, device=self.device) if has_loss else None
+        dist.broadcast(pred.contiguous(), src=src, group=group)
+        return pred, loss
 
     def backward(self, loss: torch.Tensor | None) -> None:
         """Nothing: the schedule ran the backward inside `forward_backward`."""
