@@ -5,7 +5,8 @@ schedule (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, ZBVZeroBubble, DualPipeV, ...
 ...                        pp_split_points=["3"]):     # an nn.Sequential: stage 1 starts at its child "3"
 ...     learn.fit(3)
 
-The processes form a (pp, dp) mesh, dp inside pp. The pipeline engine owns the step (the OwnsStep ability): the
+The processes form a (pp, dp, tp) mesh, tp innermost; with tp_size > 1 `parallelize(stage_module, tp_mesh)` slices
+each stage's layers. The pipeline engine owns the step (the OwnsStep ability): the
 forward pass, the loss and the backward of every micro-batch run inside the schedule, so the Learner asks it for
 `(pred, loss)` instead of calling the model. What the rest of cadence sees:
 - the batch's loss and predictions (which exist only on the rank holding the last stage, rank 0 under V-shaped
@@ -32,7 +33,7 @@ from torch import nn
 
 from . import env
 from .fsdp import FSDP, SHARDED_DIR
-from .model_parallel import ModelParallel, _launcher_sizes
+from .model_parallel import ModelParallel, _launcher_sizes, _retie_sliced
 from .precision import FullPrecision
 from .strategy import MakeOpt, OwnsStep, meta_copy, rebuild, tied_names
 
@@ -45,7 +46,7 @@ _MAX_DIMS = 8  # of the output broadcast from the last stage
 
 
 class Pipeline(OwnsStep, ModelParallel):
-    """`strategy="model_parallel"` with `pp_size` > 1: stages over pp, FSDP2 over the `world // pp_size` dp groups.
+    """`strategy="model_parallel"` with `pp_size` > 1: stages over pp, TP inside them over `tp_size`, FSDP2 over dp.
 
     Args:
         pp_size: processes per pipeline (a divisor of the world size); `--parallelism_config_pp_size N` sets it.
@@ -87,9 +88,6 @@ class Pipeline(OwnsStep, ModelParallel):
             raise ValueError(f"pp_microbatches={pp_microbatches!r}: a whole number >= 1")
         if pp_split_points is not None and split is not None:
             raise ValueError("give pp_split_points or split, not both")
-        if self.tp_size != 1:
-            raise ValueError(f"tp_size={self.tp_size} with pp_size={self.pp_size}: tensor parallelism inside pipeline "
-                             f"stages is not in cadence yet; use one of them (with FSDP2 over the rest)")
         self.split_points, self.split = list(pp_split_points or []), split
         self._schedules: dict[tuple, Any] = {}
         self._stages: list[tuple[int, nn.Module]] = []
@@ -98,14 +96,16 @@ class Pipeline(OwnsStep, ModelParallel):
     def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
         if world == 1:  # one process trains the plain model
             return (1, 1, 1)
-        if world % self.pp_size:
-            raise ValueError(f"pp_size={self.pp_size} does not divide the {world} processes: pp x dp = world, so "
-                             f"pp_size must be one of {[d for d in range(1, world + 1) if world % d == 0]}")
-        if self.dp_shard_size is not None and self.dp_shard_size * self.pp_size != world:
-            raise ValueError(f"pp_size={self.pp_size} x dp_shard_size={self.dp_shard_size} = "
-                             f"{self.dp_shard_size * self.pp_size}, not the {world} processes: make dp_shard_size "
-                             f"{world // self.pp_size} or leave it out")
-        return (self.pp_size, world // self.pp_size, 1)
+        model = self.pp_size * self.tp_size
+        if world % model:
+            raise ValueError(f"pp_size={self.pp_size} x tp_size={self.tp_size} = {model} does not divide the {world} "
+                             f"processes: pp x dp x tp = world, so pp x tp must be one of "
+                             f"{[d for d in range(1, world + 1) if world % d == 0]}")
+        if self.dp_shard_size is not None and self.dp_shard_size * model != world:
+            raise ValueError(f"pp_size={self.pp_size} x dp_shard_size={self.dp_shard_size} x tp_size={self.tp_size} = "
+                             f"{self.dp_shard_size * model}, not the {world} processes: make dp_shard_size "
+                             f"{world // model} or leave it out")
+        return (self.pp_size, world // model, self.tp_size)
 
     def _mesh_names(self) -> tuple[str, ...]:
         return ("pp", "dp", "tp")
@@ -115,7 +115,7 @@ class Pipeline(OwnsStep, ModelParallel):
         return self.device_mesh.get_group("pp")
 
     def _pp_rank(self) -> int:
-        return env.rank() // (env.world_size() // self.pp_size)
+        return env.rank() // (env.world_size() // self.pp_size)  # ranks laid out (pp, dp, tp)
 
     # ------------------------------------------------------------------ cutting the model
     def _cut(self, model: nn.Module) -> list[nn.Module]:
@@ -149,6 +149,9 @@ class Pipeline(OwnsStep, ModelParallel):
         if precision is not None and precision.name == "fp16":
             raise ValueError("fp16 under pipeline parallelism: the schedule runs the backward, so cadence cannot scale "
                              "the loss; use bf16 (learn.to_bf16())")
+        if self.tp_size > 1 and self.parallelize is None:
+            raise ValueError(f"tp_size={self.tp_size} with pp_size={self.pp_size}: pass parallelize=fn(stage_module, "
+                             f"tp_mesh), which slices each pipeline stage's layers (only those the stage holds)")
         stages = self._cut(model)  # refusals first, on one process too
         if not env.is_initialized():
             return FSDP.setup(self, model, make_opt, precision)
@@ -158,6 +161,11 @@ class Pipeline(OwnsStep, ModelParallel):
         model = model.to(self.device)
         self._mesh()
         self._stages = [(s, stages[s]) for s in self._my_stages()]
+        if self.tp_size > 1:  # each stage sliced over tp, then sharded over dp
+            ties = tied_names(model)
+            for _, stage in self._stages:
+                self.parallelize(stage, self.device_mesh["tp"])
+                _retie_sliced(stage, {a: b for a, b in ties.items() if _holds(stage, a) and _holds(stage, b)})
         if precision is not None:
             self.set_precision(precision)
         self._precision_fixed = True
@@ -405,6 +413,14 @@ def _cut_sequential(model: nn.Module, points: list[str]) -> list[nn.Module]:
         raise ValueError(f"pp_split_points {points} must be distinct children in the model's order ({names})")
     return [nn.Sequential(OrderedDict((n, model.get_submodule(n)) for n in names[a:b]))
             for a, b in zip(starts, starts[1:])]
+
+
+def _holds(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_parameter(name)
+        return True
+    except AttributeError:
+        return False
 
 
 def _batch_size(args: tuple, kwargs: Mapping) -> int:

@@ -25,8 +25,8 @@ def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_on
 
 
 @pytest.mark.slow
-def test_pipeline_inside_fsdp2_on_a_2x2_mesh_equals_one_process_with_the_global_batch():
-    variants = ("1F1B/4", "Interleaved1F1B/4")
+def test_pipeline_inside_fsdp2_and_with_tp_inside_stages_on_4_processes_equals_one_process_with_the_global_batch():
+    variants = ("1F1B/4", "Interleaved1F1B/4", "1F1B/4+tp")     # pp x dp x tp: 2x2x1, 2x2x1, 2x1x2
     assert_checks(run_launch("pipeline.py", "0.2", *variants, nproc=4, timeout=400).stdout, variants)
 
 
@@ -50,9 +50,9 @@ def test_weights_tied_across_stages_are_refused_and_a_tie_inside_a_stage_is_kept
 
 
 def test_sizes_schedules_and_split_points_that_do_not_fit_are_refused_with_the_arithmetic():
-    with pytest.raises(ValueError, match=r"pp_size=2 does not divide the 3 processes.*\[1, 3\]"):
+    with pytest.raises(ValueError, match=r"pp_size=2 x tp_size=1 = 2 does not divide the 3 processes.*\[1, 3\]"):
         _pipeline(pp_split_points=["3"])._mesh_shape_for(3)
-    with pytest.raises(ValueError, match=r"pp_size=2 x dp_shard_size=3 = 6, not the 4 processes"):
+    with pytest.raises(ValueError, match=r"pp_size=2 x dp_shard_size=3 x tp_size=1 = 6, not the 4 processes"):
         _pipeline(pp_split_points=["3"], dp_shard_size=3)._mesh_shape_for(4)
     with pytest.raises(ValueError, match=r"'1F1B' runs one per rank, but 3 stages on pp_size=2"):
         _pipeline(pp_schedule="1F1B", pp_split_points=["2", "3"])
@@ -62,6 +62,8 @@ def test_sizes_schedules_and_split_points_that_do_not_fit_are_refused_with_the_a
         _pipeline(pp_schedule="Zigzag", pp_split_points=["3"])
     with pytest.raises(ValueError, match=r"pp_split_points \['7'\] are not children of the model"):
         _pipeline(pp_split_points=["7"])._cut(_sequential(tie_across=False))
+    with pytest.raises(ValueError, match=r"tp_size=2 with pp_size=2: pass parallelize=fn\(stage_module, tp_mesh\)"):
+        _pipeline(pp_split_points=["3"], tp_size=2).setup(_sequential(tie_across=False), torch.optim.SGD)
     with pytest.raises(ValueError, match="needs where to cut the model"):
         _pipeline()._cut(_sequential(tie_across=False))
 
@@ -148,10 +150,10 @@ def test_cadences_pp_flags_make_a_plain_distrib_ctx_a_pipeline_inside_fsdp():
 
 
 @pytest.mark.parametrize("flags, said", [
-    (("--parallelism_config_pp_size", "3"), "pp_size=3 does not divide the 4 processes: pp x dp = world"),
-    (("--parallelism_config_pp_size", "2", "--parallelism_config_dp_shard_size", "4"), "pp_size=2 x dp_shard_size=4 = 8"),
-    (("--parallelism_config_pp_size", "2", "--parallelism_config_pp_schedule", "Interleaved1F1B",
-      "--parallelism_config_tp_size", "2"), "tp_size=2 with pp_size=2"),
+    (("--parallelism_config_pp_size", "3"), "pp_size=3 x tp_size=1 = 3 does not divide the 4 processes: pp x dp x tp"),
+    (("--parallelism_config_pp_size", "2", "--parallelism_config_tp_size", "4"), "pp_size=2 x tp_size=4 = 8 does not"),
+    (("--parallelism_config_pp_size", "2", "--parallelism_config_dp_shard_size", "4"),
+     "pp_size=2 x dp_shard_size=4 x tp_size=1 = 8"),
     (("--parallelism_config_pp_size", "2", "--parallelism_config_pp_schedule", "Zigzag"), "pp_schedule='Zigzag'"),
 ])
 def test_pp_sizes_that_do_not_fit_are_refused_before_any_worker_starts(flags, said, capsys):
@@ -175,5 +177,5 @@ def test_a_config_files_parallelism_block_carries_the_pp_keys_to_the_workers(tmp
     assert env["CADENCE_STRATEGY"] == "model_parallel"
     assert '"parallelism_config_pp_size": 2' in env["CADENCE_PARALLELISM_CONFIG"]
     path.write_text(path.read_text().replace("pp_size: 2", "pp_size: 3"))
-    with pytest.raises(ValueError, match="pp_size=3 does not divide the 4 processes"):
+    with pytest.raises(ValueError, match="pp_size=3 x tp_size=1 = 3 does not divide the 4 processes"):
         load_config(path).check_engine_options()

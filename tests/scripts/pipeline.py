@@ -3,7 +3,8 @@
 An nn.Sequential classifier (a tie inside its first stage) trained by the Learner under
 `distrib_ctx(strategy="model_parallel", pp_size=2, pp_schedule=...)` (dp = world // 2, FSDP2 over dp) with
 GradClip(CLIP), once per VARIANT in the same processes. A variant is `SCHEDULE/MICROBATCHES`: the batch of 8 cut
-into that many micro-batches (3 leaves a padded one). Rank 0 prints `CHECK <variant>:<name> ok` for each check
+into that many micro-batches (3 leaves a padded one); `+tp` adds tp_size=2 (children 4 and 6 sliced inside their
+stage), so pp x dp x tp on 4 processes is 2 x 1 x 2. Rank 0 prints `CHECK <variant>:<name> ok` for each check
 against a hand-written one-process loop over the same global batches (computed here, without cadence):
 - the loss of every step (the same on every rank of a pipeline), the clipped norm, the weights after training;
 - the valid loss and accuracy, get_preds (valid batches of 8 and 2 per dp group: micro-batches padded);
@@ -80,8 +81,20 @@ def ok(variant, name):
         print(f"CHECK {variant}:{name} ok", flush=True)
 
 
+def parallelize(stage, tp_mesh):
+    """TP inside a stage: children 4 (column-wise) and 6 (row-wise) where the stage holds them."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    names = dict(stage.named_children())
+    plan = {name: style for name, style in (("4", ColwiseParallel()), ("6", RowwiseParallel())) if name in names}
+    parallelize_module(stage, tp_mesh, plan)
+
+
 def run(variant, clip):
+    variant, _, extra = variant.partition("+")
+    tp = 2 if extra == "tp" else 1
     schedule, microbatches = variant.split("/")
+    variant = f"{variant}+{extra}" if extra else variant
     x, y = data(N_TRAIN, 1)
     xv, yv = data(N_VALID, 2)
     dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), DataLoader(TensorDataset(xv, yv), batch_size=BS),
@@ -90,10 +103,13 @@ def run(variant, clip):
     learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, opt_func=torch.optim.SGD, lr=LR,
                     metrics=accuracy, cbs=[record, GradClip(clip)])
     multi = schedule not in ("GPipe", "1F1B")
-    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_schedule=schedule,
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_schedule=schedule, tp_size=tp,
+                           parallelize=parallelize if tp > 1 else None,
                            pp_microbatches=int(microbatches), pp_split_points=SPLITS[2 * PP if multi else PP]):
-        dp = world_size() // PP
+        dp = world_size() // (PP * tp)
         held = learn.model
+        if tp > 1 and "4" in dict(held.named_children()):
+            assert hasattr(held.get_submodule("4").weight, "to_local"), "the stage's layers must be sliced over tp"
         if "0" in dict(held.named_children()):
             assert held[2].weight is held[0].weight, "the tie inside a stage must hold while cut"
         if dp > 1:
@@ -115,8 +131,8 @@ def run(variant, clip):
     ref_model, ref_losses, ref_norms = reference(x, y, dp, clip)
     rtol, atol = 1e-4, 1e-5
 
-    # ranks laid out (pp, dp): the stages of one pipeline (r, r + dp) record the same loss
-    assert all(losses[r] == losses[r % dp] for r in range(world_size())), f"a pipeline's ranks disagree: {losses}"
+    # ranks laid out (pp, dp, tp): the ranks of one pipeline and tp group (r % (dp * tp) equal) record the same loss
+    assert all(losses[r] == losses[r % (dp * tp) // tp * tp] for r in range(world_size())), f"ranks disagree: {losses}"
     if dp == 1:  # a dp group's loss is its share of the global batch
         torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(ref_losses), rtol=rtol, atol=atol)
     torch.testing.assert_close(torch.tensor(record.norms), torch.tensor(ref_norms), rtol=rtol, atol=atol)
