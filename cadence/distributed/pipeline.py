@@ -95,20 +95,20 @@ class Pipeline(OwnsStep, ModelParallel):
     # ------------------------------------------------------------------ the mesh
     def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
         if world == 1:  # one process trains the plain model
-            return (1, 1, 1)
+            return (1, *ModelParallel._mesh_shape_for(self, 1))
         model = self.pp_size * self.tp_size
         if world % model:
             raise ValueError(f"pp_size={self.pp_size} x tp_size={self.tp_size} = {model} does not divide the {world} "
                              f"processes: pp x dp x tp = world, so pp x tp must be one of "
                              f"{[d for d in range(1, world + 1) if world % d == 0]}")
-        if self.dp_shard_size is not None and self.dp_shard_size * model != world:
+        if self.dp_shard_size is not None and self.dp_shard_size * model * self.dp_replicate_size != world:
             raise ValueError(f"pp_size={self.pp_size} x dp_shard_size={self.dp_shard_size} x tp_size={self.tp_size} = "
                              f"{self.dp_shard_size * model}, not the {world} processes: make dp_shard_size "
-                             f"{world // model} or leave it out")
-        return (self.pp_size, world // model, self.tp_size)
+                             f"{world // model // self.dp_replicate_size} or leave it out")
+        return (self.pp_size, *ModelParallel._mesh_shape_for(self, world // self.pp_size))
 
     def _mesh_names(self) -> tuple[str, ...]:
-        return ("pp", "dp", "tp")
+        return ("pp", *ModelParallel._mesh_names(self))
 
     def _pp_group(self):
         self._mesh()
@@ -172,7 +172,7 @@ class Pipeline(OwnsStep, ModelParallel):
         if self.dp_size > 1:
             from .fsdp import SHARDING_STRATEGIES, _mp_policy
 
-            kwargs = dict(mesh=self.device_mesh["dp"], reshard_after_forward=SHARDING_STRATEGIES[self.sharding],
+            kwargs = dict(mesh=self._mesh(), reshard_after_forward=SHARDING_STRATEGIES[self.sharding],
                           mp_policy=_mp_policy(self.precision))
             for _, stage in self._stages:
                 for group in self._groups(stage):
