@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..distributed.strategy import OwnsStep
 from .callback import Callback, event_methods
 from .data import DataLoaders, apply_to_tensors, n_batches, to_detach, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
@@ -436,7 +435,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
 
     def _pred_and_loss(self) -> None:
         xb = self.xb
-        if isinstance(self.strategy, OwnsStep):  # a pipeline runs forward, loss and backward in its schedule
+        if hasattr(self.strategy, "forward_backward"):  # OwnsStep: a pipeline runs forward, loss and backward itself
             return self._engine_pred_and_loss()
         self.pred = self.model(*xb) if type(xb) is tuple else self.model(**xb)
         if self.loss_func is None:
