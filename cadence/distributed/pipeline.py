@@ -91,6 +91,7 @@ class Pipeline(OwnsStep, ModelParallel):
         self.split_points, self.split = list(pp_split_points or []), split
         self._schedules: dict[tuple, Any] = {}
         self._stages: list[tuple[int, nn.Module]] = []
+        self._names: dict[str, str] = {}
 
     # ------------------------------------------------------------------ the mesh
     def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
@@ -161,6 +162,8 @@ class Pipeline(OwnsStep, ModelParallel):
         model = model.to(self.device)
         self._mesh()
         self._stages = [(s, stages[s]) for s in self._my_stages()]
+        held = self._holder([m for _, m in self._stages])
+        self._names = _model_names(held, model)  # before slicing and sharding replace the tensors
         if self.tp_size > 1:  # each stage sliced over tp, then sharded over dp
             ties = tied_names(model)
             for _, stage in self._stages:
@@ -178,7 +181,6 @@ class Pipeline(OwnsStep, ModelParallel):
                 for group in self._groups(stage):
                     fully_shard(group, **kwargs)
                 fully_shard(stage, **kwargs)
-        held = self._holder([m for _, m in self._stages])
         self._skeleton = skeleton
         return held, make_opt(held)
 
@@ -343,8 +345,8 @@ class Pipeline(OwnsStep, ModelParallel):
         """The whole model's weights on the CPU: every stage's, merged over pp (on rank 0, or on every rank)."""
         from torch.distributed.tensor import DTensor
 
-        local = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()  # a collective over dp
-                 for k, v in model.state_dict().items()}
+        local = {self._names.get(k, k): (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+                 for k, v in model.state_dict().items()}  # full_tensor: a collective over dp and tp
         parts = [None] * self.pp_size
         dist.all_gather_object(parts, local, group=self._pp_group())  # every pp group: one per dp rank
         if not (everywhere or env.rank() == 0):
@@ -361,8 +363,8 @@ class Pipeline(OwnsStep, ModelParallel):
         """Load full weights: each stage takes its own names."""
         if not self._stages:
             return ModelParallel.load_model_state_dict(self, model, state)
-        mine = model.state_dict().keys()
-        ModelParallel.load_model_state_dict(self, model, {k: v for k, v in state.items() if k in mine})
+        mine = {self._names.get(k, k): k for k in model.state_dict()}
+        ModelParallel.load_model_state_dict(self, model, {mine[k]: v for k, v in state.items() if k in mine})
 
 
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -413,6 +415,20 @@ def _cut_sequential(model: nn.Module, points: list[str]) -> list[nn.Module]:
         raise ValueError(f"pp_split_points {points} must be distinct children in the model's order ({names})")
     return [nn.Sequential(OrderedDict((n, model.get_submodule(n)) for n in names[a:b]))
             for a, b in zip(starts, starts[1:])]
+
+
+def _model_names(held: nn.Module, model: nn.Module) -> dict[str, str]:
+    """Each name of `held`'s state that differs from the model's name of the same tensor (a `split` function's
+    stage modules may name the layers they hold their own way); tied names matched in order."""
+    def names(m: nn.Module) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for name, t in (*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False)):
+            out.setdefault(id(t), []).append(name)
+        return out
+
+    in_model = names(model)
+    return {mine: theirs for key, ours in names(held).items() for mine, theirs in zip(ours, in_model.get(key, ()))
+            if mine != theirs}
 
 
 def _holds(module: nn.Module, name: str) -> bool:

@@ -4,7 +4,8 @@ An nn.Sequential classifier (a tie inside its first stage) trained by the Learne
 `distrib_ctx(strategy="model_parallel", pp_size=2, pp_schedule=...)` (dp = world // 2, FSDP2 over dp) with
 GradClip(CLIP), once per VARIANT in the same processes. A variant is `SCHEDULE/MICROBATCHES`: the batch of 8 cut
 into that many micro-batches (3 leaves a padded one); `+tp` adds tp_size=2 (children 4 and 6 sliced inside their
-stage), so pp x dp x tp on 4 processes is 2 x 1 x 2. Rank 0 prints `CHECK <variant>:<name> ok` for each check
+stage), so pp x dp x tp on 4 processes is 2 x 1 x 2; `+split` cuts with a `split` function whose stages name
+their layers their own way. Rank 0 prints `CHECK <variant>:<name> ok` for each check
 against a hand-written one-process loop over the same global batches (computed here, without cadence):
 - the loss of every step (the same on every rank of a pipeline), the clipped norm, the weights after training;
 - the valid loss and accuracy, get_preds (valid batches of 8 and 2 per dp group: micro-batches padded);
@@ -90,6 +91,12 @@ def parallelize(stage, tp_mesh):
     parallelize_module(stage, tp_mesh, plan)
 
 
+def split(model, stage, num_stages):
+    """A user's cut: plain nn.Sequentials of the model's layers, named 0, 1, ... (not the model's names)."""
+    bounds = [0, 4, 6, 8, 9] if num_stages == 4 else [0, 4, 9]
+    return nn.Sequential(*list(model)[bounds[stage]:bounds[stage + 1]])
+
+
 def run(variant, clip):
     variant, _, extra = variant.partition("+")
     tp = 2 if extra == "tp" else 1
@@ -103,14 +110,14 @@ def run(variant, clip):
     learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, opt_func=torch.optim.SGD, lr=LR,
                     metrics=accuracy, cbs=[record, GradClip(clip)])
     multi = schedule not in ("GPipe", "1F1B")
+    cut = {"split": split} if extra == "split" else {"pp_split_points": SPLITS[2 * PP if multi else PP]}
     with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_schedule=schedule, tp_size=tp,
-                           parallelize=parallelize if tp > 1 else None,
-                           pp_microbatches=int(microbatches), pp_split_points=SPLITS[2 * PP if multi else PP]):
+                           parallelize=parallelize if tp > 1 else None, pp_microbatches=int(microbatches), **cut):
         dp = world_size() // (PP * tp)
         held = learn.model
         if tp > 1 and "4" in dict(held.named_children()):
             assert hasattr(held.get_submodule("4").weight, "to_local"), "the stage's layers must be sliced over tp"
-        if "0" in dict(held.named_children()):
+        if "0" in dict(held.named_children()) and extra != "split":
             assert held[2].weight is held[0].weight, "the tie inside a stage must hold while cut"
         if dp > 1:
             assert all(hasattr(p, "to_local") for p in held.parameters()), "the stages must be sharded over dp"
