@@ -6,9 +6,9 @@ schedule (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, ZBVZeroBubble, DualPipeV, ...
 ...     learn.fit(3)
 
 The processes form a (pp, dp, tp) mesh, tp innermost; with tp_size > 1 `parallelize(stage_module, tp_mesh)` slices
-each stage's layers. The pipeline engine owns the step (the OwnsStep ability): the
-forward pass, the loss and the backward of every micro-batch run inside the schedule, so the Learner asks it for
-`(pred, loss)` instead of calling the model. What the rest of cadence sees:
+each stage's layers. The pipeline engine owns the step (the OwnsStep ability): the forward pass, the loss and the
+backward of every micro-batch run inside the schedule, so the Learner asks it for `(pred, loss)` instead of calling
+the model. What the rest of cadence sees:
 - the batch's loss and predictions (which exist only on the rank holding the last stage, rank 0 under V-shaped
   schedules) are broadcast over the pp group, so every rank's Recorder, metrics, trackers and EarlyStopping see them;
 - a batch that the micro-batches do not divide is padded and the padding left out of loss, gradients and `pred`;
@@ -16,15 +16,16 @@ forward pass, the loss and the backward of every micro-batch run inside the sche
   (the schedule's own scaling is off: `schedule.eval()` would divide pending gradients by the micro-batches);
 - gradient clipping uses the norm over every stage (each stage's norm per mesh, summed over pp);
 - weights tied across stages are refused (ties within a stage are kept);
-- checkpoints are FSDP's sharded format keyed by the model's own parameter names, so they load in one process.
+- checkpoints are FSDP's sharded format keyed by the stages' parameter names (the model's own under
+  `pp_split_points`), so they load in one process.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
