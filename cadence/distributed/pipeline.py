@@ -163,6 +163,8 @@ class Pipeline(OwnsStep, ModelParallel):
         model = model.to(self.device)
         self._mesh()
         self._stages = [(s, stages[s]) for s in self._my_stages()]
+        for _, stage in self._stages:
+            stage.register_forward_hook(_full_precision_between_stages)
         held = self._holder([m for _, m in self._stages])
         self._names = _model_names(held, model)  # before slicing and sharding replace the tensors
         if self.tp_size > 1:  # each stage sliced over tp, then sharded over dp
@@ -430,6 +432,14 @@ def _model_names(held: nn.Module, model: nn.Module) -> dict[str, str]:
     in_model = names(model)
     return {mine: theirs for key, ours in names(held).items() for mine, theirs in zip(ours, in_model.get(key, ()))
             if mine != theirs}
+
+
+def _full_precision_between_stages(module: nn.Module, args: Any, out: Any) -> Any:
+    """Under autocast (bf16), a stage's output is sent as float32: its receiver allocated its buffers from the shapes
+    and dtypes torch inferred outside autocast (gloo: "Received data size doesn't match expected size")."""
+    if isinstance(out, torch.Tensor) and out.is_floating_point() and torch.is_autocast_enabled(out.device.type):
+        return out.float()
+    return out
 
 
 def _holds(module: nn.Module, name: str) -> bool:

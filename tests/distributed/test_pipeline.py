@@ -18,8 +18,8 @@ def assert_checks(out: str, variants: tuple[str, ...]) -> None:
 @pytest.mark.slow
 def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_one_process_and_grad_accum_is_refused():
     # 1F1B/3: 3 micro-batches of a batch of 8 (the last padded); +split: a user's split function naming the layers
-    # its own way (two stages per rank); ZBVZeroBubble: the last stage on rank 0
-    variants = ("GPipe/4", "1F1B/3", "Interleaved1F1B/4+split", "ZBVZeroBubble/4")
+    # its own way (two stages per rank); ZBVZeroBubble: the last stage on rank 0; +bf16: learn.to_bf16()
+    variants = ("GPipe/4", "1F1B/3", "Interleaved1F1B/4+split", "ZBVZeroBubble/4", "1F1B/4+bf16")
     out = run_launch("pipeline.py", "0.2", *variants, "grad_accum", nproc=2, timeout=400).stdout
     assert_checks(out, variants)
     assert "CHECK grad_accum:refused ok" in out, out
