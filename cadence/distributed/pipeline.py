@@ -370,6 +370,19 @@ class Pipeline(OwnsStep, ModelParallel):
         ModelParallel.load_model_state_dict(self, model, {mine[k]: v for k, v in state.items() if k in mine})
 
 
+    def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+        if self._stages:
+            raise ValueError("the optimizer state of a pipeline lives on its stages: save it with the Checkpoint "
+                             "callback (sharded, resumable), or learn.save(...) after the distrib_ctx block; "
+                             "learn.save(name, with_opt=False) and learn.export / save_model work inside it")
+        return ModelParallel.optimizer_state_dict(self, model, opt)
+
+    def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+        if self._stages:
+            raise ValueError("an optimizer state cannot be loaded into a pipeline's stages: load it before the "
+                             "distrib_ctx block (learn.load outside it), or resume a Checkpoint inside it")
+        ModelParallel.load_optimizer_state_dict(self, model, opt, state)
+
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """FSDP's sharded format, the optimizer state flattened to one key per parameter (each stage writes its own:
         torch's nested `param_groups` would be written once, by rank 0, for every stage)."""

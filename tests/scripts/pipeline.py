@@ -14,6 +14,7 @@ against a hand-written one-process loop over the same global batches (computed h
 """
 
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -167,12 +168,14 @@ def run(variant, clip):
 
 
 def refuse_grad_accum():
-    """GradAccum under PP: refused at the first accumulation micro-step, on every rank, naming what to do."""
+    """GradAccum under PP: refused at the first accumulation micro-step, on every rank, naming what to do; so is
+    learn.save with the optimizer (its state lives on the stages)."""
     from cadence import GradAccum
 
     x, y = data(N_TRAIN, 1)
     dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), device="cpu")
-    learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, cbs=[GradAccum(2 * BS)])
+    learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, cbs=[GradAccum(2 * BS)],
+                    path=tempfile.mkdtemp())  # learn.save creates its model directory before it is refused
     with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_split_points=SPLITS[PP]):
         try:
             learn.fit(1)
@@ -180,6 +183,13 @@ def refuse_grad_accum():
             assert "raise pp_microbatches" in str(e), e
         else:
             raise AssertionError("GradAccum under PP was not refused")
+        learn.remove_cb(learn.grad_accum)
+        try:
+            learn.save("inside")
+        except ValueError as e:
+            assert "Checkpoint" in str(e), e
+        else:
+            raise AssertionError("learn.save with the optimizer under PP was not refused")
     ok("grad_accum", "refused")
 
 
