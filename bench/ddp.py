@@ -15,6 +15,10 @@ thread per process; the batches are built in memory beforehand (no loader cost o
   and **raw 2-D**: a (dp=2, tp=2) `init_device_mesh`, `parallelize_module` with the plan above on "tp", then
   `fully_shard` on each Linear and the root over "dp", the same step; **cadence 2-D**:
   `distrib_ctx(strategy="model_parallel", tp_size=2, parallelize=..., transformer_layer_cls_to_wrap="Linear")`.
+- **raw PP**: `torch.distributed.pipelining`: stage 0 = children 0-3 on rank 0, stage 1 = the rest on rank 1,
+  `Schedule1F1B` over 4 micro-batches with the loss in the schedule; `schedule.step`, step, zero_grad.
+- **cadence PP**: `learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_schedule="1F1B", pp_microbatches=4,
+  pp_split_points=["4"])`.
 - **raw DeepSpeed**: `deepspeed.initialize(model, optimizer=SGD, config=ZeRO-2)`, then `engine(x)`, loss,
   `engine.backward(loss)`, `engine.step()` (DeepSpeed's documented loop); gradient clipping off.
 - **cadence DeepSpeed**: `learn.distrib_ctx(strategy="deepspeed", zero_stage=2)` (only when deepspeed is installed).
@@ -26,6 +30,7 @@ over rounds of (loop time / its raw loop's time in the same round).
     .venv/bin/python bench/ddp.py                 # ~4 min on 2 cores (~8 with DeepSpeed)
     .venv/bin/python bench/ddp.py --smoke         # one short round: the script runs
     .venv/bin/python bench/ddp.py --nproc 4       # TP over 4 processes and 2-D (2 tp x 2 FSDP2 dp groups)
+    .venv/bin/python bench/ddp.py --only PP       # raw PP and cadence PP only
 """
 
 from __future__ import annotations
@@ -117,6 +122,26 @@ DEEPSPEED_CONFIG = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulat
                     "zero_optimization": {"stage": 2}, "steps_per_print": 2**31 - 1, "zero_allow_untested_optimizer": True}
 
 
+def raw_pipeline(batches):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    model, rank = make_model(), dist.get_rank()
+    stage = nn.Sequential(*list(model)[:4]) if rank == 0 else nn.Sequential(*list(model)[4:])
+    opt = torch.optim.SGD(stage.parameters(), lr=1e-2)
+    schedule = Schedule1F1B(PipelineStage(stage, rank, 2, torch.device("cpu")), 4, loss_fn=F.cross_entropy)
+    for x, y in batches:
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=[])
+        opt.step()
+        opt.zero_grad()
+
+
 def raw_deepspeed(batches):
     import torch
     import torch.nn.functional as F
@@ -151,12 +176,15 @@ def cadence_loop(strategy, **kwargs):
 LOOPS = {"raw DDP": raw_loop(ddp_wrap), "cadence DDP": cadence_loop("ddp"),
          "raw FSDP2": raw_loop(fsdp_wrap), "cadence FSDP2": cadence_loop("fsdp", transformer_layer_cls_to_wrap="Linear"),
          "raw TP": raw_loop(tensor_parallel),
-         "cadence TP": cadence_loop("model_parallel", tp_size=2, parallelize=tensor_parallel)}
+         "cadence TP": cadence_loop("model_parallel", tp_size=2, parallelize=tensor_parallel),
+         "raw PP": raw_pipeline,
+         "cadence PP": cadence_loop("model_parallel", pp_size=2, pp_schedule="1F1B", pp_microbatches=4,
+                                    pp_split_points=["4"])}
 FOUR = {"raw TP": raw_loop(tensor_parallel), "cadence TP": cadence_loop("model_parallel", tp_size=4, parallelize=tensor_parallel),
         "raw 2-D": raw_loop(two_d), "cadence 2-D": cadence_loop("model_parallel", tp_size=2, parallelize=tensor_parallel,
                                                                transformer_layer_cls_to_wrap="Linear")}
 BASELINE = {"cadence DDP": "raw DDP", "cadence FSDP2": "raw FSDP2", "cadence DeepSpeed": "raw DeepSpeed",
-            "cadence TP": "raw TP", "cadence 2-D": "raw 2-D"}
+            "cadence TP": "raw TP", "cadence 2-D": "raw 2-D", "cadence PP": "raw PP"}
 
 
 def _add_deepspeed() -> None:
@@ -189,7 +217,7 @@ def worker(args) -> None:
     if world_size() == 2:
         _add_deepspeed()
     batches, warmup = make_batches(args.steps, rank()), make_batches(args.warmup, rank())
-    names = list(loops)
+    names = [n for n in loops if not args.only or n.split()[-1] in args.only.split(",")]
     times = {n: [] for n in names}
     for r in range(args.rounds):   # every round runs each loop once, in a rotating order: cadence and raw interleaved
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -216,13 +244,15 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--nproc", type=int, default=2, choices=(2, 4), help="4: the TP (tp=4) and 2-D (2x2) loops only")
     p.add_argument("--smoke", action="store_true", help="one short round: checks the script runs")
+    p.add_argument("--only", default="", help="engines to run, e.g. PP,TP (both loops of each)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smoke:
         args.rounds, args.steps, args.warmup = 1, 3, 1
     if is_worker():
         return worker(args)
-    flags = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup), "--nproc", str(args.nproc)]
+    flags = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup),
+             "--nproc", str(args.nproc), "--only", args.only]
     print(relaunch(args.nproc, __file__, flags))
 
 

@@ -48,7 +48,7 @@ def _bench_table(script, *args) -> list[list[str]]:
 def test_engine_step_bench_compares_each_engine_with_its_hand_written_loop():
     rows = _bench_table("ddp.py", "--smoke")
     assert [r[0] for r in rows] == ["raw DDP", "cadence DDP", "raw FSDP2", "cadence FSDP2", "raw TP", "cadence TP",
-                                    "raw DeepSpeed", "cadence DeepSpeed"]
+                                    "raw PP", "cadence PP", "raw DeepSpeed", "cadence DeepSpeed"]
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)  # ms/step and ratio measured
 
 

@@ -13,7 +13,7 @@ from .ops import (broadcast, gather, gather_for_metrics, gather_object, get_logg
                   main_print, main_process_first, on_local_main_process, on_main_process, pad_across_processes,
                   rank0_first, reduce, wait_for_everyone)
 from .registry import STRATEGIES, get_strategy
-from .strategy import OwnsAccumulation, OwnsClipping, OwnsPrecision, SingleDevice, Strategy
+from .strategy import OwnsAccumulation, OwnsClipping, OwnsPrecision, OwnsStep, SingleDevice, Strategy
 
 __all__ = [
     "DistributedDL", "send_to_device", "default_device", "is_distributed", "is_initialized", "is_local_main_process",
@@ -21,5 +21,5 @@ __all__ = [
     "debug_launcher", "notebook_launcher", "broadcast", "gather", "gather_for_metrics", "gather_object", "get_logger",
     "local_main_process_first", "main_print", "main_process_first", "on_local_main_process", "on_main_process",
     "pad_across_processes", "rank0_first", "reduce", "wait_for_everyone", "STRATEGIES", "get_strategy",
-    "OwnsAccumulation", "OwnsClipping", "OwnsPrecision", "SingleDevice", "Strategy",
+    "OwnsAccumulation", "OwnsClipping", "OwnsPrecision", "OwnsStep", "SingleDevice", "Strategy",
 ]

@@ -175,19 +175,21 @@ def add_deepspeed_options(parser: argparse.ArgumentParser) -> None:
 
 
 # `--parallelism_config_<key>` flags: Accelerate's names; they fill the config's parallelism_config block
-PARALLELISM_FLAGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+PARALLELISM_FLAGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size",
+                     "pp_size", "pp_microbatches", "pp_schedule")  # the pp keys are cadence's own
 
 
 def add_parallelism_options(parser: argparse.ArgumentParser) -> None:
     """`--use_parallelism_config` and its sizes (see cadence.distributed.model_parallel.ModelParallel).
 
     >>> p = argparse.ArgumentParser(); add_parallelism_options(p); p.parse_args(["--parallelism_config_tp_size", "2"])
-    Namespace(use_parallelism_config=False, parallelism_config_dp_replicate_size=None, parallelism_config_dp_shard_size=None, parallelism_config_tp_size=2, parallelism_config_cp_size=None)
+    Namespace(use_parallelism_config=False, parallelism_config_dp_replicate_size=None, parallelism_config_dp_shard_size=None, parallelism_config_tp_size=2, parallelism_config_cp_size=None, parallelism_config_pp_size=None, parallelism_config_pp_microbatches=None, parallelism_config_pp_schedule=None)
     """
-    group = parser.add_argument_group("Model parallel", "tensor parallelism inside FSDP2 (Accelerate's flag names)")
+    group = parser.add_argument_group("Model parallel", "tensor and pipeline parallelism inside FSDP2 (Accelerate's "
+                                      "flag names; the pp flags are cadence's)")
     group.add_argument("--use_parallelism_config", action="store_true", help="train with the model_parallel strategy")
     for key in PARALLELISM_FLAGS:
-        group.add_argument(f"--parallelism_config_{key}", type=int, default=None)
+        group.add_argument(f"--parallelism_config_{key}", type=str if key == "pp_schedule" else int, default=None)
 
 
 def _engine_changes(args: argparse.Namespace, base: Config, use: str, distributed_type: str, block: str,

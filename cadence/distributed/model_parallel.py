@@ -48,7 +48,8 @@ class ModelParallel(FSDP):
     Args:
         tp_size: processes per tensor-parallel group (a divisor of the world size); `cadence launch
             --use_parallelism_config --parallelism_config_tp_size N` (or the YAML's parallelism_config) sets it.
-        dp_shard_size: checked to be world // tp_size when given (Accelerate's name); dp_replicate_size: 1 only.
+        dp_shard_size: checked to be world // (tp_size x dp_replicate_size) when given (Accelerate's name).
+        dp_replicate_size: FSDP2 groups that replicate each other (HSDP: shard within a group, all-reduce across).
         parallelize: `fn(model, tp_mesh)` slicing the model's layers; else the model's own `parallelize(tp_mesh)`,
             else a Hugging Face model's `base_model_tp_plan`.
         loss_parallel: the output layer leaves the logits sliced over the vocabulary (`use_local_output=False`) and
@@ -58,19 +59,30 @@ class ModelParallel(FSDP):
     """
 
     name = "model_parallel"
+    pp_size = 1
+
+    def __new__(cls, *args: Any, pp_size: int | None = None, **kwargs: Any):
+        """With `pp_size` > 1 (given, or from the launcher) the strategy is a `Pipeline` (pipeline.py)."""
+        if cls is ModelParallel and int(_launcher_sizes().get("pp_size", 1) if pp_size is None else pp_size) > 1:
+            from .pipeline import Pipeline
+
+            return super().__new__(Pipeline)
+        return super().__new__(cls)
 
     def __init__(self, device: torch.device | str | None = None, tp_size: int | None = None,
                  parallelize: Parallelize | None = None, loss_parallel: bool = False, cp_size: int | None = None,
-                 dp_shard_size: int | None = None, dp_replicate_size: int | None = None, **fsdp_options: Any):
+                 dp_shard_size: int | None = None, dp_replicate_size: int | None = None, pp_size: int | None = None,
+                 **fsdp_options: Any):
         super().__init__(device, **fsdp_options)
         launched = _launcher_sizes()
         tp_size = launched.get("tp_size") if tp_size is None else tp_size
         cp_size = launched.get("cp_size", 1) if cp_size is None else cp_size
         self.dp_shard_size = launched.get("dp_shard_size") if dp_shard_size is None else dp_shard_size
         dp_replicate_size = launched.get("dp_replicate_size", 1) if dp_replicate_size is None else dp_replicate_size
-        if int(dp_replicate_size) != 1:
-            raise ValueError(f"dp_replicate_size={dp_replicate_size}: replicated FSDP groups (HSDP) under tensor "
-                             f"parallelism are not in cadence yet; leave it 1 (dp = processes / tp_size, all sharded)")
+        if int(dp_replicate_size) < 1:
+            raise ValueError(f"dp_replicate_size={dp_replicate_size}: a whole number >= 1 (replicated FSDP groups, HSDP)")
+        self.dp_replicate_size = int(dp_replicate_size)
+        self._flat_dp = None
         if int(cp_size) != 1:
             raise ValueError(f"cp_size={cp_size}: context parallelism is not available in cadence yet (and torch has no "
                              f"CPU implementation of sharded attention); shard long sequences with sequence "
@@ -96,16 +108,29 @@ class ModelParallel(FSDP):
         if world % self.tp_size:
             raise ValueError(f"tp_size={self.tp_size} does not divide the {world} processes: dp x tp = world, so "
                              f"tp_size must be one of {[d for d in range(1, world + 1) if world % d == 0]}")
-        if self.dp_shard_size is not None and self.dp_shard_size * self.tp_size != world:
-            raise ValueError(f"dp_shard_size={self.dp_shard_size} x tp_size={self.tp_size} = "
-                             f"{self.dp_shard_size * self.tp_size}, not the {world} processes: make dp_shard_size "
-                             f"{world // self.tp_size} or leave it out")
-        return (world // self.tp_size, self.tp_size)
+        rep, dp = self.dp_replicate_size, world // self.tp_size
+        if dp % rep:
+            raise ValueError(f"dp_replicate_size={rep} does not divide the {dp} data-parallel processes ({world} / "
+                             f"tp_size={self.tp_size}): pick one of {[d for d in range(1, dp + 1) if dp % d == 0]}")
+        replicas = f" x dp_replicate_size={rep}" if rep > 1 else ""
+        if self.dp_shard_size is not None and self.dp_shard_size * self.tp_size * rep != world:
+            raise ValueError(f"dp_shard_size={self.dp_shard_size}{replicas} x tp_size={self.tp_size} = "
+                             f"{self.dp_shard_size * self.tp_size * rep}, not the {world} processes: make dp_shard_size "
+                             f"{dp // rep} or leave it out")
+        return (rep, dp // rep, self.tp_size) if rep > 1 else (dp, self.tp_size)
 
     def _mesh(self):
+        """The mesh FSDP2 shards over: dp, or (dp_replicate, dp_shard) for HSDP."""
         if self.device_mesh is None:
-            self.device_mesh = env.device_mesh(self.device.type, self._mesh_shape(), ("dp", "tp"))
-        return self.device_mesh["dp"]
+            self.device_mesh = env.device_mesh(self.device.type, self._mesh_shape(), self._mesh_names())
+        dims = self._dp_dims()
+        return self.device_mesh[dims if len(dims) > 1 else dims[0]]
+
+    def _dp_dims(self) -> tuple[str, ...]:
+        return ("dp_replicate", "dp_shard") if self.dp_replicate_size > 1 else ("dp",)
+
+    def _mesh_names(self) -> tuple[str, ...]:
+        return (*self._dp_dims(), "tp")
 
     # ------------------------------------------------------------------ model and optimizer
     def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
@@ -157,6 +182,11 @@ class ModelParallel(FSDP):
     def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the global norm: one norm per mesh (sliced, sharded and plain parameters), combined."""
+        return self._clip_by_total(model, opt, max_norm, norm_type, lambda norm, _: norm)
+
+    def _clip_by_total(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float, norm_type: float,
+                       combine: Callable[[torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
+        """Unscale; the norm per mesh, combined, then `combine(norm, norm_type)` (over pipeline stages); clip by it."""
         from torch.distributed.tensor import DTensor
 
         self.precision.unscale(opt)
@@ -168,7 +198,7 @@ class ModelParallel(FSDP):
         for params in by_mesh.values():
             norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
             norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        total = torch.nn.utils.get_total_norm(norms, norm_type)
+        total = combine(torch.nn.utils.get_total_norm(norms, norm_type), norm_type)
         for params in by_mesh.values():  # torch's foreach ops take one mesh at a time
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total
@@ -188,13 +218,21 @@ class ModelParallel(FSDP):
         return self._dp_coordinate()[1]
 
     def _dp_coordinate(self) -> tuple[int, int]:
+        """(rank, size) in the dp group: ranks are laid out (pp, dp, tp), tp innermost."""
         if not env.is_initialized():
             return 0, 1
-        return env.rank() // self.tp_size, env.world_size() // self.tp_size
+        size = env.world_size() // (self.tp_size * self.pp_size)
+        return (env.rank() // self.tp_size) % size, size
 
     def _dp_group(self):
-        self._mesh()
-        return self.device_mesh.get_group("dp")
+        """The data-parallel group (the two HSDP dimensions flattened into one)."""
+        mesh = self._mesh()
+        if mesh.ndim == 1:
+            return mesh.get_group()
+        if self._flat_dp is None:
+            self._flat_dp = mesh._flatten("dp").get_group()
+            dist.distributed_c10d._set_pg_timeout(env.timeout(), self._flat_dp)  # as env.device_mesh does
+        return self._flat_dp
 
     def all_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over the dp group (the tp ranks of a group hold the same values)."""
@@ -220,7 +258,7 @@ class ModelParallel(FSDP):
         return torch.cat([part[:int(n)] for part, n in zip(parts, sizes)])
 
 
-SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "pp_size", "pp_microbatches")
 
 
 def parallelism_sizes(block: dict[str, Any]) -> dict[str, int]:
@@ -234,7 +272,8 @@ def parallelism_sizes(block: dict[str, Any]) -> dict[str, int]:
     if int(plain.get("sp_size") or 1) != 1:
         raise ValueError(f"sp_size={plain['sp_size']}: Accelerate's sequence parallelism (DeepSpeed's) is not in cadence; "
                          f"sequence parallelism is part of the tensor-parallel plan (SequenceParallel): use tp_size")
-    return {k: int(plain[k]) for k in SIZES if plain.get(k) is not None}
+    sizes: dict[str, Any] = {k: int(plain[k]) for k in SIZES if plain.get(k) is not None}
+    return {**sizes, "pp_schedule": str(plain["pp_schedule"])} if plain.get("pp_schedule") else sizes
 
 
 def _launcher_sizes() -> dict[str, int]:

@@ -328,6 +328,18 @@ class OwnsClipping:
         raise NotImplementedError
 
 
+class OwnsStep:
+    """An engine that runs the forward pass, the loss and the backward itself (a pipeline schedule).
+
+    The Learner asks it for the batch's `(pred, loss)` instead of calling the model and the loss; its `backward`
+    then has nothing left to do. Both come back the same on every rank (the Recorder and metrics read them).
+    """
+
+    def forward_backward(self, model: nn.Module, xb: Any, yb: tuple, loss_func: Callable | None, training: bool
+                         ) -> tuple[Any, torch.Tensor | None]:
+        raise NotImplementedError
+
+
 class ConfiguredAtFit:
     """An engine whose config needs facts of the fit (DeepSpeed's "auto" batch sizes and scheduler steps).
 

@@ -435,6 +435,8 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
 
     def _pred_and_loss(self) -> None:
         xb = self.xb
+        if hasattr(self.strategy, "forward_backward"):  # OwnsStep: a pipeline runs forward, loss and backward itself
+            return self._engine_pred_and_loss()
         self.pred = self.model(*xb) if type(xb) is tuple else self.model(**xb)
         if self.loss_func is None:
             return self._own_loss()
@@ -453,6 +455,13 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
                              f"Check the model's output size and the targets.") from e
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
             raise ValueError(f"loss_func must return a scalar tensor, got {_describe(loss)}; use a reduction such as 'mean'")
+        self.loss_grad = self._loss = loss
+
+    def _engine_pred_and_loss(self) -> None:
+        """The strategy's `(pred, loss)` for the batch; its schedule already ran the backward (when training)."""
+        self.pred, loss = self.strategy.forward_backward(self.model, self.xb, self.yb, self.loss_func, self.training)
+        if self._handlers["after_pred"]:
+            self._fire("after_pred")
         self.loss_grad = self._loss = loss
 
     def _own_loss(self) -> None:

@@ -20,8 +20,8 @@ def test_tp_sp_loss_parallel_and_bf16_on_two_processes_equal_one_process_with_cl
 
 
 @pytest.mark.slow
-def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_equal_one_process_with_the_global_batch():
-    variants = ("tp", "sp")
+def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_and_hsdp_equal_one_process_with_the_global_batch():
+    variants = ("tp", "sp", "hsdp")     # hsdp: tp 1, FSDP2 over (dp_replicate 2, dp_shard 2)
     assert_checks(run_launch("model_parallel.py", "0.5", *variants, nproc=4, timeout=300).stdout, variants)
 
 
@@ -103,7 +103,8 @@ def test_accelerates_parallelism_flags_make_a_plain_distrib_ctx_model_parallel()
 @pytest.mark.parametrize("flags, said", [
     (("--parallelism_config_tp_size", "3"), "tp_size=3 does not divide the 4 processes"),
     (("--parallelism_config_tp_size", "2", "--parallelism_config_dp_shard_size", "4"), "dp_shard_size=4 x tp_size=2 = 8"),
-    (("--parallelism_config_tp_size", "2", "--parallelism_config_dp_replicate_size", "2"), "dp_replicate_size=2"),
+    (("--parallelism_config_tp_size", "2", "--parallelism_config_dp_replicate_size", "3"),
+     "dp_replicate_size=3 does not divide the 2 data-parallel processes (4 / tp_size=2): pick one of [1, 2]"),
     (("--parallelism_config_tp_size", "2", "--parallelism_config_cp_size", "2"), "cp_size=2"),
 ])
 def test_parallelism_sizes_that_do_not_fit_are_refused_before_any_worker_starts(flags, said, capsys):

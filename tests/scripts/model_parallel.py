@@ -3,7 +3,8 @@
 A tiny language model with tied input/output embeddings trained by the Learner under
 `distrib_ctx(strategy="model_parallel", tp_size=2)` (dp = world // 2, FSDP2 over dp) with GradClip(CLIP),
 once per VARIANT, one after the other in the same processes: `tp` (tensor parallel), `sp` (with sequence
-parallelism), `loss_parallel` (the loss on logits sliced over the vocabulary), `bf16` (learn.to_bf16()). Rank 0 prints
+parallelism), `loss_parallel` (the loss on logits sliced over the vocabulary), `bf16` (learn.to_bf16()), `hsdp`
+(tp_size=1, dp_replicate_size=2: HSDP, shards replicated across two groups). Rank 0 prints
 `CHECK <variant>:<name> ok` for each passed check against a hand-written one-process loop over the same global
 batches (computed here, without cadence):
 - losses and gradient norms per step, and the weights after training, equal the reference;
@@ -140,7 +141,8 @@ def ok(variant, name):
 
 
 VARIANTS = {"tp": (parallelize, {}), "sp": (parallelize_sequence, {}),
-            "loss_parallel": (parallelize_vocab_sliced, {"loss_parallel": True}), "bf16": (parallelize, {})}
+            "loss_parallel": (parallelize_vocab_sliced, {"loss_parallel": True}), "bf16": (parallelize, {}),
+            "hsdp": (parallelize, {"dp_replicate_size": 2})}  # tp 1: FSDP2 over (dp_replicate 2, dp_shard world / 2)
 
 
 def run(variant, clip, tp=2):
@@ -198,7 +200,7 @@ def run(variant, clip, tp=2):
 def main():
     clip = float(sys.argv[1])
     for variant in sys.argv[2:]:
-        run(variant, clip)
+        run(variant, clip, tp=1 if variant == "hsdp" else 2)
 
 
 if __name__ == "__main__":

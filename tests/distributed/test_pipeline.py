@@ -1,0 +1,182 @@
+"""Pipeline parallelism (and PP x FSDP2) through the Learner, on gloo CPU processes launched by our CLI."""
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import run_launch
+
+CHECKS = ("eval_leaves_pending_gradients", "losses_and_norms", "weights_equal_reference", "valid_and_get_preds")
+
+
+def assert_checks(out: str, variants: tuple[str, ...]) -> None:
+    for variant in variants:
+        for check in CHECKS:
+            assert f"CHECK {variant}:{check} ok" in out, out
+
+
+@pytest.mark.slow
+def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_one_process_and_grad_accum_is_refused():
+    # 1F1B/3: 3 micro-batches of a batch of 8 (the last padded); +split: a user's split function naming the layers
+    # its own way (two stages per rank); ZBVZeroBubble: the last stage on rank 0; +bf16: learn.to_bf16()
+    variants = ("GPipe/4", "1F1B/3", "Interleaved1F1B/4+split", "ZBVZeroBubble/4", "1F1B/4+bf16")
+    out = run_launch("pipeline.py", "0.2", *variants, "grad_accum", nproc=2, timeout=400).stdout
+    assert_checks(out, variants)
+    assert "CHECK grad_accum:refused ok" in out, out
+
+
+@pytest.mark.slow
+def test_pipeline_inside_fsdp2_and_with_tp_inside_stages_on_4_processes_equals_one_process_with_the_global_batch():
+    variants = ("1F1B/4", "Interleaved1F1B/4", "1F1B/4+tp")     # pp x dp x tp: 2x2x1, 2x2x1, 2x1x2
+    assert_checks(run_launch("pipeline.py", "0.2", *variants, nproc=4, timeout=400).stdout, variants)
+
+
+def _sequential(tie_across: bool) -> nn.Sequential:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    model[4 if tie_across else 2].weight = model[0].weight
+    return model
+
+
+def _pipeline(**options):
+    from cadence.distributed.model_parallel import ModelParallel
+
+    return ModelParallel(device="cpu", pp_size=2, **options)
+
+
+def test_weights_tied_across_stages_are_refused_and_a_tie_inside_a_stage_is_kept():
+    with pytest.raises(ValueError, match=r"'0.weight' of stage 0 is tied to '4.weight' of stage 1.*untie"):
+        _pipeline(pp_split_points=["3"])._cut(_sequential(tie_across=True))
+    stages = _pipeline(pp_split_points=["3"])._cut(_sequential(tie_across=False))
+    assert stages[0][2].weight is stages[0][0].weight
+
+
+def test_sizes_schedules_and_split_points_that_do_not_fit_are_refused_with_the_arithmetic():
+    with pytest.raises(ValueError, match=r"pp_size=2 x tp_size=1 = 2 does not divide the 3 processes.*\[1, 3\]"):
+        _pipeline(pp_split_points=["3"])._mesh_shape_for(3)
+    with pytest.raises(ValueError, match=r"pp_size=2 x dp_shard_size=3 x tp_size=1 = 6, not the 4 processes"):
+        _pipeline(pp_split_points=["3"], dp_shard_size=3)._mesh_shape_for(4)
+    with pytest.raises(ValueError, match=r"'1F1B' runs one per rank, but 3 stages on pp_size=2"):
+        _pipeline(pp_schedule="1F1B", pp_split_points=["2", "3"])
+    with pytest.raises(ValueError, match=r"'Interleaved1F1B' runs several per rank, but 2 stages"):
+        _pipeline(pp_schedule="Interleaved1F1B", pp_split_points=["3"])
+    with pytest.raises(ValueError, match=r"pp_schedule='Zigzag'"):
+        _pipeline(pp_schedule="Zigzag", pp_split_points=["3"])
+    with pytest.raises(ValueError, match=r"pp_split_points \['7'\] are not children of the model"):
+        _pipeline(pp_split_points=["7"])._cut(_sequential(tie_across=False))
+    with pytest.raises(ValueError, match=r"tp_size=2 with pp_size=2: pass parallelize=fn\(stage_module, tp_mesh\)"):
+        _pipeline(pp_split_points=["3"], tp_size=2).setup(_sequential(tie_across=False), torch.optim.SGD)
+    with pytest.raises(ValueError, match="needs where to cut the model"):
+        _pipeline()._cut(_sequential(tie_across=False))
+
+
+def test_fp16_under_a_pipeline_is_refused_with_bf16_named():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from cadence import DataLoaders, Learner
+
+    dls = DataLoaders(DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 4)), batch_size=4), device="cpu")
+    learn = Learner(dls, _sequential(tie_across=False), loss_func=nn.functional.mse_loss).to_fp16()
+    with pytest.raises(ValueError, match=r"fp16 under pipeline parallelism.*use bf16"):
+        with learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_split_points=["3"]):
+            pass
+
+
+def test_pipeline_on_one_process_trains_the_plain_model_like_a_plain_loop():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from cadence import DataLoaders, Learner
+
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4), torch.randn(16, 4)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8), device="cpu")
+    learn = Learner(dls, _sequential(tie_across=False), loss_func=nn.functional.mse_loss, opt_func=torch.optim.SGD, lr=0.1)
+    ref = _sequential(tie_across=False)
+    ref.load_state_dict(learn.model.state_dict())
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_split_points=["3"]):
+        learn.fit(1)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for xb, yb in ((x[:8], y[:8]), (x[8:], y[8:])):
+        nn.functional.mse_loss(ref(xb), yb).backward()
+        opt.step()
+        opt.zero_grad()
+    for a, b in zip(ref.parameters(), learn.model.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def _weights_lines(out: str) -> dict[int, float]:
+    return {int(step): float(total) for step, total in
+            (line.split()[1:] for line in out.splitlines() if line.startswith("WEIGHTS "))}
+
+
+@pytest.mark.slow
+def test_a_pipeline_killed_mid_training_resumes_bitwise_and_its_checkpoint_loads_in_one_process(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import SCRIPTS, cadence_env
+
+    def launch(ckpt, out, *extra, check=True):
+        return run_launch("pipeline_resume.py", "--ckpt", tmp_path / ckpt, "--out", tmp_path / out, *extra,
+                          nproc=2, timeout=300, check=check)
+
+    launch("ref", "ref.pt")
+    killed = launch("run", "run.pt", "--kill-at", "5", check=False)
+    assert killed.returncode != 0 and (tmp_path / "run" / "latest").exists(), killed.stderr[-2000:]
+    saved = _weights_lines(killed.stdout)[4]          # the weights of the step-4 checkpoint, as the pipeline saw them
+    shutil.copytree(tmp_path / "run", tmp_path / "on1")
+
+    resumed = launch("run", "run.pt")                  # the same command continues the run
+    ref, run = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "run.pt")
+    assert ref.keys() == run.keys() and all(torch.equal(ref[k], run[k]) for k in ref), "the resume is not bitwise"
+    assert "STEPS 12" in resumed.stdout
+
+    one = subprocess.run([sys.executable, str(SCRIPTS / "pipeline_resume.py"), "--ckpt", str(tmp_path / "on1"),
+                          "--out", str(tmp_path / "on1.pt")], capture_output=True, text=True, timeout=300,
+                         env=cadence_env(PYTHONPATH=str(SCRIPTS)))
+    assert one.returncode == 0, one.stderr[-3000:]
+    in_one = _weights_lines(one.stdout)
+    assert in_one[4] == saved, (saved, in_one)                                  # loaded exactly
+    final = torch.load(tmp_path / "on1.pt")
+    for k in ref:                                                               # and trains on like the pipeline
+        torch.testing.assert_close(final[k], ref[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cadences_pp_flags_make_a_plain_distrib_ctx_a_pipeline_inside_fsdp():
+    out = run_launch("pipeline_launch.py", nproc=4, timeout=300,
+                     flags=("--parallelism_config_pp_size", "2", "--parallelism_config_pp_schedule", "GPipe",
+                            "--parallelism_config_pp_microbatches", "2")).stdout
+    assert "STRATEGY model_parallel pp 2 ScheduleGPipe 2 dp 2" in out and "TRAINED 2" in out, out
+
+
+@pytest.mark.parametrize("flags, said", [
+    (("--parallelism_config_pp_size", "3"), "pp_size=3 x tp_size=1 = 3 does not divide the 4 processes: pp x dp x tp"),
+    (("--parallelism_config_pp_size", "2", "--parallelism_config_tp_size", "4"), "pp_size=2 x tp_size=4 = 8 does not"),
+    (("--parallelism_config_pp_size", "2", "--parallelism_config_dp_shard_size", "4"),
+     "pp_size=2 x dp_shard_size=4 x tp_size=1 = 8"),
+    (("--parallelism_config_pp_size", "2", "--parallelism_config_pp_schedule", "Zigzag"), "pp_schedule='Zigzag'"),
+])
+def test_pp_sizes_that_do_not_fit_are_refused_before_any_worker_starts(flags, said, capsys):
+    from cadence.cli import main
+
+    assert main(["launch", "--cpu", "--num_processes", "4", "--use_parallelism_config", *flags, "train.py"]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_a_config_files_parallelism_block_carries_the_pp_keys_to_the_workers(tmp_path):
+    from cadence.distributed.config import load_config
+    from cadence.distributed.launch import launch_env
+
+    path = tmp_path / "config.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 4\nuse_cpu: true\nparallelism_config:\n"
+                    "  parallelism_config_pp_size: 2\n  parallelism_config_pp_schedule: 1F1B\n"
+                    "  parallelism_config_pp_microbatches: 4\n")
+    config = load_config(path)
+    config.check_engine_options()
+    env = launch_env(config)
+    assert env["CADENCE_STRATEGY"] == "model_parallel"
+    assert '"parallelism_config_pp_size": 2' in env["CADENCE_PARALLELISM_CONFIG"]
+    path.write_text(path.read_text().replace("pp_size: 2", "pp_size: 3"))
+    with pytest.raises(ValueError, match="pp_size=3 x tp_size=1 = 3 does not divide the 4 processes"):
+        load_config(path).check_engine_options()

@@ -1,0 +1,203 @@
+"""Launched on 2 or 4 processes by tests/distributed/test_pipeline.py: `pipeline.py CLIP VARIANT...`.
+
+An nn.Sequential classifier (a tie inside its first stage) trained by the Learner under
+`distrib_ctx(strategy="model_parallel", pp_size=2, pp_schedule=...)` (dp = world // 2, FSDP2 over dp) with
+GradClip(CLIP), once per VARIANT in the same processes. A variant is `SCHEDULE/MICROBATCHES`: the batch of 8 cut
+into that many micro-batches (3 leaves a padded one); `+tp` adds tp_size=2 (children 4 and 6 sliced inside their
+stage), so pp x dp x tp on 4 processes is 2 x 1 x 2; `+split` cuts with a `split` function whose stages name
+their layers their own way; `+bf16` trains with learn.to_bf16() (compared at bf16's precision). Rank 0 prints `CHECK <variant>:<name> ok` for each check
+against a hand-written one-process loop over the same global batches (computed here, without cadence):
+- the loss of every step (the same on every rank of a pipeline), the clipped norm, the weights after training;
+- the valid loss and accuracy, get_preds (valid batches of 8 and 2 per dp group: micro-batches padded);
+- validating with gradients pending leaves them as they were (`schedule.eval` would divide them);
+- the tie inside a stage holds while cut and after the context.
+"""
+
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from cadence import Callback, DataLoaders, GradClip, Learner, accuracy
+from cadence.distributed.env import rank, world_size
+
+DIM, CLASSES, N_TRAIN, N_VALID, BS, EPOCHS, LR, PP = 16, 4, 32, 20, 8, 2, 0.3, 2
+SPLITS = {2: ["4"], 4: ["4", "6", "8"]}  # stages: [0..3] [4..8] or [0..3] [4,5] [6,7] [8]
+
+
+def make_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh(), nn.Linear(DIM, DIM), nn.Tanh(), nn.Linear(DIM, DIM),
+                          nn.Tanh(), nn.Linear(DIM, DIM), nn.Tanh(), nn.Linear(DIM, CLASSES))
+    model[2].weight = model[0].weight  # tied inside stage 0
+    return model
+
+
+def data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, DIM, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+
+
+def global_batches(x, y, dp):
+    share = len(x) // dp
+    for k in range(share // BS):
+        idx = torch.cat([torch.arange(g * share + k * BS, g * share + (k + 1) * BS) for g in range(dp)])
+        yield x[idx], y[idx]
+
+
+def reference(x, y, dp, clip):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses, norms = [], []
+    for _ in range(EPOCHS):
+        for xb, yb in global_batches(x, y, dp):
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return model, losses, norms
+
+
+class Record(Callback):
+    def before_fit(self):
+        self.losses, self.norms = [], []
+
+    def after_batch(self):
+        if self.training:
+            self.losses.append(float(self.learn.loss))
+            self.norms.append(float(getattr(self.learn, "grad_norm", float("nan"))))
+
+
+def local(t):
+    """A gradient sharded by FSDP2 (a DTensor) as this rank's shard."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def ok(variant, name):
+    if rank() == 0:
+        print(f"CHECK {variant}:{name} ok", flush=True)
+
+
+def parallelize(stage, tp_mesh):
+    """TP inside a stage: children 4 (column-wise) and 6 (row-wise) where the stage holds them."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    names = dict(stage.named_children())
+    plan = {name: style for name, style in (("4", ColwiseParallel()), ("6", RowwiseParallel())) if name in names}
+    parallelize_module(stage, tp_mesh, plan)
+
+
+def split(model, stage, num_stages):
+    """A user's cut: plain nn.Sequentials of the model's layers, named 0, 1, ... (not the model's names)."""
+    bounds = [0, 4, 6, 8, 9] if num_stages == 4 else [0, 4, 9]
+    return nn.Sequential(*list(model)[bounds[stage]:bounds[stage + 1]])
+
+
+def run(variant, clip):
+    variant, _, extra = variant.partition("+")
+    tp = 2 if extra == "tp" else 1
+    bf16 = extra == "bf16"
+    schedule, microbatches = variant.split("/")
+    variant = f"{variant}+{extra}" if extra else variant
+    x, y = data(N_TRAIN, 1)
+    xv, yv = data(N_VALID, 2)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), DataLoader(TensorDataset(xv, yv), batch_size=BS),
+                      device="cpu")
+    record = Record()
+    learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, opt_func=torch.optim.SGD, lr=LR,
+                    metrics=accuracy, cbs=[record, GradClip(clip)])
+    if bf16:
+        learn.to_bf16()
+    multi = schedule not in ("GPipe", "1F1B")
+    cut = {"split": split} if extra == "split" else {"pp_split_points": SPLITS[2 * PP if multi else PP]}
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_schedule=schedule, tp_size=tp,
+                           parallelize=parallelize if tp > 1 else None, pp_microbatches=int(microbatches), **cut):
+        dp = world_size() // (PP * tp)
+        held = learn.model
+        if tp > 1 and "4" in dict(held.named_children()):
+            assert hasattr(held.get_submodule("4").weight, "to_local"), "the stage's layers must be sliced over tp"
+        if "0" in dict(held.named_children()) and extra != "split":
+            assert held[2].weight is held[0].weight, "the tie inside a stage must hold while cut"
+        if dp > 1:
+            assert all(hasattr(p, "to_local") for p in held.parameters()), "the stages must be sharded over dp"
+        learn.fit(EPOCHS)
+        got = learn.validate()
+        preds, targs = learn.get_preds()
+
+        xb, yb = next(iter(learn.dls.train))                     # gradients pending, then a validation
+        learn.strategy.forward_backward(learn.model, (xb,), (yb,), nn.functional.cross_entropy, True)
+        pending = [local(p.grad).clone() for p in learn.model.parameters() if p.grad is not None]
+        learn.validate()
+        after = [local(p.grad) for p in learn.model.parameters() if p.grad is not None]
+        assert pending and all(torch.equal(a, b) for a, b in zip(pending, after)), "validation changed pending gradients"
+        learn.opt.zero_grad()
+        losses = [None] * world_size()
+        dist.all_gather_object(losses, record.losses)
+    ok(variant, "eval_leaves_pending_gradients")
+    ref_model, ref_losses, ref_norms = reference(x, y, dp, clip)
+    rtol, atol = (0.1, 0.05) if bf16 else (1e-4, 1e-5)  # bf16 compute against the fp32 reference
+
+    # ranks laid out (pp, dp, tp): the ranks of one pipeline and tp group (r % (dp * tp) equal) record the same loss
+    assert all(losses[r] == losses[r % (dp * tp) // tp * tp] for r in range(world_size())), f"ranks disagree: {losses}"
+    if dp == 1:  # a dp group's loss is its share of the global batch
+        torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(ref_losses), rtol=rtol, atol=atol)
+    torch.testing.assert_close(torch.tensor(record.norms), torch.tensor(ref_norms), rtol=rtol, atol=atol)
+    assert max(ref_norms) > clip, "the clip never acted: the test would not see a wrong norm"
+    ok(variant, "losses_and_norms")
+
+    plain = learn.model
+    assert isinstance(plain, nn.Sequential) and plain[2].weight is plain[0].weight, "the tie must hold after the context"
+    for (name, a), b in zip(ref_model.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+    ok(variant, "weights_equal_reference")
+
+    with torch.no_grad():
+        ref_logits = ref_model(xv)
+    torch.testing.assert_close(torch.tensor(got["valid_loss"]), nn.functional.cross_entropy(ref_logits, yv),
+                               rtol=rtol, atol=atol)
+    if not bf16:  # a rounding flips an argmax
+        torch.testing.assert_close(torch.tensor(got["accuracy"]), (ref_logits.argmax(1) == yv).float().mean())
+    assert preds.shape == ref_logits.shape and torch.equal(targs, yv), (preds.shape, ref_logits.shape)
+    torch.testing.assert_close(preds.float(), ref_logits, rtol=rtol, atol=atol)
+    ok(variant, "valid_and_get_preds")
+
+
+def refuse_grad_accum():
+    """GradAccum under PP: refused at the first accumulation micro-step, on every rank, naming what to do; so is
+    learn.save with the optimizer (its state lives on the stages)."""
+    from cadence import GradAccum
+
+    x, y = data(N_TRAIN, 1)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), device="cpu")
+    learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, cbs=[GradAccum(2 * BS)],
+                    path=tempfile.mkdtemp())  # learn.save creates its model directory before it is refused
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_split_points=SPLITS[PP]):
+        try:
+            learn.fit(1)
+        except ValueError as e:
+            assert "raise pp_microbatches" in str(e), e
+        else:
+            raise AssertionError("GradAccum under PP was not refused")
+        learn.remove_cb(learn.grad_accum)
+        try:
+            learn.save("inside")
+        except ValueError as e:
+            assert "Checkpoint" in str(e), e
+        else:
+            raise AssertionError("learn.save with the optimizer under PP was not refused")
+    ok("grad_accum", "refused")
+
+
+def main():
+    clip = float(sys.argv[1])
+    for variant in sys.argv[2:]:
+        refuse_grad_accum() if variant == "grad_accum" else run(variant, clip)
+
+
+if __name__ == "__main__":
+    main()
