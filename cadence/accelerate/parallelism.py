@@ -63,6 +63,11 @@ class ParallelismConfig:
 
     def __post_init__(self) -> None:
         launched = parallelism_sizes(json.loads(os.environ.get("CADENCE_PARALLELISM_CONFIG") or "{}"))
+        if launched.get("pp_size", 1) > 1:
+            raise ValueError(f"pp_size={launched['pp_size']} (the launcher's parallelism_config): pipeline parallelism runs "
+                             f"forward, loss and backward inside its schedule, which a hand-written Accelerator loop cannot "
+                             f"hand over; train with the Learner (learn.distrib_ctx(strategy='model_parallel', pp_size=...)) "
+                             f"or launch without --parallelism_config_pp_size")
         self._dp_shard_given = self.dp_shard_size is not None or "dp_shard_size" in launched
         for name in _NAMES:
             size = getattr(self, f"{name}_size")

@@ -58,6 +58,14 @@ def test_a_config_naming_no_sizes_takes_the_launchers(monkeypatch):
     assert (config.tp_size, config.dp_shard_size, config.tp_enabled) == (2, 1, True)
 
 
+def test_a_launched_pipeline_size_is_refused_to_a_hand_written_accelerator_loop(monkeypatch):
+    from cadence import Accelerator
+
+    monkeypatch.setenv("CADENCE_PARALLELISM_CONFIG", '{"parallelism_config_pp_size": 2}')
+    with pytest.raises(ValueError, match=r"pp_size=2 \(the launcher's parallelism_config\).*train with the Learner"):
+        Accelerator()
+
+
 def test_one_process_runs_the_plain_model_whatever_the_sizes():
     import torch
 
