@@ -12,13 +12,16 @@ the optimizer's hyper-parameters and the scheduler's steps.
 
 `cadence launch --use_deepspeed --zero_stage 2 train.py` (or `--deepspeed_config_file ds.json`, or an
 Accelerate config with `distributed_type: DEEPSPEED`) reaches the strategy through `$CADENCE_DEEPSPEED_CONFIG`.
+
+This module is the strategy; the config is built in `deepspeed_config`, DeepSpeed imported and its ops compiled
+in `deepspeed_install`, full tensors moved in and out of the partitions in `deepspeed_state`, and the engine's
+checkpoints written and read in `deepspeed_checkpoint`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,145 +33,15 @@ from torch.utils.data import DataLoader
 
 from . import deepspeed_checkpoint, env
 from .data import DistributedDL
+from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimizer, fit_buckets, has_auto, is_auto,
+                               largest_layer, launcher_options, optimizer_entry)
+from .deepspeed_install import build_ops, import_deepspeed
+from .deepspeed_state import full_fp32, materialize_state, set_zero3_partition
 from .precision import AutocastPrecision, FullPrecision
 from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
                        rebuild)
 
 __all__ = ["DeepSpeed", "build_config"]
-
-AUTO = "auto"
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-# Accelerate's deepspeed_config keys (without the `deepspeed_` prefix where it has one)
-OPTIONS = ("config_file", "zero_stage", "gradient_accumulation_steps", "gradient_clipping", "offload_optimizer_device",
-           "offload_param_device", "offload_optimizer_nvme_path", "offload_param_nvme_path", "zero3_init_flag",
-           "zero3_save_16bit_model")
-MOOT_OPTIONS = ("multinode_launcher", "hostfile", "exclusion_filter", "inclusion_filter", "moe_layer_cls_names")
-_INSTALL = ("DeepSpeed is not installed: `make setup-deepspeed`, or "
-            "`DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed>=0.19,<0.20'` after torch")
-
-
-def _launcher_options() -> dict[str, Any]:
-    """`$CADENCE_DEEPSPEED_CONFIG` (the launcher's `deepspeed_config` block), keys without the `deepspeed_` prefix."""
-    raw = json.loads(os.environ.get("CADENCE_DEEPSPEED_CONFIG") or "{}")
-    return {k.removeprefix("deepspeed_"): v for k, v in raw.items()}
-
-
-def import_deepspeed():
-    """`import deepspeed` set up for this machine: the CPU accelerator without a GPU, JIT ops cached in the venv.
-
-    DeepSpeed compiles some ops (cpu_adam for optimizer offload) on first use, ~100 s; they are cached
-    under `$TORCH_EXTENSIONS_DIR`, by default `<venv>/torch_extensions` so a rebuilt venv starts clean.
-    Its shared-memory collectives (another JIT build, a minute at every start) stay off: gloo does the work.
-    """
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if sys.prefix != sys.base_prefix:
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    _drop_stale_build_locks()
-    try:
-        import deepspeed
-        import deepspeed.ops
-    except ImportError as e:
-        raise ImportError(f"{_INSTALL} ({e})") from None
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    _quiet_deprecated_collectives()
-    return deepspeed
-
-
-def _quiet_deprecated_collectives() -> None:
-    """DeepSpeed calls two torch collectives that torch deprecates, a FutureWarning per call (thousands in a ZeRO-3
-    fit): hide those two messages, where torch raises them, and nothing else."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
-                            r"is deprecated", category=FutureWarning, module=r"torch\.distributed")
-
-
-STALE_LOCK_S = 30 * 60
-
-
-def _drop_stale_build_locks() -> None:
-    """A build killed mid-way leaves torch's `lock` file, and every later build waits on it forever: drop old ones."""
-    import time
-    import warnings
-
-    cache = os.environ.get("TORCH_EXTENSIONS_DIR")
-    for lock in Path(cache).glob("*/lock") if cache else ():
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            warnings.warn(f"removing {lock}, left by an interrupted build of a DeepSpeed op {STALE_LOCK_S // 60}+ "
-                          f"minutes ago; the op is rebuilt", stacklevel=3)
-            lock.unlink(missing_ok=True)
-
-
-def _deep_merge(base: dict, extra: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in extra.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
-
-def _read_config(config: str | os.PathLike | dict | None) -> dict:
-    if config is None:
-        return {}
-    if isinstance(config, dict):
-        return copy.deepcopy(config)
-    path = Path(config).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"DeepSpeed config file {path} does not exist")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"DeepSpeed config file {path} is not valid JSON: {e}") from None
-
-
-def build_config(config: str | os.PathLike | dict | None = None, **options: Any) -> dict:
-    """DeepSpeed's config from a user config (dict or JSON file) and Accelerate-named options on top.
-
-    Values left to the Learner stay "auto" until the engine is built (`setup`) or the fit starts
-    (`configure_fit`). Clipping defaults to off (DeepSpeed's own default is 1.0): GradClip switches it on.
-
-    >>> build_config(zero_stage=2, offload_optimizer_device="cpu")["zero_optimization"]
-    {'stage': 2, 'offload_optimizer': {'device': 'cpu'}}
-    """
-    unknown = sorted(set(options) - set(OPTIONS) - set(MOOT_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown DeepSpeed option(s) {unknown}; DeepSpeed takes config (a dict or JSON file) and "
-                         f"{', '.join(OPTIONS)}")
-    defaults = {"train_micro_batch_size_per_gpu": AUTO, "train_batch_size": AUTO, "gradient_accumulation_steps": AUTO,
-                "gradient_clipping": AUTO, "steps_per_print": 2**31 - 1, "zero_optimization": {"stage": 0},
-                "zero_allow_untested_optimizer": True}  # the Learner's optimizer, whichever it is
-    cfg = _deep_merge(defaults, _read_config(options.get("config_file") if config is None else config))
-    zero = cfg.setdefault("zero_optimization", {})
-    if options.get("zero_stage") is not None:
-        zero["stage"] = int(options["zero_stage"])
-    if zero.get("stage", 0) not in (0, 1, 2, 3):
-        raise ValueError(f"DeepSpeed zero_stage {zero.get('stage')!r} does not exist; choose 0, 1, 2 or 3")
-    for what, stages in (("optimizer", (1, 2, 3)), ("param", (3,))):
-        device = options.get(f"offload_{what}_device")
-        if device is None:
-            continue
-        if device not in OFFLOAD_DEVICES:
-            raise ValueError(f"DeepSpeed offload_{what}_device {device!r} does not exist; choose one of {OFFLOAD_DEVICES}")
-        if device != "none" and zero["stage"] not in stages:
-            raise ValueError(f"DeepSpeed offload_{what}_device={device!r} needs zero_stage {' or '.join(map(str, stages))}, "
-                             f"not {zero['stage']}")
-        zero[f"offload_{what}"] = {"device": device}
-        if options.get(f"offload_{what}_nvme_path"):
-            zero[f"offload_{what}"]["nvme_path"] = options[f"offload_{what}_nvme_path"]
-    for key in ("gradient_accumulation_steps", "gradient_clipping"):
-        if options.get(key) is not None:
-            cfg[key] = options[key]
-    if options.get("zero3_save_16bit_model") is not None:
-        zero["stage3_gather_16bit_weights_on_model_save"] = _flag(options["zero3_save_16bit_model"])
-    return cfg
-
-
-def _flag(value: Any) -> bool:
-    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-
-
-def _is_auto(value: Any) -> bool:
-    return value == AUTO
 
 
 class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, Strategy):
@@ -197,8 +70,8 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         given = {k: v for k, v in dict(zero_stage=zero_stage, offload_optimizer_device=offload_optimizer_device,
                                        offload_param_device=offload_param_device, zero3_init_flag=zero3_init_flag,
                                        **more_options).items() if v is not None}
-        options = {**_launcher_options(), **given}
-        self.zero3_init = _flag(options.pop("zero3_init_flag", False))
+        options = {**launcher_options(), **given}
+        self.zero3_init = as_flag(options.pop("zero3_init_flag", False))
         self.config = build_config(config, **options)
         self.stage = self.config["zero_optimization"]["stage"]
         if self.zero3_init and self.stage != 3:
@@ -267,43 +140,22 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self._precision_fixed = True
         self._skeleton = meta_copy(model)
         cfg = self._engine_config(self.precision.name, micro_batch=1)
-        _fit_buckets(cfg["zero_optimization"], _largest_layer(model))
+        fit_buckets(cfg["zero_optimization"], largest_layer(model))
         optimizer = None
         if "optimizer" in cfg:
-            _fill_optimizer(cfg["optimizer"], make_opt(model))
+            fill_optimizer(cfg["optimizer"], make_opt(model))
         else:
             optimizer = make_opt(model)
             offloaded = cfg["zero_optimization"].get("offload_optimizer", {}).get("device", "none") != "none"
             if offloaded:  # ZeRO-Offload steps on the CPU with DeepSpeedCPUAdam: the same hyper-parameters
-                cfg["optimizer"] = _optimizer_entry(optimizer)
+                cfg["optimizer"] = optimizer_entry(optimizer)
                 optimizer = None
-        self._auto_scheduler = cfg.pop("scheduler", None) if _has_auto(cfg.get("scheduler")) else None
+        self._auto_scheduler = cfg.pop("scheduler", None) if has_auto(cfg.get("scheduler")) else None
         self.engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
         return self.engine, opt
-
     def _engine_config(self, precision: str, micro_batch: int) -> dict:
         """The config DeepSpeed is built with: "auto" batch sizes, accumulation, clipping and precision filled."""
-        cfg = copy.deepcopy(self.config)
-        ga = 1 if _is_auto(cfg["gradient_accumulation_steps"]) else int(cfg["gradient_accumulation_steps"])
-        cfg["gradient_accumulation_steps"] = ga
-        cfg["train_micro_batch_size_per_gpu"] = micro_batch
-        cfg["train_batch_size"] = micro_batch * ga * env.world_size()
-        if _is_auto(cfg["gradient_clipping"]):
-            cfg["gradient_clipping"] = 0.0
-        for name in ("bf16", "fp16"):
-            section = cfg.get(name)
-            if section is not None and _is_auto(section.get("enabled", AUTO)):
-                section["enabled"] = precision == name
-            elif section is None and precision == name:
-                cfg[name] = {"enabled": True}
-        enabled = [n for n in ("bf16", "fp16") if cfg.get(n, {}).get("enabled")]
-        if enabled and enabled[0] != precision:
-            raise ValueError(f"the DeepSpeed config enables {enabled[0]} but the Learner's precision is {precision!r}: "
-                             f'set "enabled": "auto" in the config, or use learn.to_{enabled[0]}() / '
-                             f"`cadence launch --mixed_precision {enabled[0]}`")
-        if "fp16" in enabled:
-            _check_fp16_supported()
-        return cfg
+        return engine_config(self.config, precision, micro_batch)
 
     def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
                 ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -332,7 +184,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
     def configure_accumulation(self, steps: int) -> None:
         """GradAccum(steps): the engine accumulates; GradAccum marks window ends and scales each micro-batch's loss."""
         configured = self.config["gradient_accumulation_steps"]
-        if not _is_auto(configured) and int(configured) != steps:
+        if not is_auto(configured) and int(configured) != steps:
             raise ValueError(f"the DeepSpeed config sets gradient_accumulation_steps={configured} but GradAccum asks "
                              f"for {steps}: set it in one place (\"auto\" in the config lets GradAccum decide)")
         self._cadence_accumulates = True
@@ -344,7 +196,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         if norm_type != 2.0:
             raise ValueError(f"DeepSpeed clips by the L2 norm only: use GradClip({max_norm}) without norm_type={norm_type}")
         configured = self.config["gradient_clipping"]
-        if not _is_auto(configured) and float(configured) != max_norm:
+        if not is_auto(configured) and float(configured) != max_norm:
             raise ValueError(f"the DeepSpeed config sets gradient_clipping={configured} but GradClip asks for "
                              f"{max_norm}: set it in one place (\"auto\" in the config lets GradClip decide)")
         if self.engine is not None:
@@ -361,13 +213,13 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             return
         ga, world = engine.gradient_accumulation_steps(), engine.dp_world_size
         wanted = self.config["train_batch_size"]
-        if not _is_auto(wanted) and int(wanted) != micro_batch_size * ga * world:
+        if not is_auto(wanted) and int(wanted) != micro_batch_size * ga * world:
             raise ValueError(f"DeepSpeed train_batch_size {wanted} must equal micro batch {micro_batch_size} x gradient "
                              f"accumulation {ga} x processes {world} = {micro_batch_size * ga * world}: set "
                              f"train_batch_size to \"auto\" or to {micro_batch_size * ga * world}, or change the loader's "
                              f"batch size or the accumulation")
         micro = self.config["train_micro_batch_size_per_gpu"]
-        if not _is_auto(micro) and int(micro) != micro_batch_size:
+        if not is_auto(micro) and int(micro) != micro_batch_size:
             raise ValueError(f"DeepSpeed train_micro_batch_size_per_gpu {micro} differs from the loader's batch size "
                              f"{micro_batch_size}: set it to \"auto\" or {micro_batch_size}")
         engine.set_train_micro_batch_size(micro_batch_size)
@@ -380,7 +232,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         fill = {"total_num_steps": total_steps, "warmup_num_steps": max(1, total_steps // 10), "warmup_max_lr": lr,
                 "warmup_min_lr": 0.0, "cycle_max_lr": lr, "cycle_min_lr": lr / 25}
         for key, value in params.items():
-            if _is_auto(value):
+            if is_auto(value):
                 if key not in fill:
                     raise ValueError(f"DeepSpeed scheduler {sched.get('type')}: cadence cannot fill {key}=\"auto\"; "
                                      f"give a number")
@@ -435,7 +287,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
                 state[name] = t.detach().cpu().clone()
                 continue
             if id(param) not in masters:
-                masters[id(param)] = _full_fp32(param)
+                masters[id(param)] = full_fp32(param)
             state[name] = masters[id(param)]
         return state
 
@@ -453,7 +305,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
                     param.copy_(state[name].to(param.dtype))
         for name, param in params.items():
             if hasattr(param, "ds_id"):
-                _set_zero3_partition(param._z3_optimizer, param, state[name], key=None)
+                set_zero3_partition(param._z3_optimizer, param, state[name], key=None)
             else:
                 safe_set_full_fp32_param(param, state[name].to(self.device, torch.float32))
         every_name = dict(module.named_parameters(remove_duplicate=False))  # a tied weight's other names too
@@ -494,14 +346,14 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         if opt is base or not hasattr(params[0], "_hp_mapping") and not hasattr(params[0], "ds_id"):
             return base.load_state_dict(state)
         if not any(base.state.values()):  # a defaultdict: a read may have left empty entries
-            _materialize_state(opt)
+            materialize_state(opt)
         deepspeed_checkpoint.link_optimizer_state(opt)
         for i, p in enumerate(params):
             for key, value in state["state"].get(i, {}).items():
                 if not (torch.is_tensor(value) and value.dim() > 0):
                     continue
                 if hasattr(p, "ds_id"):
-                    _set_zero3_partition(opt, p, value, key)
+                    set_zero3_partition(opt, p, value, key)
                 else:
                     safe_set_full_optimizer_state(p, value.to(self.device), key)
         steps = [s["step"] for s in state["state"].values() if "step" in s]
@@ -565,129 +417,5 @@ def _engine_precision(precision: FullPrecision, device: torch.device) -> FullPre
     return AutocastPrecision(torch.bfloat16 if precision.name == "bf16" else torch.float16, device.type)
 
 
-def _check_fp16_supported() -> None:
-    """fp16 where DeepSpeed's accelerator has it. Its CPU accelerator has it only with oneDNN's fp16 (AVX512-FP16 or
-    AMX-FP16); elsewhere the engine fails with "Type fp16 is not supported on your device": say what to use instead."""
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    if not accelerator.is_fp16_supported():
-        raise ValueError(f"DeepSpeed cannot train in fp16 on this machine (its {accelerator.device_name()} accelerator "
-                         f"has no fp16 support): use bf16 on CPU (MixedPrecision('bf16'), learn.to_bf16() or "
-                         f"`cadence launch --mixed_precision bf16`), or fp32")
-
-
-def _materialize_state(opt) -> None:
-    """Create a lazily built optimizer state (Adam's moments) with one step of zero gradients at lr 0: no weight moves.
-
-    `opt` is DeepSpeed's wrapper; its torch optimizer steps over flat fp32 partitions (ZeRO-3 puts each
-    partition into its parameter group only while it steps).
-    """
-    base = opt.optimizer
-    zero3 = getattr(opt, "fp32_partitioned_groups_flat", None)
-    groups = ([(base.param_groups[opt.sub_group_to_group_id[i]], [flat]) for i, flat in enumerate(zero3)]
-              if zero3 is not None else [(g, g["params"]) for g in base.param_groups])
-    for group, flats in groups:
-        saved = group["params"], group["lr"]
-        group["params"], group["lr"] = list(flats), 0.0
-        for flat in flats:
-            flat.grad = torch.zeros_like(flat)
-        base.step()
-        for flat in flats:
-            flat.grad = None
-        group["params"], group["lr"] = saved if zero3 is not None else (group["params"], saved[1])
-
-
-def _full_fp32(param: nn.Parameter) -> torch.Tensor:
-    """The whole fp32 master of `param` on the CPU: gathered from the ZeRO partitions, or the parameter itself."""
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    full = safe_get_full_fp32_param(param)
-    if full is not None:
-        return full.detach().cpu().reshape(getattr(param, "ds_shape", param.shape)).clone()
-    if hasattr(param, "ds_id"):  # ZeRO-3 without an optimizer: gather the parameter itself
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters([param]):
-            return param.detach().float().cpu().clone()
-    return param.detach().float().cpu().clone()
-
-
-def _set_zero3_partition(opt, param: nn.Parameter, value: torch.Tensor, key: str | None) -> None:
-    """This rank's part of a full fp32 weight (key None) or optimizer-state tensor into its ZeRO-3 partition.
-
-    DeepSpeed's own `safe_set_full_*` reads past the end of a parameter whose last partition is padded.
-    """
-    group, offset, n = opt.grad_position[opt.get_param_id(param)]
-    flat = opt.fp32_partitioned_groups_flat[group]
-    target = (flat if key is None else opt.optimizer.state[flat][key]).detach().narrow(0, offset, n)
-    start = n * opt._get_param_partition_rank(param)
-    part = value.flatten()[start:start + n]
-    target.zero_()
-    target[:part.numel()].copy_(part)
-
-
-BUCKETS = {"reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8), "stage3_prefetch_bucket_size": int(5e7)}
-BUCKET_ALIGNMENT = 2  # ZeRO-1/2 assert allgather_bucket_size is a multiple of its 4-byte alignment in fp16 elements
-
-
-def _largest_layer(model: nn.Module) -> int:
-    """Parameters of the largest module's own parameters (a transformer layer's matrix: Accelerate's hidden_size²)."""
-    return max((sum(getattr(p, "ds_numel", p.numel()) for p in m.parameters(recurse=False)) for m in model.modules()),
-               default=1)
-
-
-def _fit_buckets(zero: dict, layer_params: int) -> None:
-    """Communication buckets of one layer's size (Accelerate fills "auto" with hidden_size²): DeepSpeed's defaults
-    allocate 5e8 elements (ZeRO-3: 1.9 GiB in fp32) however small the model. A number the config gives is kept."""
-    for key, default in BUCKETS.items():
-        if _is_auto(zero.get(key, AUTO)):
-            zero[key] = min(default, max(1, -(-layer_params // BUCKET_ALIGNMENT)) * BUCKET_ALIGNMENT)
-
-
-def _has_auto(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(_has_auto(v) for v in value.values())
-    return _is_auto(value)
-
-
-def _optimizer_entry(opt: torch.optim.Optimizer) -> dict:
-    """A config `optimizer` block with `opt`'s hyper-parameters (offload needs DeepSpeed's own CPU Adam)."""
-    kind = type(opt).__name__
-    if kind not in ("Adam", "AdamW"):
-        raise ValueError(f"DeepSpeed optimizer offload steps with its CPU Adam; the Learner's optimizer is {kind}: "
-                         f"use opt_func=torch.optim.AdamW (or Adam), or name an optimizer in the DeepSpeed config")
-    d = opt.defaults
-    return {"type": kind, "params": {"lr": d["lr"], "betas": list(d["betas"]), "eps": d["eps"],
-                                     "weight_decay": d["weight_decay"]}}
-
-
-def _fill_optimizer(section: dict, opt: torch.optim.Optimizer) -> None:
-    """Fill a config optimizer's "auto" hyper-parameters from the Learner's optimizer."""
-    d = opt.defaults
-    known = {"lr": d.get("lr"), "betas": list(d["betas"]) if "betas" in d else None, "eps": d.get("eps"),
-             "weight_decay": d.get("weight_decay"), "momentum": d.get("momentum")}
-    for key, value in section.setdefault("params", {}).items():
-        if _is_auto(value):
-            if known.get(key) is None:
-                raise ValueError(f"DeepSpeed optimizer {section.get('type')}: the Learner's {type(opt).__name__} has no "
-                                 f"{key} to fill \"auto\" with; give a number")
-            section["params"][key] = known[key]
-
-
-def build_ops() -> None:
-    """Compile the DeepSpeed ops cadence uses (CPU Adam, for optimizer offload) into the cache, once (~100 s).
-
-    `make setup-deepspeed` runs it (`python -m cadence.distributed.deepspeed --build-ops`), so the first
-    offloaded fit does not pay for it; a build already cached loads in a second.
-    """
-    import_deepspeed()
-    from deepspeed.ops.op_builder import CPUAdamBuilder
-
-    CPUAdamBuilder().load(verbose=False)
-    print(f"DeepSpeed ops built in {os.environ.get('TORCH_EXTENSIONS_DIR', 'the torch extensions cache')}")
-
-
-if __name__ == "__main__" and sys.argv[1:] == ["--build-ops"]:
+if __name__ == "__main__" and sys.argv[1:] == ["--build-ops"]:  # `make setup-deepspeed`
     build_ops()
-
