@@ -3,6 +3,7 @@
 Every feature (progress, precision, accumulation, checkpoints, trackers, distribution) is a
 callback; backward and optimizer step go through `learn.strategy`. The loop itself is the
 few `_do_*` methods below and `_with_events`, which runs one level of it with its events.
+Attaching callbacks is in `callback_methods.py`, building the optimizer in `optimizer.py`.
 
 >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy)
 >>> learn.fit_one_cycle(3, lr_max=1e-2)
@@ -13,46 +14,34 @@ few `_do_*` methods below and `_with_events`, which runs one level of it with it
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
-import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from .callback import Callback, event_methods
+from .callback import Callback
+from .callback_methods import CallbackMethods, listify
 from .data import DataLoaders, apply_to_tensors, n_batches, to_detach, to_device
-from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
+from .events import (CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
 from .features import FeatureMethods
 from .inference import InferenceMethods
+from .optimizer import OptimizerMethods, check_opt_func, default_lr
 from .recorder import Recorder
 from .policies import FitPolicies, SkipToEpoch
-from .schedule import GROUP_KEY, NO_WD_KEY, n_groups, set_hyper
-from .transfer import TransferMethods, norm_bias_params
+from .schedule import n_groups, set_hyper
+from .transfer import TransferMethods
 
-_INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
-                           "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
-                           "after_batch"})
 _NO_CONTEXT = contextlib.nullcontext()
 _LEVEL_EVENTS = {level: (f"before_{level}", f"after_cancel_{level}", f"after_{level}")
                  for level in ("fit", "epoch", "train", "validate", "batch", "backward", "step")}
-_DEPTH = {"create": 0, "fit": 0, "epoch": 1, "train": 2, "validate": 2, "batch": 3}
 
 
-def _listify(x) -> list:
-    if x is None:
-        return []
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
+class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
     """Trains `model` on `dls` with `loss_func`, an optimizer from `opt_func`, and callbacks.
 
     Args:
@@ -93,15 +82,15 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if loss_func is not None and not callable(loss_func):
             raise TypeError(f"loss_func must be callable as loss_func(pred, target), got {loss_func!r}")
-        _check_opt_func(opt_func)
+        check_opt_func(opt_func)
         if strategy is None:
             from ..distributed.strategy import SingleDevice  # the default engine; trainer/ never needs more
 
             strategy = SingleDevice(dls.device)
         self.dls, self.loss_func, self.opt_func, self.splitter = dls, loss_func, opt_func, splitter
-        self.lr = _default_lr(opt_func) if lr is None else lr
-        if lr is not None and _default_lr(opt_func, None) not in (None, lr):
-            warnings.warn(f"Learner(lr={lr!r}) and opt_func's lr={_default_lr(opt_func)!r} differ: cadence trains at "
+        self.lr = default_lr(opt_func) if lr is None else lr
+        if lr is not None and default_lr(opt_func, None) not in (None, lr):
+            warnings.warn(f"Learner(lr={lr!r}) and opt_func's lr={default_lr(opt_func)!r} differ: cadence trains at "
                           f"lr={lr!r} (fastai would take the opt_func's; see docs/fastai.md)", stacklevel=2)
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
         self.train_bn, self.wd_bn_bias = train_bn, wd_bn_bias
@@ -116,10 +105,10 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         self.epoch = self.iter = self.train_iter = self.step = 0
         self.dl = self.xb = self.yb = self.pred = self.loss_grad = None
         self._loss = torch.tensor(0.0)  # fastai's value before any batch
-        self.add_cbs([Recorder(_listify(metrics)), *_default_cbs(), *_listify(cbs)])
+        self.add_cbs([Recorder(listify(metrics)), *_default_cbs(), *listify(cbs)])
         self("after_create")
 
-    # ------------------------------------------------------------------ callbacks
+    # ------------------------------------------------------------------ events
     def __call__(self, event: str | Event | Iterable[str | Event]) -> None:
         """Run every callback's handler for `event` (or for each of a list of events), in order.
 
@@ -145,120 +134,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
                 e.add_note(f"(raised in callback {type(handler.__self__).__name__} during event {event})")
                 raise
 
-    def add_cb(self, cb: Callback | type) -> "Learner":
-        """Attach a callback (an instance, or a class to instantiate); it becomes `learn.<cb.name>`."""
-        if isinstance(cb, type):
-            cb = cb()
-        if not isinstance(cb, Callback):
-            raise TypeError(f"callbacks must be cadence.Callback instances, got {cb!r}")
-        event_methods(cb)  # rejects misspelled event names
-        existing = getattr(self, cb.name, None)
-        if existing is not None and not isinstance(existing, Callback):
-            raise ValueError(f"callback name {cb.name!r} clashes with Learner.{cb.name}; rename the callback class")
-        cb.learn = self
-        setattr(self, cb.name, cb)
-        self.cbs.append(cb)
-        self._rebuild_handlers()
-        return self
-
-    def add_cbs(self, cbs: Iterable) -> "Learner":
-        for cb in _listify(cbs):
-            self.add_cb(cb)
-        return self
-
-    def remove_cb(self, cb: Callback | type) -> "Learner":
-        """Detach a callback instance, or every callback of a class."""
-        targets = [c for c in self.cbs if (isinstance(c, cb) if isinstance(cb, type) else c is cb)]
-        for c in targets:
-            self.cbs.remove(c)
-            if getattr(self, c.name, None) is c:
-                delattr(self, c.name)
-            c.learn = None
-        self._rebuild_handlers()
-        return self
-
-    def remove_cbs(self, cbs: Iterable) -> "Learner":
-        for cb in _listify(cbs):
-            self.remove_cb(cb)
-        return self
-
-    @contextlib.contextmanager
-    def added_cbs(self, cbs: Any):
-        """Attach callbacks for the duration of a `with` block."""
-        cbs = [cb() if isinstance(cb, type) else cb for cb in _listify(cbs)]
-        self.add_cbs(cbs)
-        try:
-            yield self
-        finally:
-            self.remove_cbs(cbs)
-
-    @contextlib.contextmanager
-    def removed_cbs(self, cbs: Any):
-        """Detach callbacks for the duration of a `with` block."""
-        cbs = _listify(cbs)
-        self.remove_cbs(cbs)
-        try:
-            yield self
-        finally:
-            self.add_cbs(cbs)
-
-    def _rebuild_handlers(self) -> None:
-        """Per event, the handlers to call, in order; one table for training, one for validation."""
-        self.cbs.sort(key=lambda c: c.order)
-        methods = [(cb, event_methods(cb)) for cb in self.cbs]
-        train, valid = {}, {}
-        for event in EVENT_NAMES:
-            inner = event in _INNER_EVENTS
-            train[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_train or not inner))
-            valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
-        self._train_handlers, self._valid_handlers = train, valid
-        self._handlers = train if self.training else valid
-        self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
-
-    def show_training_loop(self) -> None:
-        """Print every event in loop order with the callbacks that handle it."""
-        for event in Event:
-            name = event.value
-            indent = "  " * _DEPTH.get(name.split("_")[-1], 4)
-            handlers = [type(h.__self__).__name__ for h in self._train_handlers[name]]
-            print(f"{indent}{name:<{30 - len(indent)}}{handlers}")
-
-    def ordered_cbs(self, event: str | Event) -> list[Callback]:
-        """The callbacks that handle `event`, in the order they run (fastai's).
-
-        >>> learn.ordered_cbs("after_batch")
-        [Recorder(), ProgressCallback()]
-        """
-        if str(event) not in EVENT_NAMES:
-            raise ValueError(f"unknown event {str(event)!r}; events are listed in cadence.Event")
-        return [h.__self__ for h in self._train_handlers[str(event)]]
-
-    # ------------------------------------------------------------------ optimizer
-    def create_opt(self) -> torch.optim.Optimizer:
-        """(Re)build `learn.opt` from `opt_func` over the current model (parameter groups from `splitter`).
-
-        >>> learn.opt_func = partial(torch.optim.SGD, momentum=0.9); learn.create_opt()
-        """
-        self.opt = self._make_opt(self.strategy.unwrap(self.model))
-        return self.opt
-
-    def _make_opt(self, model: nn.Module) -> torch.optim.Optimizer:
-        """The optimizer over `model`'s parameters: what a strategy calls once it has wrapped the model."""
-        groups = [list(g) for g in self.splitter(model)] if self.splitter else [list(model.parameters())]
-        if self.wd_bn_bias:
-            params = [{"params": g} for g in groups] if self.splitter else groups[0]
-        else:  # fastai's default: normalisation and bias parameters in groups of their own, never decayed
-            params = _without_wd_on_norm_bias(groups, norm_bias_params(model))
-        opt = self.opt_func(params, lr=float(self._group_lrs(self.lr, len(groups))[-1]))
-        self._opt_built_with = self.opt_func
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(f"opt_func must return a torch.optim.Optimizer, got {type(opt).__name__}; "
-                            f"use e.g. opt_func=torch.optim.AdamW or functools.partial(torch.optim.SGD, momentum=0.9)")
-        set_hyper(opt, "lr", self._group_lrs(self.lr, n_groups(opt)))
-        if self.wd is not None:
-            set_hyper(opt, "wd", self.wd)
-        return opt
-
+    # ------------------------------------------------------------------ gradient sync
     @property
     def sync_gradients(self) -> bool:
         """False while GradAccum accumulates: the micro-step's forward and backward keep gradients local."""
@@ -269,19 +145,6 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         if value != self._sync_gradients:
             self.strategy.set_gradient_sync(self.model, value)
         self._sync_gradients = value
-
-    @staticmethod
-    def _group_lrs(lr: float | slice | list, n_groups: int) -> np.ndarray:
-        """One learning rate per parameter group: a float for all, a slice spread geometrically, or a list."""
-        _check_lr(lr)
-        if isinstance(lr, slice):
-            if lr.start is None:
-                return np.array([lr.stop / 10] * (n_groups - 1) + [lr.stop], dtype=float)
-            return np.geomspace(lr.start, lr.stop, n_groups) if n_groups > 1 else np.array([lr.stop], dtype=float)
-        lrs = np.broadcast_to(np.asarray(lr, dtype=float), (n_groups,)) if np.ndim(lr) == 0 else np.asarray(lr, float)
-        if lrs.shape != (n_groups,):
-            raise ValueError(f"got {len(lrs)} learning rates for {n_groups} parameter groups")
-        return lrs
 
     # ------------------------------------------------------------------ the loop
     def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None,
@@ -325,7 +188,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
             raise ValueError("fit(start_epoch=...) and fit(resume=...) both say where to start: a resumed run "
                              "continues where its checkpoint stopped; pass only one")
         if start_epoch:
-            cbs = [*_listify(cbs), SkipToEpoch(start_epoch)]
+            cbs = [*listify(cbs), SkipToEpoch(start_epoch)]
         if self.opt_func is not self._opt_built_with:
             warnings.warn("learn.opt_func was changed after the optimizer was built: this fit still uses the "
                           f"{type(self.opt).__name__} built with the Learner (fastai builds it lazily in fit); "
@@ -567,53 +430,11 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"
 
 
-def _without_wd_on_norm_bias(groups: list[list[nn.Parameter]], no_wd: set[int]) -> list[dict]:
-    """Each splitter group as up to two optimizer groups tagged with its index: the rest, then `no_wd`'s
-    parameters with weight decay 0 (which `set_hyper(opt, "wd", ...)` leaves alone)."""
-    out = []
-    for i, group in enumerate(groups):
-        decayed, kept = [p for p in group if id(p) not in no_wd], [p for p in group if id(p) in no_wd]
-        if decayed:
-            out.append({"params": decayed, GROUP_KEY: i})
-        if kept:
-            out.append({"params": kept, GROUP_KEY: i, NO_WD_KEY: True, "weight_decay": 0.0})
-    return out
-
 
 def _detuplify(x: Any) -> Any:
     return x[0] if isinstance(x, tuple) and len(x) == 1 else x
 
 
-def _check_opt_func(opt_func: Any) -> None:
-    if callable(opt_func):
-        return
-    match = [n for n in dir(torch.optim) if isinstance(opt_func, str) and n.lower() == opt_func.lower()]
-    hint = f"opt_func=torch.optim.{match[0]}" if match else "opt_func=torch.optim.AdamW"
-    raise TypeError(f"opt_func must be a function or class that builds the optimizer, got {opt_func!r}: pass e.g. "
-                    f"{hint}, or functools.partial(torch.optim.SGD, momentum=0.9)")
-
-
-def _check_lr(lr: Any) -> None:
-    """ValueError naming `lr` unless it is a number >= 0, a slice of them, or a list of them."""
-    def is_rate(x: Any) -> bool:
-        return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
-
-    if isinstance(lr, slice):
-        ok = is_rate(lr.stop) and (lr.start is None or is_rate(lr.start)) and lr.step is None
-    elif isinstance(lr, (list, tuple, np.ndarray)):
-        ok = len(lr) > 0 and all(is_rate(x) for x in np.asarray(lr, dtype=object).ravel())
-    else:
-        ok = is_rate(lr)
-    if ok:
-        return
-    hint = "learn.lr_find() suggests one"
-    if isinstance(lr, str):
-        try:
-            hint = f"the number {float(lr)!r}, not a string" if math.isfinite(float(lr)) else hint
-        except ValueError:
-            pass
-    raise ValueError(f"the learning rate must be a finite number >= 0, slice(start, stop) for discriminative rates "
-                     f"or a list of rates, got {lr!r}; pass e.g. lr=1e-3 ({hint})")
 
 
 def model_loss(out: Any, training: bool) -> tuple[Any, torch.Tensor | None]:
@@ -640,11 +461,6 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-def _default_lr(opt_func: Callable, otherwise: float | None = 1e-3) -> float | None:
-    """An lr bound in `opt_func=partial(Adam, lr=...)` is the Learner's default (as in fastai); else `otherwise`."""
-    if isinstance(opt_func, functools.partial) and "lr" in opt_func.keywords:
-        return opt_func.keywords["lr"]
-    return otherwise
 
 
 def _default_cbs() -> list[Callback]:

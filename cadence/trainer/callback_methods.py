@@ -1,0 +1,126 @@
+"""Attaching, detaching and ordering a Learner's callbacks, and the per-event handler tables the loop calls.
+
+Mixed into `Learner`. Each callback becomes `learn.<cb.name>`; after every change the handlers are
+rebuilt once per event, in callback order, one table for training and one for validation, so the loop
+looks them up without asking each callback.
+
+>>> learn.add_cb(GradClip(1.0))
+>>> learn.ordered_cbs("after_batch")
+[Recorder(), ProgressCallback()]
+>>> with learn.removed_cbs(learn.progress): learn.fit(1)
+>>> learn.show_training_loop()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any, Self
+
+from .callback import Callback, event_methods
+from .events import EVENT_NAMES, Event
+
+# the events of one batch, which a callback with run_train / run_valid False skips in that phase
+_INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
+                           "after_backward", "before_step", "after_cancel_step", "after_step", "after_cancel_batch",
+                           "after_batch"})
+# show_training_loop indents each level by its depth
+_DEPTH = {"create": 0, "fit": 0, "epoch": 1, "train": 2, "validate": 2, "batch": 3}
+
+
+def listify(x) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+class CallbackMethods:
+    """Mixed into `Learner`: `add_cb`, `remove_cb`, their plural and `with` forms, and the handler tables."""
+
+    def add_cb(self, cb: Callback | type) -> Self:
+        """Attach a callback (an instance, or a class to instantiate); it becomes `learn.<cb.name>`."""
+        if isinstance(cb, type):
+            cb = cb()
+        if not isinstance(cb, Callback):
+            raise TypeError(f"callbacks must be cadence.Callback instances, got {cb!r}")
+        event_methods(cb)  # rejects misspelled event names
+        existing = getattr(self, cb.name, None)
+        if existing is not None and not isinstance(existing, Callback):
+            raise ValueError(f"callback name {cb.name!r} clashes with Learner.{cb.name}; rename the callback class")
+        cb.learn = self
+        setattr(self, cb.name, cb)
+        self.cbs.append(cb)
+        self._rebuild_handlers()
+        return self
+
+    def add_cbs(self, cbs: Iterable) -> Self:
+        for cb in listify(cbs):
+            self.add_cb(cb)
+        return self
+
+    def remove_cb(self, cb: Callback | type) -> Self:
+        """Detach a callback instance, or every callback of a class."""
+        targets = [c for c in self.cbs if (isinstance(c, cb) if isinstance(cb, type) else c is cb)]
+        for c in targets:
+            self.cbs.remove(c)
+            if getattr(self, c.name, None) is c:
+                delattr(self, c.name)
+            c.learn = None
+        self._rebuild_handlers()
+        return self
+
+    def remove_cbs(self, cbs: Iterable) -> Self:
+        for cb in listify(cbs):
+            self.remove_cb(cb)
+        return self
+
+    @contextlib.contextmanager
+    def added_cbs(self, cbs: Any):
+        """Attach callbacks for the duration of a `with` block."""
+        cbs = [cb() if isinstance(cb, type) else cb for cb in listify(cbs)]
+        self.add_cbs(cbs)
+        try:
+            yield self
+        finally:
+            self.remove_cbs(cbs)
+
+    @contextlib.contextmanager
+    def removed_cbs(self, cbs: Any):
+        """Detach callbacks for the duration of a `with` block."""
+        cbs = listify(cbs)
+        self.remove_cbs(cbs)
+        try:
+            yield self
+        finally:
+            self.add_cbs(cbs)
+
+    def _rebuild_handlers(self) -> None:
+        """Per event, the handlers to call, in order; one table for training, one for validation."""
+        self.cbs.sort(key=lambda c: c.order)
+        methods = [(cb, event_methods(cb)) for cb in self.cbs]
+        train, valid = {}, {}
+        for event in EVENT_NAMES:
+            inner = event in _INNER_EVENTS
+            train[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_train or not inner))
+            valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
+        self._train_handlers, self._valid_handlers = train, valid
+        self._handlers = train if self.training else valid
+        self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
+
+    def show_training_loop(self) -> None:
+        """Print every event in loop order with the callbacks that handle it."""
+        for event in Event:
+            name = event.value
+            indent = "  " * _DEPTH.get(name.split("_")[-1], 4)
+            handlers = [type(h.__self__).__name__ for h in self._train_handlers[name]]
+            print(f"{indent}{name:<{30 - len(indent)}}{handlers}")
+
+    def ordered_cbs(self, event: str | Event) -> list[Callback]:
+        """The callbacks that handle `event`, in the order they run (fastai's).
+
+        >>> learn.ordered_cbs("after_batch")
+        [Recorder(), ProgressCallback()]
+        """
+        if str(event) not in EVENT_NAMES:
+            raise ValueError(f"unknown event {str(event)!r}; events are listed in cadence.Event")
+        return [h.__self__ for h in self._train_handlers[str(event)]]
