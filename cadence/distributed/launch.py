@@ -3,7 +3,8 @@
 Flags (Accelerate's names) override the YAML config; the result reaches the script as
 torchrun's variables (RANK, WORLD_SIZE, ...) plus CADENCE_* variables. Each Python worker runs
 under `run_worker`, which records an exception in torchrun's error file instead of printing it,
-so the launcher prints the first failing rank's traceback exactly once.
+so the launcher prints the first failing rank's traceback exactly once. The flags and the config
+they make are in `launch_flags`.
 
     cadence launch --num_processes 2 --mixed_precision bf16 train.py --epochs 3
 """
@@ -16,7 +17,6 @@ import logging
 import os
 import runpy
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -24,231 +24,22 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from cadence.compile import CONFIG_KEYS, check_backend, dynamo_env
-from cadence.distributed import config as cfg_mod
+from cadence.compile import dynamo_env
 from cadence.distributed import lifecycle, status
+from cadence.distributed.config import Config
 from cadence.distributed.failure_report import (PREEMPTION_SIGNALS, all_preempted, report_failure, report_preemption,
                                                 report_signal)
-from cadence.distributed.config import Config
+from cadence.distributed.launch_flags import add_launch_args, add_launch_options, resolve_config  # imported from here too
 
-# Config keys that are also `cadence launch` flags (besides --cpu for use_cpu).
-LAUNCH_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
-               "mixed_precision", "gradient_accumulation_steps", "num_cpu_threads_per_process",
-               "max_restarts", "monitor_interval", "rdzv_backend", "timeout", "preemption_grace_s", "debug", "gpu_ids")
 _WORKER_CODE = "from cadence.distributed.launch import run_worker; run_worker()"
 _DEFAULT_MULTI_NODE_PORT = 29500
 LAUNCHER_PID_VAR = "CADENCE_LAUNCHER_PID"
-
-
-def add_launch_args(parser: argparse.ArgumentParser) -> None:
-    """Add `cadence launch`'s flags and the positional `training_script [args...]` to `parser`.
-
-    >>> p = argparse.ArgumentParser(); add_launch_args(p)
-    >>> p.parse_args(["--cpu", "--num_processes", "2", "train.py", "--lr", "1"]).training_script_args
-    ['--lr', '1']
-    """
-    add_launch_options(parser)
-    parser.add_argument("-m", "--module", action="store_true", help="run training_script as a module, like `python -m`")
-    parser.add_argument("--no_python", action="store_true", help="run training_script as a program, not with python")
-    parser.add_argument("training_script", help="the script (or module, or program) to run on every process")
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
-
-
-def add_launch_options(parser: argparse.ArgumentParser) -> None:
-    """Add the flags that say how to launch (config file, processes, precision, ...), not what to run.
-
-    >>> p = argparse.ArgumentParser(); add_launch_options(p)
-    >>> p.parse_args(["--cpu"]).use_cpu
-    True
-    """
-    parser.add_argument("--config_file", default=None, help="YAML config (default: `cadence config`'s file)")
-    parser.add_argument("--cpu", "--use_cpu", dest="use_cpu", action="store_const", const=True, default=None,
-                        help="train on CPU even where an accelerator exists")
-    parser.add_argument("--multi_gpu", action="store_true", help="DDP over GPUs (accepted for Accelerate users)")
-    cfg_mod.add_config_flags(parser, LAUNCH_KEYS)
-    parser.add_argument("--rdzv_conf", default="", help="extra rendezvous settings, `key1=v1,key2=v2`")
-    add_accelerate_options(parser)
-    add_fsdp_options(parser)
-    add_dynamo_options(parser)
-    add_deepspeed_options(parser)
-    add_parallelism_options(parser)
-
-
-def add_accelerate_options(parser: argparse.ArgumentParser) -> None:
-    """`accelerate launch` flags that say how torchrun runs the workers, or that cadence does by default.
-
-    The rest of Accelerate's flags are cadence's own (`--num_processes`, `--use_fsdp`, ...) or refused
-    with a reason (`other_launchers`).
-
-    >>> p = argparse.ArgumentParser(); add_accelerate_options(p)
-    >>> p.parse_args(["--tee", "3", "--same_network"]).tee
-    '3'
-    """
-    group = parser.add_argument_group("accelerate launch", "Accelerate's flags, for its users")
-    group.add_argument("-q", "--quiet", action="store_true",
-                       help="accepted: the launcher already shows only the failing rank's traceback, once")
-    group.add_argument("--same_network", action="store_true",
-                       help="accepted: machines reach machine 0 at --main_process_ip directly (cadence's default)")
-    group.add_argument("--main_training_function", default=None,
-                       help="Accelerate's TPU launcher calls this function; cadence runs the script as __main__, "
-                            "as accelerate launch does off TPUs (a note is printed)")
-    group.add_argument("--log_dir", default=None, help="torchrun's log directory (with --tee: the workers' streams)")
-    group.add_argument("--tee", default=None, help="torchrun's --tee: copy workers' streams to --log_dir (0-3)")
-    group.add_argument("--role", default=None, help="torchrun's worker role name")
 
 
 def _torchrun_passthrough(args: argparse.Namespace) -> list[str]:
     """torchrun flags given as Accelerate names them (--log_dir, --tee, --role)."""
     given = {flag: getattr(args, flag, None) for flag in ("log_dir", "tee", "role")}
     return [arg for flag, value in given.items() if value is not None for arg in (f"--{flag}", value)]
-
-
-# `--fsdp_<key>` flags: Accelerate's names; they fill the config's fsdp_config block (the FSDP strategy accepts the
-# keys FSDP2 makes moot, such as use_orig_params, and refuses the others; resolve_config refuses --fsdp_version 1)
-FSDP_FLAGS = {"sharding_strategy": str, "auto_wrap_policy": str, "transformer_layer_cls_to_wrap": str,
-              "min_num_params": int, "offload_params": bool, "state_dict_type": str,
-              "activation_checkpointing": bool, "cpu_ram_efficient_loading": bool, "version": int,
-              "reshard_after_forward": str, "backward_prefetch": str, "forward_prefetch": bool,
-              "use_orig_params": bool, "sync_module_states": bool, "activation_checkpointing_offload": bool}
-
-
-def add_fsdp_options(parser: argparse.ArgumentParser) -> None:
-    """`--use_fsdp` and the `--fsdp_*` flags (see cadence.distributed.fsdp.FSDP for what each does).
-
-    >>> p = argparse.ArgumentParser(); add_fsdp_options(p)
-    >>> p.parse_args(["--use_fsdp", "--fsdp_sharding_strategy", "SHARD_GRAD_OP"]).fsdp_sharding_strategy
-    'SHARD_GRAD_OP'
-    """
-    group = parser.add_argument_group("FSDP", "shard the model with FSDP2 (Accelerate's flag names)")
-    group.add_argument("--use_fsdp", action="store_true", help="train with the FSDP strategy")
-    for key, kind in FSDP_FLAGS.items():
-        if kind is bool:
-            group.add_argument(f"--fsdp_{key}", type=_yes_no, default=None, metavar="true|false")
-        else:
-            group.add_argument(f"--fsdp_{key}", type=kind, default=None)
-
-
-def add_dynamo_options(parser: argparse.ArgumentParser) -> None:
-    """`--dynamo_backend` and friends (Accelerate's flags): the config's dynamo_config, read by the Learner.
-
-    >>> p = argparse.ArgumentParser(); add_dynamo_options(p)
-    >>> p.parse_args(["--dynamo_backend", "aot_eager"]).dynamo_backend
-    'aot_eager'
-    """
-    group = parser.add_argument_group("torch.compile", "compile the model in every worker (Accelerate's flag names)")
-    group.add_argument("--dynamo_backend", default=None, help="torch.compile backend: inductor, aot_eager, eager, ... or no")
-    group.add_argument("--dynamo_mode", default=None, help="default, reduce-overhead, max-autotune, ...")
-    group.add_argument("--dynamo_use_fullgraph", type=_yes_no, default=None, metavar="true|false")
-    group.add_argument("--dynamo_use_dynamic", type=_yes_no, default=None, metavar="true|false")
-
-
-def _dynamo_changes(args: argparse.Namespace, base: Config) -> dict:
-    """Config changes from `--dynamo_*`: the dynamo_config block."""
-    given = {k: getattr(args, k) for k in CONFIG_KEYS if getattr(args, k, None) is not None}
-    return {"dynamo_config": {**base.dynamo_config, **given}} if given else {}
-
-
-def _yes_no(text: str) -> bool:
-    if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return text.lower() in ("true", "1", "yes")
-
-
-# DeepSpeed's flags, Accelerate's names; they fill the config's deepspeed_config block (key = flag name)
-DEEPSPEED_FLAGS = {"deepspeed_config_file": str, "zero_stage": int, "offload_optimizer_device": str,
-                   "offload_param_device": str, "offload_optimizer_nvme_path": str, "offload_param_nvme_path": str,
-                   "gradient_clipping": float, "zero3_init_flag": bool, "zero3_save_16bit_model": bool}
-
-
-def add_deepspeed_options(parser: argparse.ArgumentParser) -> None:
-    """`--use_deepspeed` and DeepSpeed's flags (see cadence.distributed.deepspeed.DeepSpeed for what each does).
-
-    >>> p = argparse.ArgumentParser(); add_deepspeed_options(p)
-    >>> p.parse_args(["--use_deepspeed", "--zero_stage", "2"]).zero_stage
-    2
-    """
-    group = parser.add_argument_group("DeepSpeed", "ZeRO stages and offload through DeepSpeed (Accelerate's flag names)")
-    group.add_argument("--use_deepspeed", action="store_true", help="train with the DeepSpeed strategy")
-    for key, kind in DEEPSPEED_FLAGS.items():
-        group.add_argument(f"--{key}", type=_yes_no if kind is bool else kind, default=None,
-                           metavar="true|false" if kind is bool else None)
-
-
-# `--parallelism_config_<key>` flags: Accelerate's names; they fill the config's parallelism_config block
-PARALLELISM_FLAGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size",
-                     "pp_size", "pp_microbatches", "pp_schedule")  # the pp keys are cadence's own
-
-
-def add_parallelism_options(parser: argparse.ArgumentParser) -> None:
-    """`--use_parallelism_config` and its sizes (see cadence.distributed.model_parallel.ModelParallel).
-
-    >>> p = argparse.ArgumentParser(); add_parallelism_options(p); p.parse_args(["--parallelism_config_tp_size", "2"])
-    Namespace(use_parallelism_config=False, parallelism_config_dp_replicate_size=None, parallelism_config_dp_shard_size=None, parallelism_config_tp_size=2, parallelism_config_cp_size=None, parallelism_config_pp_size=None, parallelism_config_pp_microbatches=None, parallelism_config_pp_schedule=None)
-    """
-    group = parser.add_argument_group("Model parallel", "tensor and pipeline parallelism inside FSDP2 (Accelerate's "
-                                      "flag names; the pp flags are cadence's)")
-    group.add_argument("--use_parallelism_config", action="store_true", help="train with the model_parallel strategy")
-    for key in PARALLELISM_FLAGS:
-        group.add_argument(f"--parallelism_config_{key}", type=str if key == "pp_schedule" else int, default=None)
-
-
-def _engine_changes(args: argparse.Namespace, base: Config, use: str, distributed_type: str, block: str,
-                    flags: dict[str, str]) -> dict:
-    """Config changes from `--use_<engine>` and the engine's flags (flag name -> key in the config block)."""
-    given = {key: getattr(args, flag) for flag, key in flags.items() if getattr(args, flag, None) is not None}
-    if not getattr(args, use, False) and not given:
-        return {}
-    return {"distributed_type": distributed_type, block: {**getattr(base, block), **given}}
-
-
-def _fsdp_changes(args: argparse.Namespace, base: Config) -> dict:
-    """Config changes from `--use_fsdp` / `--fsdp_*`: distributed_type FSDP and the fsdp_config block."""
-    return _engine_changes(args, base, "use_fsdp", "FSDP", "fsdp_config", {f"fsdp_{k}": f"fsdp_{k}" for k in FSDP_FLAGS})
-
-
-def _deepspeed_changes(args: argparse.Namespace, base: Config) -> dict:
-    """Config changes from `--use_deepspeed` and DeepSpeed's flags: distributed_type DEEPSPEED and its block."""
-    return _engine_changes(args, base, "use_deepspeed", "DEEPSPEED", "deepspeed_config", {k: k for k in DEEPSPEED_FLAGS})
-
-
-def _parallelism_changes(args: argparse.Namespace, base: Config) -> dict:
-    """Config changes from `--use_parallelism_config` / `--parallelism_config_*`: the parallelism_config block."""
-    changes = _engine_changes(args, base, "use_parallelism_config", base.distributed_type, "parallelism_config",
-                              {f"parallelism_config_{k}": f"parallelism_config_{k}" for k in PARALLELISM_FLAGS})
-    if changes and not changes["parallelism_config"]:
-        changes["parallelism_config"] = {"parallelism_config_tp_size": 1}
-    return changes
-
-
-def resolve_config(args: argparse.Namespace) -> Config:
-    """The config file (`--config_file` or the default one) with the flags in `args` applied on top.
-
-    >>> resolve_config(argparse.Namespace(config_file=None, num_processes=2, use_cpu=True)).num_processes
-    2
-    """
-    base = cfg_mod.load_config(args.config_file)
-    changes = cfg_mod.flag_values(args)
-    if getattr(args, "multi_gpu", False) and base.distributed_type == "NO":
-        changes["distributed_type"] = "MULTI_GPU"
-    changes.update(_fsdp_changes(args, base))
-    changes.update(_dynamo_changes(args, base))
-    changes.update(_deepspeed_changes(args, base))
-    changes.update(_parallelism_changes(args, base))
-    try:
-        config = Config(**{**base.to_dict(), **changes})
-    except ValueError as e:
-        raise ValueError(f"cadence launch flags: {e}") from None
-    if getattr(args, "fsdp_version", None) not in (None, 2):
-        raise ValueError(f"--fsdp_version {args.fsdp_version}: cadence's FSDP strategy is FSDP2 (fully_shard); "
-                         f"leave the flag out or pass 2")
-    if getattr(args, "main_training_function", None):
-        print(f"cadence launch: --main_training_function {args.main_training_function} is for Accelerate's TPU "
-              f"launcher; the script runs as __main__, as `accelerate launch` does off TPUs", file=sys.stderr)
-    config.check_strategy_exists()
-    config.check_engine_options()
-    if config.dynamo_config:
-        check_backend(config.dynamo_config["dynamo_backend"])
-    return config
 
 
 def launch_env(config: Config) -> dict[str, str | None]:
