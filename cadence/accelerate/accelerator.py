@@ -43,8 +43,8 @@ from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
-from .preparation import (autocast_forward, choose_engine, make_strategy, optimizes, owns_parameters, restore_forward,
-                          retarget, sort_handlers, split_loader)
+from .preparation import (autocast_forward, choose_engine, fit_scheduler_to_groups, make_strategy, optimizes,
+                          owns_parameters, restore_forward, retarget, sort_handlers, split_loader)
 from .properties import RunProperties
 from .saving import save_object
 from .state import GradientState, PartialState
@@ -126,6 +126,7 @@ class Accelerator(RunProperties, ProcessHelpers):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
+        self._group_sizes: dict[int, list[int]] = {}   # id(optimizer) -> its groups' sizes as given to prepare
         self._trigger = False
 
     # ------------------------------------------------------------------ prepare
@@ -172,6 +173,8 @@ class Accelerator(RunProperties, ProcessHelpers):
         if self.strategy.precision.name != "no":
             autocast_forward(model, self.strategy.forward_context)
         names = {id(p): n for n, p in model.named_parameters()}
+        self._group_sizes.update({id(o): [len(g["params"]) for g in o.param_groups] for o in opts
+                                  if not isinstance(o, DummyOptim)})
 
         def make_opt(wrapped: nn.Module) -> Any:
             params = dict(self.strategy.unwrap(wrapped).named_parameters())
@@ -214,6 +217,9 @@ class Accelerator(RunProperties, ProcessHelpers):
 
     def _prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         mine = [o for o in self._optimizers if scheduler.optimizer in (o, o.optimizer)]  # built before or after prepare
+        for opt in mine:
+            if id(opt.optimizer) in self._group_sizes:
+                fit_scheduler_to_groups(scheduler, self._group_sizes[id(opt.optimizer)], opt.param_groups)
         prepared = PreparedScheduler(scheduler, mine, self, self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
         return prepared
@@ -397,7 +403,7 @@ class Accelerator(RunProperties, ProcessHelpers):
         >>> model, optimizer = accelerator.free_memory(model, optimizer)
         """
         for registry in (self._models, self._model_opts, self._optimizers, self._schedulers, self._dataloaders,
-                         self._stepper):
+                         self._stepper, self._group_sizes):
             registry.clear()
         self.step = 0
         gc.collect()
