@@ -124,12 +124,13 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self._call("eval")
 
     def _call(self, name: str) -> None:
-        """Call the optimizer's mode switch, or that of the optimizer an engine wraps (DeepSpeed's ZeRO wrapper);
-        an optimizer without modes has nothing to switch."""
-        for opt in (self.optimizer, getattr(self.optimizer, "optimizer", None)):
-            if callable(getattr(opt, name, None)):
-                getattr(opt, name)()
-                return
+        """The optimizer's mode switch; an engine that keeps its own master weights (DeepSpeed) switches those and
+        copies them into the model. An optimizer without modes has nothing to switch."""
+        through_engine = getattr(self.accelerator.strategy, "call_optimizer", None)
+        if through_engine is not None:
+            through_engine(name)
+        elif callable(getattr(self.optimizer, name, None)):
+            getattr(self.optimizer, name)()
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__

@@ -164,7 +164,7 @@ EXAMPLES = [
     Example("by_feature/memory"),
     Example("by_feature/multi_process_metrics"),
     Example("by_feature/profiler", (), (*NLP, printed("Self CPU"))),
-    Example("by_feature/schedule_free", skip="needs the `schedulefree` package, which is not installed here"),
+    Example("by_feature/schedule_free"),
     Example("by_feature/tracking", ("--with_tracking", "--project_dir", "{out}"), (*NLP, files("**/*tfevents*")),
             extra_env={"WANDB_MODE": "offline", "WANDB_DIR": "{out}"}),
     Example("by_feature/megatron_lm_gpt_pretraining",
