@@ -31,7 +31,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..compile import check_compile_options, compile_model, options_from_env
-from ..distributed.data import DistributedDL
 from ..distributed.precision import make_precision
 from . import sync
 from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, load_accelerator_state,
@@ -40,6 +39,7 @@ from .clipping import clip_grad_norm
 from .collectives import ProcessHelpers
 from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                        InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
+from .loaders import shard_loader
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
@@ -205,12 +205,8 @@ class Accelerator(RunProperties, ProcessHelpers):
     def _prepare_loader(self, dl: DataLoader, placement: bool) -> PreparedDataLoader:
         if self.split_batches:
             dl = split_loader(dl, self.num_processes)
-        sharded = self.strategy.shard(dl)
-        if not isinstance(sharded, DistributedDL):  # one device: a one-process shard, resumable and device-placing
-            sharded = DistributedDL(dl, rank=0, world_size=1, device=self.device)
+        sharded = shard_loader(dl, self.strategy, self.dataloader_config)   # in Accelerate's order
         sharded.device = self.device if placement else None
-        if self.dataloader_config.data_seed is not None:
-            sharded.seed = self.dataloader_config.data_seed
         prepared = PreparedDataLoader(sharded, self.gradient_state)
         self._dataloaders.append(prepared)
         return prepared
