@@ -126,9 +126,9 @@ class DistributedDL:
         self.draw_like_loader, self.layout = draw_like_loader, layout
         own_generator = isinstance(getattr(dl.sampler, "generator", None), torch.Generator) or self.kind == "sequential"
         if draw_like_loader and (seed is not None or (self.world_size != 1 and not own_generator)):
-            raise ValueError(f"draw_like_loader=True draws each epoch as the loader itself would, without a seed, and on "
-                             f"several processes only from the sampler's own generator; got world_size={self.world_size}, "
-                             f"seed={seed!r}, sampler {type(dl.sampler).__name__}")
+            raise ValueError(f"draw_like_loader=True draws each epoch as the loader itself would: without a seed, on "
+                             f"one process unless the sampler draws from its own generator; got world_size="
+                             f"{self.world_size}, seed={seed!r}, sampler {type(dl.sampler).__name__}")
         if layout not in ("contiguous", "strided"):
             raise ValueError(f"layout must be 'contiguous' or 'strided', got {layout!r}")
         self._random = self.kind in ("shuffle", "sampler", "batch_sampler")
