@@ -43,8 +43,9 @@ from .loaders import shard_loader
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
-from .preparation import (autocast_forward, choose_engine, fit_scheduler_to_groups, make_strategy, optimizes,
-                          owns_parameters, restore_forward, retarget, sort_handlers, split_loader)
+from .preparation import (autocast_forward, check_rng_types, choose_engine, fit_scheduler_to_groups, make_strategy,
+                          one_deepspeed_plugin, optimizes, owns_parameters, refuse_unsupported, restore_forward,
+                          retarget, sort_handlers, split_loader)
 from .properties import RunProperties
 from .saving import save_object
 from .state import GradientState, PartialState
@@ -73,6 +74,10 @@ class Accelerator(RunProperties, ProcessHelpers):
         device_placement: prepared loaders put batches on `accelerator.device`.
         dynamo_backend: torch.compile backend for prepared models ("inductor", "aot_eager", ...; "no": none);
             by default what `cadence launch --dynamo_backend` set. Compiled in place: saved weights keep their names.
+        rng_types: random states prepared loaders copy from the main process at each iteration ("torch", "cuda";
+            "generator", the default, is the sampler's, given at `prepare`).
+        deepspeed_plugins: one DeepSpeedPlugin (or a dict holding one): the same as deepspeed_plugin.
+        torch_tp_plugin, megatron_lm_plugin, parallelism_config, dynamo_plugin: refused, naming what to use instead.
 
     >>> accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024)])
     """
@@ -85,7 +90,12 @@ class Accelerator(RunProperties, ProcessHelpers):
                  dataloader_config: DataLoaderConfiguration | None = None,
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
-                 deepspeed_plugin: DeepSpeedPlugin | None = None):
+                 deepspeed_plugin: DeepSpeedPlugin | None = None, torch_tp_plugin: Any = None,
+                 megatron_lm_plugin: Any = None, rng_types: list | None = None, dynamo_plugin: Any = None,
+                 deepspeed_plugins: Any = None, parallelism_config: Any = None):
+        refuse_unsupported(torch_tp_plugin, megatron_lm_plugin, dynamo_plugin, parallelism_config)
+        deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        self.rng_types = check_rng_types(rng_types)
         handlers = sort_handlers(kwargs_handlers)
         self.gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
@@ -207,7 +217,7 @@ class Accelerator(RunProperties, ProcessHelpers):
             dl = split_loader(dl, self.num_processes)
         sharded = shard_loader(dl, self.strategy, self.dataloader_config)   # in Accelerate's order
         sharded.device = self.device if placement else None
-        prepared = PreparedDataLoader(sharded, self.gradient_state)
+        prepared = PreparedDataLoader(sharded, self.gradient_state, self.rng_types)
         self._dataloaders.append(prepared)
         return prepared
 

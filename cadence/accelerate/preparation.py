@@ -26,7 +26,8 @@ from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwarg
 from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
 __all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters", "autocast_forward",
-           "restore_forward", "all_tensors", "split_loader", "fit_scheduler_to_groups"]
+           "restore_forward", "all_tensors", "split_loader", "fit_scheduler_to_groups", "refuse_unsupported",
+           "one_deepspeed_plugin", "check_rng_types"]
 
 _HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
 
@@ -172,3 +173,43 @@ def fit_scheduler_to_groups(scheduler: Any, sizes: list[int], groups: list[dict]
             values = getattr(sched, name, None)
             if isinstance(values, list) and len(values) == len(sizes):
                 setattr(sched, name, [values[i] for i in kept])
+
+
+_MODEL_PARALLEL = ("tensor, sequence and pipeline parallelism are cadence's model_parallel strategy: "
+                   "Accelerator(strategy=\"model_parallel\") launched with `cadence launch --parallelism_config_tp_size N`")
+
+
+def refuse_unsupported(torch_tp_plugin: Any, megatron_lm_plugin: Any, dynamo_plugin: Any, parallelism_config: Any) -> None:
+    """Accelerate's constructor arguments cadence has no engine for: a clear error, never ignored."""
+    if megatron_lm_plugin is not None:
+        raise ValueError(f"megatron_lm_plugin: Megatron-LM is not part of cadence; {_MODEL_PARALLEL}")
+    for name, given in (("torch_tp_plugin", torch_tp_plugin), ("parallelism_config", parallelism_config)):
+        if given is not None:
+            raise ValueError(f"{name}: {_MODEL_PARALLEL}")
+    if dynamo_plugin is not None:
+        raise ValueError("dynamo_plugin: cadence compiles prepared models from dynamo_backend=\"inductor\" (or "
+                         "`cadence launch --dynamo_backend ... --dynamo_mode ...`); pass that instead")
+
+
+def one_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
+    """`deepspeed_plugins` (Accelerate: one plugin per model, by name) holding one plugin is that plugin; several
+    are refused (cadence's DeepSpeed strategy runs one engine)."""
+    if deepspeed_plugins is None:
+        return deepspeed_plugin
+    if deepspeed_plugin is not None:
+        raise ValueError("give deepspeed_plugin or deepspeed_plugins, not both")
+    plugins = list(deepspeed_plugins.values()) if isinstance(deepspeed_plugins, dict) else [deepspeed_plugins]
+    if len(plugins) != 1:
+        raise ValueError(f"deepspeed_plugins with {len(plugins)} plugins: cadence's DeepSpeed strategy runs one engine "
+                         f"for every prepared model; give one DeepSpeedPlugin")
+    return plugins[0]
+
+
+def check_rng_types(rng_types: list | None) -> list[str]:
+    """The random states prepared loaders give every process from the main one at each iteration ("torch", "cuda");
+    "generator" (the sampler's) is given at `prepare`, after which every process draws alike."""
+    names = [getattr(t, "value", t) for t in (rng_types or ["generator"])]
+    unknown = [n for n in names if n not in ("torch", "cuda", "generator")]
+    if unknown:
+        raise ValueError(f"rng_types {unknown}: cadence synchronises 'torch', 'cuda' and 'generator'; drop the others")
+    return [n for n in names if n != "generator"]

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from ..distributed.data import DistributedDL
+from .utils import synchronize_rng_states
 
 __all__ = ["PreparedDataLoader", "PreparedOptimizer", "PreparedScheduler"]
 
@@ -29,8 +30,9 @@ class PreparedDataLoader:
     Everything else (`len`, `set_epoch`, `batch_size`, `dataset`, `state_dict`) is the DistributedDL's.
     """
 
-    def __init__(self, loader: DistributedDL, gradient_state: Any):
+    def __init__(self, loader: DistributedDL, gradient_state: Any, rng_types: list[str] = ()):
         self.base, self.gradient_state = loader, gradient_state
+        self.rng_types = list(rng_types)   # random states copied from the main process when an iteration starts
         self.end_of_dataloader = False
 
     def __len__(self) -> int:
@@ -46,6 +48,8 @@ class PreparedDataLoader:
         self.base.skip_batches(n)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.rng_types:
+            synchronize_rng_states(self.rng_types)
         last = len(self.base) - 1
         first = self.base.start_batch
         self.gradient_state._enter(self)
