@@ -1,0 +1,134 @@
+"""A checkpoint being written: a thread of every rank writes its part, and the ranks agree when all parts are in.
+
+The main thread never blocks in a collective while a disk writes: it asks (`poll`, one small
+all-reduce over the ranks) whether every rank's writer is done, and only then does the main
+process commit (state.json, rename into place). Waiting (`wait`) is the same question asked
+every second, so no collective outlasts the disk and a slow disk is named with the time it has
+taken, not reported as a hung rank; past `io_timeout` the save fails. A failed write fails
+every rank with a message naming the checkpoint.
+
+>>> save = BackgroundWrite(staged_save, strategy, io_timeout=3600).start()
+>>> ...training goes on...; save.poll()    # True once the checkpoint is complete and visible
+>>> save.wait()                            # or block until it is
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...distributed.env import is_initialized, rank, world_size
+from ...distributed.ops import main_print
+
+RUNNING, DONE, FAILED = 0, 1, 2
+POLL_S = 1.0        # how long a waiting rank listens to its own writer before asking the others again
+SLOW_NOTICE_S = 60  # a save still being written after this long is said in the log, then every as long again
+
+
+class BackgroundWrite:
+    """`staged` (with `write()`, this rank's files, and `commit()`, the main process's last step) written by a
+    thread; `directory` names the checkpoint in every message."""
+
+    def __init__(self, staged: Any, strategy: Any, io_timeout: float | None, directory: Path,
+                 on_commit: Callable[[], None] | None = None):
+        self.staged, self.strategy, self.io_timeout, self.directory = staged, strategy, io_timeout, directory
+        self.on_commit = on_commit
+        self.error: BaseException | None = None
+        self.committed = False
+        self._thread = threading.Thread(target=self._run, name=f"checkpoint writer {directory.name}", daemon=True)
+        self._started = 0.0
+        self._next_notice = SLOW_NOTICE_S
+
+    def start(self) -> "BackgroundWrite":
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.staged.write()
+        except BaseException as e:  # handed to the main thread: a background failure is never lost
+            self.error = e
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def poll(self) -> bool:
+        """Every rank, at the same point: True once every rank's part is written and the checkpoint committed.
+        Raises (every rank) when a rank's write failed or outlasted `io_timeout`."""
+        if self.committed:
+            return True
+        states = self._agree()
+        if FAILED in states:
+            self._fail(states)
+        if all(s == DONE for s in states):
+            self._commit()
+            return True
+        self._check_time(states)
+        return False
+
+    def wait(self) -> None:
+        """Block until the checkpoint is committed (every rank), saying so in the log while a slow disk takes long."""
+        while not self.committed:
+            self._thread.join(POLL_S)
+            self.poll()
+
+    def join_local(self, timeout: float | None) -> None:
+        """After a failure elsewhere (no collective can be trusted): let this rank's own writer finish its files."""
+        self._thread.join(timeout)
+
+    def _agree(self) -> list[int]:
+        mine = FAILED if self.error is not None else RUNNING if self._thread.is_alive() else DONE
+        if not is_initialized() or world_size() == 1:
+            return [mine]
+        states = torch.zeros(world_size(), dtype=torch.int32, device=self.strategy.device)
+        states[rank()] = mine
+        dist.all_reduce(states)
+        return states.tolist()
+
+    def _fail(self, states: list[int]) -> None:
+        self.committed = True  # nothing more to wait for
+        if self.error is not None:
+            if isinstance(self.error, OSError):
+                raise self.error
+            raise RuntimeError(f"Checkpoint: writing {self.directory} failed: {self.error!r}") from self.error
+        failed = [r for r, s in enumerate(states) if s == FAILED]
+        raise RuntimeError(f"Checkpoint: writing {self.directory} failed on rank(s) {failed} (their error says why); "
+                           f"the checkpoint was not made visible")
+
+    def _check_time(self, states: list[int]) -> None:
+        t = self.elapsed
+        slow = [r for r, s in enumerate(states) if s == RUNNING]
+        if self.io_timeout is not None and t > self.io_timeout:
+            self.committed = True
+            raise TimeoutError(f"Checkpoint: writing {self.directory} took more than io_timeout={self.io_timeout:g} s "
+                               f"({t:.0f} s; rank(s) {slow} not done): the disk is too slow or stuck. The checkpoint "
+                               f"was not made visible; raise Checkpoint(io_timeout=...) or write to a faster disk")
+        if t >= self._next_notice:
+            self._next_notice += SLOW_NOTICE_S
+            main_print(f"Checkpoint: {self.directory} is still being written after {t:.0f} s (rank(s) {slow} not "
+                       f"done); a slow disk? (it fails after io_timeout={self.io_timeout} s)", file=sys.stderr)
+
+    def _commit(self) -> None:
+        error = None
+        if self.strategy.is_main:
+            try:
+                self.staged.commit()
+                if self.on_commit is not None:
+                    self.on_commit()
+            except BaseException as e:
+                error = e
+        failed = self.strategy.broadcast(None if error is None else repr(error))
+        self.committed = True
+        if error is not None:
+            raise error
+        if failed is not None:
+            raise RuntimeError(f"Checkpoint: the main process could not commit {self.directory}: {failed}")
