@@ -246,11 +246,11 @@ class Checkpoint(Callback):
 
     # ------------------------------------------------------------------ saving and pruning
     def _save(self, epoch_complete: bool) -> None:
+        started = time.perf_counter()
         if self._pending is not None:
             main_print(f"Checkpoint: {self._pending.directory.name} is still being written; step {self.learn.step} "
                        f"waits for it before saving (one save at a time)")
             self._finish_pending()
-        started = time.perf_counter()
         strategy, store = self.learn.strategy, CheckpointStore(self.root)
         name = strategy.broadcast(store.fresh_name(self.learn.step) if strategy.is_main else None)
         before = (list(self.history), self.best, self.best_name)
