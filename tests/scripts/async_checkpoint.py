@@ -6,7 +6,7 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
 --sync: Checkpoint(async_save=False) (the default here is async).
 --write-delay: every checkpoint's optimizer file is written S seconds late (a slow disk: the write is in flight
   for longer, while training goes on).
---kill-after: every rank SIGKILLs itself S seconds after its fit started (a kill at a moment the test picks).
+--kill-after: every rank SIGKILLs itself S seconds after its training started (a kill at a moment the test picks).
 --sigterm-in-write: the N-th checkpoint's writer sends this process SIGTERM half-way (rank 0, the first run only:
   a marker file in DIR remembers).
 --fsize: RLIMIT_FSIZE (SIGXFSZ ignored: a write past it fails as on a full disk), set before the fit.
@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import cadence.distributed.strategy as strategy_module
-from cadence import Learner, accuracy
+from cadence import Callback, Learner, accuracy
 from cadence.callbacks.accumulate import GradAccum
 from cadence.callbacks.checkpoint import Checkpoint
 from cadence.distributed.env import is_main_process, rank
@@ -48,6 +48,18 @@ def slow_optimizer_file(delay: float, sigterm_at: int | None, marker: Path):
         time.sleep(delay)
         write(state, directory)
     strategy_module.save_optimizer_file = slow
+
+
+class KillAfter(Callback):
+    """SIGKILL this process `seconds` after its training starts (after any resume)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def before_fit(self):
+        timer = threading.Timer(self.seconds, os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
 
 
 def main():
@@ -73,9 +85,7 @@ def main():
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, cbs=[GradAccum(steps=2), ckpt])
     learn.remove_cb(learn.progress)
     if args.kill_after is not None:
-        timer = threading.Timer(args.kill_after, os.kill, (os.getpid(), signal.SIGKILL))
-        timer.daemon = True
-        timer.start()
+        learn.add_cb(KillAfter(args.kill_after))
     if args.fsize:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, args.fsize))
