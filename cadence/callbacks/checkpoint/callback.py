@@ -21,6 +21,7 @@ from ...distributed.status import record_preempted
 from ...serialization import check_writable
 from ...trainer.callback import Callback, Order
 from .lock import DirectoryLock
+from .memory import start_peak
 from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
 from .state import load_state, make_resumable, read_state, stage_state
 from .store import BEST, LATEST, STATE_FILE, CheckpointStore, resolve
@@ -246,7 +247,7 @@ class Checkpoint(Callback):
 
     # ------------------------------------------------------------------ saving and pruning
     def _save(self, epoch_complete: bool) -> None:
-        started = time.perf_counter()
+        started, resident = time.perf_counter(), start_peak()
         if self._pending is not None:
             main_print(f"Checkpoint: {self._pending.directory.name} is still being written; step {self.learn.step} "
                        f"waits for it before saving (one save at a time)")
@@ -264,7 +265,8 @@ class Checkpoint(Callback):
                 main_print(f"Checkpoint(async_save=True): the {strategy.name} engine saves its state with collectives "
                            f"of its own, so that part is written before training goes on; the rest in the background")
             write = BackgroundWrite(staged, strategy, self.io_timeout, self.root / name,
-                                    on_commit=lambda: self._point_and_prune(store, name, doomed)).start()
+                                    on_commit=lambda: self._point_and_prune(store, name, doomed), report=True,
+                                    blocking=not self.async_save, since=started, resident=resident).start()
             if not self.async_save:
                 write.wait()
         except BaseException:

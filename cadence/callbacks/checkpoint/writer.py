@@ -26,6 +26,8 @@ import torch.distributed as dist
 
 from ...distributed.env import is_initialized, rank, world_size
 from ...distributed.ops import main_print
+from ...serialization import format_size
+from .memory import peak_since
 
 RUNNING, DONE, FAILED = 0, 1, 2
 POLL_S = 1.0        # how long a waiting rank listens to its own writer before asking the others again
@@ -37,9 +39,13 @@ class BackgroundWrite:
     thread; `directory` names the checkpoint in every message."""
 
     def __init__(self, staged: Any, strategy: Any, io_timeout: float | None, directory: Path,
-                 on_commit: Callable[[], None] | None = None):
+                 on_commit: Callable[[], None] | None = None, report: bool = False, blocking: bool = True,
+                 since: float | None = None, resident: int | None = None):
         self.staged, self.strategy, self.io_timeout, self.directory = staged, strategy, io_timeout, directory
-        self.on_commit = on_commit
+        self.on_commit, self.report, self.blocking = on_commit, report, blocking
+        self.since = time.perf_counter() if since is None else since  # when the loop stopped for this save
+        self.resident = resident  # the host memory before the save took its state (`memory.start_peak`)
+        self.held_s = 0.0         # how long the training loop was held: until `start` (async) or the commit
         self.error: BaseException | None = None
         self.committed = False
         self._thread = threading.Thread(target=self._run, name=f"checkpoint writer {directory.name}", daemon=True)
@@ -48,6 +54,7 @@ class BackgroundWrite:
 
     def start(self) -> "BackgroundWrite":
         self._started = time.monotonic()
+        self.held_s = time.perf_counter() - self.since
         self._thread.start()
         return self
 
@@ -117,6 +124,21 @@ class BackgroundWrite:
             main_print(f"Checkpoint: {self.directory} is still being written after {t:.0f} s (rank(s) {slow} not "
                        f"done); a slow disk? (it fails after io_timeout={self.io_timeout} s)", file=sys.stderr)
 
+    def _summary(self) -> str:
+        """"Checkpoint: step-00000200 written: 1.2 GiB in 3.1 s (390 MiB/s), the loop held 0.04 s; peak host memory
+        2.3 GiB, 1.05x the 2.2 GiB before the save" (the main process's part and memory)."""
+        size = sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
+        t = self.elapsed
+        if self.blocking:
+            self.held_s = time.perf_counter() - self.since
+        line = (f"Checkpoint: {self.directory.name} written: {format_size(size)} in {t:.2f} s "
+                f"({format_size(int(size / max(t, 1e-9)))}/s), the loop held {self.held_s:.2f} s")
+        peak = peak_since()
+        if peak is not None and self.resident:
+            line += (f"; peak host memory {format_size(peak)}, {peak / self.resident:.2f}x the "
+                     f"{format_size(self.resident)} before the save")
+        return line
+
     def _commit(self) -> None:
         error = None
         if self.strategy.is_main:
@@ -126,6 +148,8 @@ class BackgroundWrite:
                     self.on_commit()
             except BaseException as e:
                 error = e
+            if error is None and self.report:
+                main_print(self._summary())
         failed = self.strategy.broadcast(None if error is None else repr(error))
         self.committed = True
         if error is not None:
