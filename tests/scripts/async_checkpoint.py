@@ -98,7 +98,7 @@ def main():
     if is_main_process():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
-        print(f"BLOCKED {json.dumps(ckpt.blocked_s)}", flush=True)
+        print(f"BLOCKED {json.dumps([save['held_s'] for save in ckpt.saves])}", flush=True)
 
 
 if __name__ == "__main__":

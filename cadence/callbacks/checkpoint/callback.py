@@ -87,7 +87,7 @@ class Checkpoint(Callback):
         self._epoch_ran = False  # training and validation of the current epoch are done
         self._watch: PreemptionWatch | None = None
         self._pending: BackgroundWrite | None = None  # the save being written in the background
-        self.blocked_s: list[float] = []  # how long each save of this fit held the training loop
+        self.saves: list[dict[str, Any]] = []  # what each save of this fit cost (`BackgroundWrite.stats`), in order
 
     @property
     def root(self) -> Path:
@@ -184,6 +184,7 @@ class Checkpoint(Callback):
         if resumed_from is None:  # a fresh run: its own history
             self.history, self.best, self.best_name = [], None, None
         self._last_saved_step = self._last_checked_step = self.learn.step
+        self.saves = []
         if self.learn.strategy.is_main:
             self._warn_about_other_checkpoints(resumed_from)
 
@@ -211,6 +212,7 @@ class Checkpoint(Callback):
             return  # not at an optimizer step: accumulation goes on, or the step was skipped
         self._last_checked_step = learn.step
         if self._pending is not None and self._pending.poll():
+            self.saves.append(self._pending.stats)
             self._pending = None
         if self.every_n_steps and learn.step != self._last_saved_step and learn.step % self.every_n_steps == 0:
             self._save(epoch_complete=False)
@@ -261,7 +263,7 @@ class Checkpoint(Callback):
         self.history = [n for n in self.history if n not in doomed]  # what state.json records: the run after pruning
         try:
             staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save)
-            if self.async_save and staged.engine_write is None and not self.blocked_s:
+            if self.async_save and staged.engine_write is None and not self.saves and self._pending is None:
                 main_print(f"Checkpoint(async_save=True): the {strategy.name} engine saves its state with collectives "
                            f"of its own, so that part is written before training goes on; the rest in the background")
             write = BackgroundWrite(staged, strategy, self.io_timeout, self.root / name,
@@ -269,12 +271,12 @@ class Checkpoint(Callback):
                                     blocking=not self.async_save, since=started, resident=resident).start()
             if not self.async_save:
                 write.wait()
+                self.saves.append(write.stats)
         except BaseException:
             self.history, self.best, self.best_name = before
             raise
         self._pending = write if self.async_save else None
         self._last_saved_step = self.learn.step
-        self.blocked_s.append(time.perf_counter() - started)
 
     def _point_and_prune(self, store: CheckpointStore, name: str, doomed: list[str]) -> None:
         """On the main process, once the checkpoint is in place: `latest` and `best` point at it, then the
@@ -291,6 +293,7 @@ class Checkpoint(Callback):
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.wait()
+            self.saves.append(pending.stats)
 
     def _update_best(self, name: str, epoch_complete: bool) -> None:
         if self.monitor is None or not epoch_complete:

@@ -46,6 +46,7 @@ class BackgroundWrite:
         self.since = time.perf_counter() if since is None else since  # when the loop stopped for this save
         self.resident = resident  # the host memory before the save took its state (`memory.start_peak`)
         self.held_s = 0.0         # how long the training loop was held: until `start` (async) or the commit
+        self.stats: dict[str, Any] = {}  # once committed: `_measure`, and on the main process "bytes"
         self.error: BaseException | None = None
         self.committed = False
         self._thread = threading.Thread(target=self._run, name=f"checkpoint writer {directory.name}", daemon=True)
@@ -124,28 +125,34 @@ class BackgroundWrite:
             main_print(f"Checkpoint: {self.directory} is still being written after {t:.0f} s (rank(s) {slow} not "
                        f"done); a slow disk? (it fails after io_timeout={self.io_timeout} s)", file=sys.stderr)
 
+    def _measure(self) -> dict[str, Any]:
+        """What this save cost on this rank: seconds from start to commit, how long the loop was held, the peak
+        and the resident host memory before the save (bytes; None where the system does not say)."""
+        if self.blocking:
+            self.held_s = time.perf_counter() - self.since
+        return {"name": self.directory.name, "seconds": self.elapsed, "held_s": self.held_s, "peak": peak_since(),
+                "resident": self.resident}
+
     def _summary(self) -> str:
         """"Checkpoint: step-00000200 written: 1.2 GiB in 3.1 s (390 MiB/s), the loop held 0.04 s; peak host memory
         2.3 GiB, 1.05x the 2.2 GiB before the save" (the main process's part and memory)."""
-        size = sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
-        t = self.elapsed
-        if self.blocking:
-            self.held_s = time.perf_counter() - self.since
-        line = (f"Checkpoint: {self.directory.name} written: {format_size(size)} in {t:.2f} s "
-                f"({format_size(int(size / max(t, 1e-9)))}/s), the loop held {self.held_s:.2f} s")
-        peak = peak_since()
-        if peak is not None and self.resident:
-            line += (f"; peak host memory {format_size(peak)}, {peak / self.resident:.2f}x the "
-                     f"{format_size(self.resident)} before the save")
+        m, size = self.stats, self.stats["bytes"]
+        line = (f"Checkpoint: {m['name']} written: {format_size(size)} in {m['seconds']:.2f} s "
+                f"({format_size(int(size / max(m['seconds'], 1e-9)))}/s), the loop held {m['held_s']:.2f} s")
+        if m["peak"] is not None and m["resident"]:
+            line += (f"; peak host memory {format_size(m['peak'])}, {m['peak'] / m['resident']:.2f}x the "
+                     f"{format_size(m['resident'])} before the save")
         return line
 
     def _commit(self) -> None:
         error = None
+        self.stats = self._measure()
         if self.strategy.is_main:
             try:
                 self.staged.commit()
                 if self.on_commit is not None:
                     self.on_commit()
+                self.stats["bytes"] = sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
             except BaseException as e:
                 error = e
             if error is None and self.report:
