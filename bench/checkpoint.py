@@ -8,7 +8,9 @@ For each it measures, in the same run:
 - write throughput: checkpoint bytes / the synchronous save's time (the loop held, from taking the state to the
   checkpoint in place; the best of the fit's saves, its slowest rank), against the disk's own sequential write of
   the same number of bytes with fsync (8 MiB blocks, rank 0, into the checkpoint directory);
-- held: the time the training loop is held per async save, against the synchronous save's;
+- held: the time the training loop is held per async save (the copy to host memory; the worst save), against the
+  synchronous save's; "async waits" is the longest a save waited for the one before it (saves every 3 steps
+  here, more often than this disk writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
   reads (safetensors `load_file`, `torch.load`, or a read of the bytes for torch's sharded .distcp files);
 - memory: the peak host memory (VmHWM, reset at the save) over the resident memory before the save, worst rank.
@@ -143,20 +145,21 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     size, disk = ranks[0]["size"], ranks[0]["disk"]
     held_sync = min(max(s["held_s"] for s in saves) for saves in zip(*sync))  # the best save, its slowest rank
     sync_s = held_sync  # a synchronous save holds the loop from taking the state to the commit: all of it
-    held_async = max(max(s["held_s"] for s in saves) for saves in zip(*async_))
+    held_async = max(max(s["held_s"] - s["waited_s"] for s in saves) for saves in zip(*async_))
+    waited = max(max(s["waited_s"] for s in saves) for saves in zip(*async_))
     resume, plain = max(r["resume"] for r in ranks), max(r["plain"] for r in ranks)
 
     def memory(runs):
         return max(s["peak"] / s["resident"] for saves in runs for s in saves if s["peak"] and s["resident"])
     mb = 1 << 20
     return (f"| {engine} | {nproc} | {size / mb:.0f} | {size / mb / sync_s:.0f} | {size / mb / disk:.0f} | "
-            f"{disk / sync_s:.2f} | {held_sync:.2f} | {held_async:.3f} | {held_async / held_sync:.3f} | "
+            f"{disk / sync_s:.2f} | {held_sync:.2f} | {held_async:.3f} | {held_async / held_sync:.3f} | {waited:.2f} | "
             f"{resume:.2f} | {plain:.2f} | {resume / plain:.2f} | {memory(sync):.2f} | {memory(async_):.2f} |")
 
 
 HEADER = ("| engine | procs | checkpoint MiB | save MiB/s | disk MiB/s | save/disk | sync held s | async held s | "
-          "async/sync | resume s | plain load s | resume/plain | peak/resident sync | peak/resident async |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "async/sync | async waits s | resume s | plain load s | resume/plain | peak/resident sync | peak/resident async |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:

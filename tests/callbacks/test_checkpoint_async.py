@@ -2,7 +2,7 @@
 processes are killed, a failed background write stops the run naming the checkpoint, preemption waits for the writer.
 
 tests/scripts/async_checkpoint.py trains (GradAccum, dropout, AdamW, one-cycle; 18 optimizer steps, a checkpoint
-every 4 steps and every epoch end); its --write-delay makes each save's optimizer file late, as a slow disk would,
+every 4 steps and every epoch end); its --write-delay makes each save's RNG files late, as a slow disk would,
 so that the saves are in flight for most of the run. Real processes, real kills and a real file-size limit.
 """
 
@@ -107,9 +107,25 @@ def test_async_saves_killed_at_any_moment_leave_only_complete_checkpoints_and_re
     assert_equal(load_file(str(out)), reference(nproc))
 
 
+def test_fsdp2_async_sharded_checkpoints_resume_exactly_after_kills(tmp_path):
+    """FSDP2 writes through torch's distributed checkpoint (its async save on a group of its own), every rank its
+    shards: a run killed twice mid-save and resumed ends with the weights of an uninterrupted synchronous one."""
+    fsdp = ("--strategy", "fsdp", "--write-delay", 0.3)
+    finished(run("--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st", "--sync", *fsdp, nproc=2))
+    root, out = tmp_path / "ckpt", tmp_path / "run.st"
+    for after in (1.3, 1.0):
+        proc = run("--ckpt", root, "--out", out, "--kill-after", after, *fsdp, nproc=2)
+        assert proc.returncode != 0 and "STEPS" not in proc.stdout, proc.stdout + proc.stderr
+        for d in visible(root):
+            assert missing_files(d) == [] and (d / "sharded" / ".metadata").is_file(), d
+    assert visible(root), "no checkpoint was committed before the kills"
+    finished(run("--ckpt", root, "--out", out, *fsdp, nproc=2))
+    assert_equal(load_file(str(out)), load_file(str(tmp_path / "ref.st")))
+
+
 def test_a_failed_background_write_stops_the_run_naming_the_checkpoint(tmp_path):
     root = tmp_path / "ckpt"
-    proc = run("--ckpt", root, "--out", tmp_path / "run.st", "--fsize", 3000)  # the optimizer file is larger
+    proc = run("--ckpt", root, "--out", tmp_path / "run.st", "--fsize", 3000)  # the optimizer, RNG files are larger
     assert proc.returncode == 1, proc.stdout + proc.stderr
     error, step = proc.stdout.split("ERROR ", 1)[1].split("\nSTEP ")
     assert error.startswith("OSError: ") and f"could not write the checkpoint {root}/step-00000004: " in error, error
@@ -139,3 +155,23 @@ def test_sigterm_during_an_async_write_waits_for_it_and_exits_143(tmp_path, refe
 def test_bad_arguments_are_refused_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Checkpoint(**kwargs)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_slow_disk_is_named_with_the_time_and_fails_past_io_timeout(dls, tmp_path, monkeypatch, capsys, async_save):
+    import time
+
+    import cadence.callbacks.checkpoint.state as state
+    import cadence.callbacks.checkpoint.writer as writer
+    from fixtures import make_learner
+
+    monkeypatch.setattr(writer, "SLOW_NOTICE_S", 0.5)  # a minute in real runs
+    write = state.save_torch
+    monkeypatch.setattr(state, "save_torch", lambda obj, path: (time.sleep(3), write(obj, path)))  # a stuck disk
+    learn = make_learner(dls, tmp_path, [Checkpoint("ckpt", io_timeout=1.5, async_save=async_save)])
+    with pytest.raises(TimeoutError, match=rf"Checkpoint: writing {tmp_path}/ckpt/step-\d+ took more than "
+                                           rf"io_timeout=1.5 s \(\d s; rank\(s\) \[0\] not done\): the disk is too slow"):
+        learn.fit(1)
+    err = capsys.readouterr().err
+    assert f"Checkpoint: {tmp_path}/ckpt/step-" in err and "is still being written after 1 s" in err, err
+    assert visible(tmp_path / "ckpt") == []

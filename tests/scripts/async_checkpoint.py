@@ -2,9 +2,9 @@
 and every epoch end) with `Checkpoint(async_save=...)`; the same command line starts and continues the run.
 
   async_checkpoint.py --ckpt DIR --out FILE [--sync] [--write-delay S] [--kill-after S] [--sigterm-in-write N]
-                      [--fsize BYTES] [--keep-last N]
+                      [--fsize BYTES] [--keep-last N] [--strategy NAME]
 --sync: Checkpoint(async_save=False) (the default here is async).
---write-delay: every checkpoint's optimizer file is written S seconds late (a slow disk: the write is in flight
+--write-delay: every checkpoint's RNG files are written S seconds late (a slow disk: the write is in flight
   for longer, while training goes on).
 --kill-after: every rank SIGKILLs itself S seconds after its training started (a kill at a moment the test picks).
 --sigterm-in-write: the N-th checkpoint's writer sends this process SIGTERM half-way (rank 0, the first run only:
@@ -28,7 +28,7 @@ import numpy as np
 from safetensors.torch import save_file
 from torch import nn
 
-import cadence.distributed.strategy as strategy_module
+import cadence.callbacks.checkpoint.state as state_module
 from cadence import Callback, Learner, accuracy
 from cadence.callbacks.accumulate import GradAccum
 from cadence.callbacks.checkpoint import Checkpoint
@@ -36,18 +36,19 @@ from cadence.distributed.env import is_main_process, rank
 from resume import data_and_model
 
 
-def slow_optimizer_file(delay: float, sigterm_at: int | None, marker: Path):
-    """The optimizer file's writer, `delay` seconds late; SIGTERM to this process half-way through write `sigterm_at`."""
-    write, calls = strategy_module.save_optimizer_file, [0]
+def slow_rng_file(delay: float, sigterm_at: int | None, marker: Path):
+    """The writer of each rank's RNG file (every engine's checkpoint has one), `delay` seconds late; SIGTERM to this
+    process half-way through write `sigterm_at`."""
+    write, calls = state_module.save_torch, [0]
 
-    def slow(state, directory):
+    def slow(obj, path):
         calls[0] += 1
         if sigterm_at == calls[0] and not marker.exists():
             marker.write_text("sent")
             os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(delay)
-        write(state, directory)
-    strategy_module.save_optimizer_file = slow
+        write(obj, path)
+    state_module.save_torch = slow
 
 
 class KillAfter(Callback):
@@ -72,10 +73,11 @@ def main():
     p.add_argument("--sigterm-in-write", type=int)
     p.add_argument("--fsize", type=int)
     p.add_argument("--keep-last", type=int)
+    p.add_argument("--strategy", help="the engine under `cadence launch` (default: the launcher's, DDP)")
     args = p.parse_args()
     Path(args.ckpt).mkdir(parents=True, exist_ok=True)
     if args.write_delay or args.sigterm_in_write:
-        slow_optimizer_file(args.write_delay, args.sigterm_in_write if rank() == 0 else None,
+        slow_rng_file(args.write_delay, args.sigterm_in_write if rank() == 0 else None,
                             Path(args.ckpt) / "sigterm-sent")
 
     random.seed(0)  # the checkpoints hold these states: two runs write the same bytes
@@ -90,7 +92,7 @@ def main():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, args.fsize))
     try:
-        with learn.distrib_ctx():
+        with learn.distrib_ctx(strategy=args.strategy):
             learn.fit_one_cycle(3, lr_max=1e-2, resume="auto")
     except Exception as e:
         print(f"ERROR {type(e).__name__}: {e}\nSTEP {learn.step}", flush=True)

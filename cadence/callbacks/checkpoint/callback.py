@@ -254,6 +254,7 @@ class Checkpoint(Callback):
             main_print(f"Checkpoint: {self._pending.directory.name} is still being written; step {self.learn.step} "
                        f"waits for it before saving (one save at a time)")
             self._finish_pending()
+        waited = time.perf_counter() - started
         strategy, store = self.learn.strategy, CheckpointStore(self.root)
         name = strategy.broadcast(store.fresh_name(self.learn.step) if strategy.is_main else None)
         before = (list(self.history), self.best, self.best_name)
@@ -268,7 +269,8 @@ class Checkpoint(Callback):
                            f"of its own, so that part is written before training goes on; the rest in the background")
             write = BackgroundWrite(staged, strategy, self.io_timeout, self.root / name,
                                     on_commit=lambda: self._point_and_prune(store, name, doomed), report=True,
-                                    blocking=not self.async_save, since=started, resident=resident).start()
+                                    blocking=not self.async_save, since=started, resident=resident,
+                                    waited_s=waited).start()
             if not self.async_save:
                 write.wait()
                 self.saves.append(write.stats)
