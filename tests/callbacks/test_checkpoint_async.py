@@ -175,3 +175,34 @@ def test_a_slow_disk_is_named_with_the_time_and_fails_past_io_timeout(dls, tmp_p
     err = capsys.readouterr().err
     assert f"Checkpoint: {tmp_path}/ckpt/step-" in err and "is still being written after 1 s" in err, err
     assert visible(tmp_path / "ckpt") == []
+
+
+def test_accelerator_async_save_state_holds_the_state_of_its_step_and_is_finished_by_end_training(tmp_path,
+                                                                                                   monkeypatch):
+    import time
+
+    import cadence.accelerate.checkpointing as checkpointing
+    from cadence import Accelerator
+
+    torch.manual_seed(0)
+    acc = Accelerator()
+    net = torch.nn.Linear(64, 32)
+    model, opt = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=0.1))
+
+    def step():
+        acc.backward(model(torch.randn(8, 64)).square().mean())
+        opt.step()
+        opt.zero_grad()
+    step()
+    acc.save_state(tmp_path / "sync")
+    write = checkpointing.save_torch
+    monkeypatch.setattr(checkpointing, "save_torch", lambda obj, path: (time.sleep(0.5), write(obj, path)))  # slow disk
+    start = time.perf_counter()
+    acc.save_state(tmp_path / "async", async_save=True)
+    assert time.perf_counter() - start < 0.4 and not (tmp_path / "async").exists()  # the loop goes on at once
+    step()  # training goes on while it is written: the checkpoint keeps the state of its own step
+    acc.end_training()
+    files = sorted(p.name for p in (tmp_path / "sync").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "async").iterdir()) and "optimizer.pt" in files
+    for f in files:
+        assert (tmp_path / "sync" / f).read_bytes() == (tmp_path / "async" / f).read_bytes(), f
