@@ -1,4 +1,4 @@
-"""Checkpoints against the disk: throughput, how long the loop is held, resume time and memory, per engine and world size.
+"""Checkpoints against the disk: throughput, loop held, resume time and memory, per engine and world size.
 
 An MLP of `--width` x `--width` layers (default 5 of 2048: 21M parameters, 84 MB of weights, 252 MB of state
 with AdamW's two moments) trains on `cadence launch --cpu` for each engine (DDP, FSDP2, DeepSpeed ZeRO-3) and
@@ -12,7 +12,8 @@ For each it measures, in the same run:
   synchronous save's; "async waits" is the longest a save waited for the one before it (saves every 3 steps
   here, more often than this disk writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
-  reads (safetensors `load_file`, `torch.load`, or a read of the bytes for torch's sharded .distcp files);
+  reads (safetensors `load_file` with each tensor read once, `torch.load`, or a read of the bytes of torch's
+  sharded .distcp files);
 - memory: the peak host memory (VmHWM, reset at the save) over the resident memory before the save, worst rank.
 
     .venv/bin/python bench/checkpoint.py                            # 1, 2, 4 processes x ddp, fsdp, zero3
@@ -67,8 +68,9 @@ def plain_load(directory: Path, rank: int) -> float:
         files = [p for p in files if p.suffix in (".safetensors", ".pt") and "rng-rank" not in p.name]
     start = time.perf_counter()
     for p in files:
-        if p.suffix == ".safetensors":
-            load_file(str(p))
+        if p.suffix == ".safetensors":  # load_file maps the file lazily: each tensor read once, as into a model
+            for t in load_file(str(p)).values():
+                torch.empty_like(t).copy_(t)
         elif p.suffix == ".pt":
             torch.load(p, weights_only=False, map_location="cpu")
         else:
@@ -158,7 +160,8 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
 
 
 HEADER = ("| engine | procs | checkpoint MiB | save MiB/s | disk MiB/s | save/disk | sync held s | async held s | "
-          "async/sync | async waits s | resume s | plain load s | resume/plain | peak/resident sync | peak/resident async |\n"
+          "async/sync | async waits s | resume s | plain load s | resume/plain | peak/resident sync | "
+          "peak/resident async |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
