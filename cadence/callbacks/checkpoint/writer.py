@@ -75,13 +75,13 @@ class BackgroundWrite:
         Raises (every rank) when a rank's write failed or outlasted `io_timeout`."""
         if self.committed:
             return True
-        states = self._agree()
+        states, late = self._agree()
         if FAILED in states:
             self._fail(states)
         if all(s == DONE for s in states):
             self._commit()
             return True
-        self._check_time(states)
+        self._check_time(states, late)
         return False
 
     def wait(self) -> None:
@@ -94,14 +94,18 @@ class BackgroundWrite:
         """After a failure elsewhere (no collective can be trusted): let this rank's own writer finish its files."""
         self._thread.join(timeout)
 
-    def _agree(self) -> list[int]:
+    def _agree(self) -> tuple[list[int], bool]:
+        """(every rank's writer state, whether the main process's clock says `io_timeout` has passed): the same
+        on every rank, so all of them give up at the same poll."""
         mine = FAILED if self.error is not None else RUNNING if self._thread.is_alive() else DONE
+        late = self.io_timeout is not None and self.elapsed > self.io_timeout
         if not is_initialized() or world_size() == 1:
-            return [mine]
-        states = torch.zeros(world_size(), dtype=torch.int32, device=self.strategy.device)
+            return [mine], late
+        states = torch.zeros(world_size() + 1, dtype=torch.int32, device=self.strategy.device)
         states[rank()] = mine
+        states[-1] = int(late and rank() == 0)
         dist.all_reduce(states)
-        return states.tolist()
+        return states[:-1].tolist(), bool(states[-1])
 
     def _fail(self, states: list[int]) -> None:
         self.committed = True  # nothing more to wait for
@@ -113,10 +117,10 @@ class BackgroundWrite:
         raise RuntimeError(f"Checkpoint: writing {self.directory} failed on rank(s) {failed} (their error says why); "
                            f"the checkpoint was not made visible")
 
-    def _check_time(self, states: list[int]) -> None:
+    def _check_time(self, states: list[int], late: bool) -> None:
         t = self.elapsed
         slow = [r for r, s in enumerate(states) if s == RUNNING]
-        if self.io_timeout is not None and t > self.io_timeout:
+        if late:
             self.committed = True
             raise TimeoutError(f"Checkpoint: writing {self.directory} took more than io_timeout={self.io_timeout:g} s "
                                f"({t:.0f} s; rank(s) {slow} not done): the disk is too slow or stuck. The checkpoint "
