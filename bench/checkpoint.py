@@ -14,7 +14,7 @@ For each it measures, in the same run:
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
   reads (safetensors `load_file` with each tensor read once, `torch.load`, or a read of the bytes of torch's
   sharded .distcp files);
-- memory: the peak host memory (VmHWM, reset at the save) over the resident memory before the save, worst rank.
+- memory: the peak host memory (sampled every 5 ms) over the resident memory before the save, worst rank.
 
     .venv/bin/python bench/checkpoint.py                            # 1, 2, 4 processes x ddp, fsdp, zero3
     .venv/bin/python bench/checkpoint.py --procs 1 2 --engines ddp --layers 3

@@ -21,7 +21,7 @@ from ...distributed.status import record_preempted
 from ...serialization import check_writable
 from ...trainer.callback import Callback, Order
 from .lock import DirectoryLock
-from .memory import start_peak
+from .memory import PeakMemory
 from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
 from .state import load_state, make_resumable, read_state, stage_state
 from .store import BEST, LATEST, STATE_FILE, CheckpointStore, resolve
@@ -249,12 +249,12 @@ class Checkpoint(Callback):
 
     # ------------------------------------------------------------------ saving and pruning
     def _save(self, epoch_complete: bool) -> None:
-        started, resident = time.perf_counter(), start_peak()
+        started, memory, waited = time.perf_counter(), PeakMemory().start(), 0.0
         if self._pending is not None:
             main_print(f"Checkpoint: {self._pending.directory.name} is still being written; step {self.learn.step} "
                        f"waits for it before saving (one save at a time)")
             self._finish_pending()
-        waited = time.perf_counter() - started
+            waited = time.perf_counter() - started
         strategy, store = self.learn.strategy, CheckpointStore(self.root)
         name = strategy.broadcast(store.fresh_name(self.learn.step) if strategy.is_main else None)
         before = (list(self.history), self.best, self.best_name)
@@ -269,12 +269,13 @@ class Checkpoint(Callback):
                            f"of its own, so that part is written before training goes on; the rest in the background")
             write = BackgroundWrite(staged, strategy, self.io_timeout, self.root / name,
                                     on_commit=lambda: self._point_and_prune(store, name, doomed), report=True,
-                                    blocking=not self.async_save, since=started, resident=resident,
+                                    blocking=not self.async_save, since=started, memory=memory,
                                     waited_s=waited).start()
             if not self.async_save:
                 write.wait()
                 self.saves.append(write.stats)
         except BaseException:
+            memory.stop()
             self.history, self.best, self.best_name = before
             raise
         self._pending = write if self.async_save else None

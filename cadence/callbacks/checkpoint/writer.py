@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ...distributed.env import is_initialized, rank, world_size
 from ...distributed.ops import main_print
 from ...serialization import format_size
-from .memory import peak_since
+from .memory import PeakMemory
 
 RUNNING, DONE, FAILED = 0, 1, 2
 POLL_S = 1.0        # how long a waiting rank listens to its own writer before asking the others again
@@ -40,11 +40,11 @@ class BackgroundWrite:
 
     def __init__(self, staged: Any, strategy: Any, io_timeout: float | None, directory: Path,
                  on_commit: Callable[[], None] | None = None, report: bool = False, blocking: bool = True,
-                 since: float | None = None, resident: int | None = None, waited_s: float = 0.0):
+                 since: float | None = None, memory: PeakMemory | None = None, waited_s: float = 0.0):
         self.staged, self.strategy, self.io_timeout, self.directory = staged, strategy, io_timeout, directory
         self.on_commit, self.report, self.blocking = on_commit, report, blocking
         self.since = time.perf_counter() if since is None else since  # when the loop stopped for this save
-        self.resident = resident  # the host memory before the save took its state (`memory.start_peak`)
+        self.memory = memory      # sampling this process's host memory since the save began
         self.held_s = 0.0         # how long the training loop was held: until `start` (async) or the commit
         self.waited_s = waited_s  # of which waiting for the save before this one
         self.stats: dict[str, Any] = {}  # once committed: `_measure`, and on the main process "bytes"
@@ -92,7 +92,13 @@ class BackgroundWrite:
 
     def join_local(self, timeout: float | None) -> None:
         """After a failure elsewhere (no collective can be trusted): let this rank's own writer finish its files."""
+        self._give_up()
         self._thread.join(timeout)
+
+    def _give_up(self) -> None:
+        self.committed = True  # nothing more to wait for
+        if self.memory is not None:
+            self.memory.stop()
 
     def _agree(self) -> tuple[list[int], bool]:
         """(every rank's writer state, whether the main process's clock says `io_timeout` has passed): the same
@@ -108,7 +114,7 @@ class BackgroundWrite:
         return states[:-1].tolist(), bool(states[-1])
 
     def _fail(self, states: list[int]) -> None:
-        self.committed = True  # nothing more to wait for
+        self._give_up()
         if self.error is not None:
             if isinstance(self.error, OSError):
                 raise self.error
@@ -121,7 +127,7 @@ class BackgroundWrite:
         t = self.elapsed
         slow = [r for r, s in enumerate(states) if s == RUNNING]
         if late:
-            self.committed = True
+            self._give_up()
             raise TimeoutError(f"Checkpoint: writing {self.directory} took more than io_timeout={self.io_timeout:g} s "
                                f"({t:.0f} s; rank(s) {slow} not done): the disk is too slow or stuck. The checkpoint "
                                f"was not made visible; raise Checkpoint(io_timeout=...) or write to a faster disk")
@@ -136,8 +142,8 @@ class BackgroundWrite:
         if self.blocking:
             self.held_s = time.perf_counter() - self.since
         return {"name": self.directory.name, "seconds": self.elapsed, "held_s": self.held_s, "waited_s": self.waited_s,
-                "peak": peak_since(),
-                "resident": self.resident}
+                "peak": self.memory.stop() if self.memory else None,
+                "resident": self.memory.resident if self.memory else None}
 
     def _summary(self) -> str:
         """"Checkpoint: step-00000200 written: 1.2 GiB in 3.1 s (390 MiB/s), the loop held 0.04 s; peak host memory
