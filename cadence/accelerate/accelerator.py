@@ -367,14 +367,19 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
                              "these have not: " + "; ".join(bad))
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | os.PathLike | None = None, **kwargs: Any) -> Path:
+    def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,
+                   **kwargs: Any) -> Path:
         """Write a resumable checkpoint of everything prepared and registered (every process calls it).
 
         With `ProjectConfiguration(automatic_checkpoint_naming=True)` the directory is
         `project_dir/checkpoints/checkpoint_<n>` and only the newest `total_limit` are kept.
+        `async_save=True`: the state is copied to host memory and written in the background; the
+        checkpoint appears once every process's part is written. The next `save_state`, `load_state`
+        or `end_training` waits for it (and raises if it failed): call one of them before the script ends.
 
         >>> accelerator.save_state("ckpt")       # or accelerator.save_state() with automatic naming
         """
+        self.finish_saving()
         if kwargs.get("safe_serialization") is False:
             raise ValueError("cadence writes weights as safetensors only; drop safe_serialization=False")
         config = self.project_configuration
@@ -386,7 +391,8 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
             raise ValueError("save_state needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
         else:
             directory = Path(output_dir)
-        save_accelerator_state(self, directory)
+        write = save_accelerator_state(self, directory, async_save=async_save)
+        self._save_in_flight = None if write.committed else write
         config.iteration += 1
         return directory
 
@@ -395,6 +401,7 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
 
         Loaders continue where they stood when it was saved (the rest of that epoch).
         """
+        self.finish_saving()
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming or self.project_dir is None:
                 raise ValueError("load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
@@ -438,8 +445,15 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
         """The tracker called `name` (with `unwrap`, its writer or W&B run); a do-nothing tracker off the main process."""
         return self.trackers.get(name, unwrap)
 
+    def finish_saving(self) -> None:
+        """Wait (every process) until a `save_state(async_save=True)` is written and visible; raise if it failed."""
+        write, self._save_in_flight = getattr(self, "_save_in_flight", None), None
+        if write is not None:
+            write.wait()
+
     def end_training(self) -> None:
-        """Close the trackers' runs and wait for every process."""
+        """Finish a checkpoint being written, close the trackers' runs and wait for every process."""
+        self.finish_saving()
         self.trackers.finish()
         self.wait_for_everyone()
 
