@@ -128,7 +128,7 @@ class XLA(Strategy):
         import torch_xla.distributed.spmd as xs
 
         shape = self.mesh_shape or (n_devices,)
-        names = self.axis_names or (("fsdp",) if self.fsdp else ("data",) if len(shape) == 1 else ("data", "fsdp"))
+        names = self.axis_names or (("data", "fsdp") if len(shape) == 2 else ("fsdp",) if self.fsdp else ("data",))
         if math.prod(shape) != n_devices:
             raise ValueError(f"mesh_shape={shape} covers {math.prod(shape)} devices but the XLA runtime has "
                              f"{n_devices} (TPU chips, or CPU_NUM_DEVICES on the CPU): give a shape whose product "
@@ -288,11 +288,15 @@ class XLA(Strategy):
     # ------------------------------------------------------------------ what the runtime did
     @staticmethod
     def counts() -> dict[str, int]:
-        """Graphs compiled and graph executions so far in this process (torch_xla.debug.metrics).
+        """Graphs compiled and graph executions so far in this process (torch_xla.debug.metrics), once the
+        device has finished what it was given (an execution is counted when it ends).
 
         >>> before = XLA.counts(); learn.fit(1); XLA.counts()["compiles"] - before["compiles"]
         """
+        import torch_xla.core.xla_model as xm
         import torch_xla.debug.metrics as met
+
+        xm.wait_device_ops()
 
         def count(name: str) -> int:
             data = met.metric_data(name)
