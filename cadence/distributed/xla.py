@@ -157,7 +157,7 @@ class XLA(Strategy):
             raise RuntimeError(
                 f"torchrun started {expected} processes but the XLA runtime gives this one a world of {got}: "
                 f"each would train alone on its own copy of the data. On a TPU host launch one process per chip "
-                f"as torch_xla documents (`cadence launch --tpu`, PJRT_DEVICE=TPU); on the CPU (PJRT_DEVICE=CPU), "
+                f"as torch_xla documents (PJRT_DEVICE=TPU); on the CPU (PJRT_DEVICE=CPU), "
                 f"whose XLA collectives do not work across processes, use one process with "
                 f'strategy="xla", spmd=True and CPU_NUM_DEVICES=N instead')
 
