@@ -63,9 +63,8 @@ class XlaDL(DistributedDL):
         self.strategy = strategy
 
     def __iter__(self) -> Iterator[Any]:
-        sync = self.strategy.xla.sync
         for batch in super().__iter__():
-            sync()  # what the last batch left (a validation forward, metric sums) runs now, as one graph
+            self.strategy.sync_pending()  # what the last batch left (a validation forward, metric sums) runs now
             yield self.strategy.place(batch)
 
 
@@ -97,6 +96,7 @@ class XLA(Strategy):
         self.created_group = False
         self._device = torch.device(device) if device is not None else None
         self._sync_grads = True
+        self._just_synced = False  # the optimizer step has just run its graph (XlaDL need not sync again)
         self._params: list[nn.Parameter] = []  # what backward all-reduces with one process per device
         self.precision = FullPrecision()
 
@@ -236,7 +236,15 @@ class XLA(Strategy):
         """Step the optimizer, then run the step's graph (`torch_xla.sync()`): one execution per step."""
         stepped = self.precision.step(opt)
         self.xla.sync()
+        self._just_synced = True
         return stepped
+
+    def sync_pending(self) -> None:
+        """Run what was traced since the last sync, unless that was the optimizer step's: a second `sync()` with
+        nothing new would wait for the step's graph to finish instead of tracing the next batch meanwhile."""
+        if not self._just_synced:
+            self.xla.sync()
+        self._just_synced = False
 
     # ------------------------------------------------------------------ the data-parallel group
     @property
