@@ -61,9 +61,9 @@ def compile_seconds() -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--width", type=int, default=512)
-    p.add_argument("--samples", type=int, default=2048)
+    p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--bs", type=int, default=64)
     a = p.parse_args()
     g = torch.Generator().manual_seed(0)
