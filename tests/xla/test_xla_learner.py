@@ -87,6 +87,13 @@ def test_spmd_meshes_equal_the_single_device_run(xla_python, tmp_path, devices):
     assert f"covers {devices + 1} devices but the XLA runtime has {devices}" in r["bad_mesh"]
 
 
+def test_cadence_env_reports_the_xla_runtime(xla_python):
+    proc = run_xla(xla_python, "-m", "cadence.cli", "env", devices=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "XLA runtime: CPU, 2 device(s)" in proc.stdout
+    assert "torch_xla 2.9.0" in proc.stdout
+
+
 def test_torchrun_world_the_xla_runtime_does_not_see_is_refused(xla_python):
     """torchrun with 2 processes on XLA's CPU: the "xla" process group gives each a world of 1 (pytorch/xla
     issue 9089); strategy="xla" refuses to train each process alone, saying what to do instead."""

@@ -23,3 +23,9 @@ def test_xla_without_torch_xla_says_how_to_install():
     assert learn.strategy.name == "single"
     with pytest.raises(ImportError, match="torch_xla"):
         get_strategy("xla")
+
+
+def test_cadence_env_reports_no_xla_runtime_here():
+    from cadence.distributed.config import environment_report
+
+    assert "XLA runtime: none (torch_xla not installed)" in environment_report()

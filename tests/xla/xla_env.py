@@ -12,7 +12,7 @@ DEFAULT_VENV = Path.home() / ".cache" / "cadence" / "xla-torch2.9.0-xla2.9.0"
 
 def run_xla(python: Path, *args: str, devices: int | None = None, torchrun: int | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run tests/scripts/<args[0]> with the XLA environment's python on XLA's CPU device (PJRT_DEVICE=CPU).
+    """Run tests/scripts/<args[0]> (or `-m module ...`) with the XLA environment's python on XLA's CPU device (PJRT_DEVICE=CPU).
 
     `devices`: SPMD over that many virtual CPU devices; `torchrun`: that many processes under torchrun.
     """
@@ -21,7 +21,7 @@ def run_xla(python: Path, *args: str, devices: int | None = None, torchrun: int 
         env.pop(var, None)
     if devices:
         env.update(CADENCE_XLA_SPMD="1", CPU_NUM_DEVICES=str(devices))
-    cmd = [str(python), str(SCRIPTS / args[0]), *args[1:]]
+    cmd = [str(python), *args] if args[0] == "-m" else [str(python), str(SCRIPTS / args[0]), *args[1:]]
     if torchrun:
         cmd = [str(python), "-m", "torch.distributed.run", "--nproc_per_node", str(torchrun),
                "--master_port", str(_free_port()), *cmd[1:]]
