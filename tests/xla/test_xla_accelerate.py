@@ -14,7 +14,7 @@ sys.path.insert(0, str(HERE.parent / "accelerate" / "examples"))
 from matrix import EXAMPLES, Run, prepare  # noqa: E402
 from xla_env import REPO  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # each runs torch_xla subprocesses (compiles: minutes when loaded)
 
 
 def test_accelerate_nlp_example_runs_unchanged_on_xla(xla_python, tmp_path):
@@ -26,7 +26,7 @@ def test_accelerate_nlp_example_runs_unchanged_on_xla(xla_python, tmp_path):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     proc = subprocess.run([str(xla_python), str(scripts / "nlp_example.py")], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=tmp_path)
+                          timeout=800, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-5000:]
     assert "device='xla:0'" in proc.stdout  # the script's own prints of its batches: they were on the XLA device
     problems = [p for check in example.checks for p in check(Run(proc.stdout, proc.stderr, tmp_path))]

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from xla_env import run_xla
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # each runs torch_xla subprocesses (compiles: minutes when loaded)
 
 
 def report(xla_python, tmp_path, mode, *args, **kw) -> dict:
