@@ -240,8 +240,7 @@ class XLA(Strategy):
         return stepped
 
     def sync_pending(self) -> None:
-        """Run what was traced since the last sync, unless that was the optimizer step's: a second `sync()` with
-        nothing new would wait for the step's graph to finish instead of tracing the next batch meanwhile."""
+        """Run what was traced since the last sync; nothing when that was the optimizer step's (nothing new to run)."""
         if not self._just_synced:
             self.xla.sync()
         self._just_synced = False
