@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 # the [deepspeed] extra's range (pyproject.toml); built without its C++ ops, which it compiles on first use
 DEEPSPEED_SPEC ?= deepspeed>=0.19,<0.20
 
-.PHONY: demo test test-fast test-examples bench setup setup-dev setup-deepspeed
+.PHONY: demo test test-fast test-examples bench setup setup-dev setup-deepspeed setup-xla bench-xla
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,8 +30,8 @@ setup-deepspeed: setup
 demo: setup
 	$(PY) examples/train_digits.py
 
-test: setup-dev
-	$(PY) -m pytest
+test: setup-dev setup-xla
+	CADENCE_XLA_VENV=$(XLA_VENV) $(PY) -m pytest
 
 test-fast: setup-dev
 	$(PY) -m pytest -m "not slow"
@@ -43,3 +43,23 @@ test-examples: setup-dev
 
 bench: setup
 	$(PY) bench/overhead.py
+
+# torch_xla needs torch of its own version exactly (2.9.0; the main environment is on torch 2.13), so the
+# XLA tests (tests/xla) run their scripts in a second environment, built once outside the clone (every clone
+# on this machine reuses it; ~4 GB download, ~7 GB on disk). CADENCE_XLA=off turns the XLA lane off.
+XLA_TORCH_VERSION ?= 2.9.0
+TORCH_XLA_VERSION ?= 2.9.0
+XLA_VENV ?= $(HOME)/.cache/cadence/xla-torch$(XLA_TORCH_VERSION)-xla$(TORCH_XLA_VERSION)
+# cadence's own dependencies (pyproject.toml); cadence itself comes from the clone on PYTHONPATH
+XLA_DEPS ?= numpy fastcore pyyaml rich safetensors cloudpickle pytest "transformers>=5,<6"
+
+setup-xla:
+	@if [ "$$CADENCE_XLA" = off ]; then echo "CADENCE_XLA=off: the XLA environment is not built and tests/xla are skipped"; \
+	elif [ ! -f "$(XLA_VENV)/.complete" ]; then \
+		rm -rf "$(XLA_VENV)" && python3 -m venv "$(XLA_VENV)" && \
+		"$(XLA_VENV)/bin/python" -m pip install torch==$(XLA_TORCH_VERSION) torch-xla==$(TORCH_XLA_VERSION) $(XLA_DEPS) && \
+		touch "$(XLA_VENV)/.complete" || { echo "make setup-xla: could not build the XLA environment at $(XLA_VENV) \
+			(disk space? the package registry?); the XLA tests need it. CADENCE_XLA=off turns them off"; exit 1; }; fi
+
+bench-xla: setup-xla
+	PJRT_DEVICE=CPU PYTHONPATH=$(CURDIR) "$(XLA_VENV)/bin/python" bench/xla.py
