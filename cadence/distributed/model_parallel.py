@@ -152,7 +152,7 @@ class ModelParallel(FSDP):
         elif _has_tp_plan(model):
             _apply_tp_plan(model, tp_mesh, self.tp_size)
             retie(model, ties)
-        else:
+        elif self.tp_size > 1:  # tp_size=1: FSDP2 over dp alone (e.g. resuming a pipeline's checkpoint with pp_size=1)
             raise ValueError(f"model_parallel does not know how to slice {type(model).__name__}: pass "
                              f"`parallelize=fn(model, tp_mesh)`, give the model a `parallelize(tp_mesh)` method, "
                              f"or use a Hugging Face model whose config has a `base_model_tp_plan`")
