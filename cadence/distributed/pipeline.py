@@ -35,6 +35,7 @@ from torch import nn
 from . import env
 from .fsdp import FSDP, SHARDED_DIR
 from .model_parallel import ModelParallel, _launcher_sizes, _retie_sliced
+from .pipeline_state import merged_optimizer_state, named_by_position, renamed_checkpoint, renamed_optimizer_state
 from .precision import FullPrecision
 from .strategy import MakeOpt, OwnsStep, meta_copy, rebuild, tied_names
 
@@ -381,22 +382,9 @@ class Pipeline(OwnsStep, ModelParallel):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))  # over dp and tp
-        name = self._names.get
-        local = {"state": {name(k, k): {n: v.detach().cpu() if isinstance(v, torch.Tensor) else v for n, v in s.items()}
-                           for k, s in full["state"].items()},
-                 "param_groups": [{**g, "params": [name(p, p) for p in g["params"]]} for g in full["param_groups"]]}
         parts = [None] * self.pp_size
-        dist.all_gather_object(parts, local, group=self._pp_group())
-        if env.rank() != 0:
-            return {}
-        counts = [len(part["param_groups"]) for part in parts]
-        if len(set(counts)) > 1:
-            raise ValueError(f"the pipeline's ranks have {counts} optimizer parameter groups: their state cannot be "
-                             f"merged into the whole model's; save with the Checkpoint callback, or with_opt=False")
-        order = {n: i for i, (n, _) in enumerate(self._skeleton.named_parameters())}  # a tie: its first name
-        groups = [{**g, "params": sorted({p for part in parts for p in part["param_groups"][i]["params"] if p in order},
-                                         key=order.__getitem__)} for i, g in enumerate(parts[0]["param_groups"])]
-        return {"state": {k: v for part in parts for k, v in part["state"].items() if k in order}, "param_groups": groups}
+        dist.all_gather_object(parts, renamed_optimizer_state(full, self._names), group=self._pp_group())
+        return merged_optimizer_state(parts, self._skeleton) if env.rank() == 0 else {}
 
     def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
         """Load a whole model's optimizer state (keyed by names, or by position as one process's `opt.state_dict()`):
@@ -406,26 +394,9 @@ class Pipeline(OwnsStep, ModelParallel):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if all(isinstance(p, int) for g in state["param_groups"] for p in g["params"]):
-            state = self._named_optimizer_state(state)
-        mine = {v: k for k, v in self._names.items()}.get  # the model's name -> this rank's
-        held = {"state": {mine(k, k): s for k, s in state["state"].items()},
-                "param_groups": [{**g, "params": [mine(p, p) for p in g["params"]]} for g in state["param_groups"]]}
+            state = named_by_position(state, self._make_opt(self._skeleton), self._skeleton)
+        held = renamed_optimizer_state(state, {v: k for k, v in self._names.items()})  # model names -> stage names
         set_optimizer_state_dict(model, opt, held, options=StateDictOptions(full_state_dict=True))
-
-    def _named_optimizer_state(self, state: dict) -> dict:
-        """One process's `opt.state_dict()` (parameters by position) keyed by the model's names: the positions are
-        those of the optimizer `make_opt` builds over the whole model."""
-        whole = self._make_opt(self._skeleton)
-        shape = [len(g["params"]) for g in whole.param_groups]
-        saved = [len(g["params"]) for g in state["param_groups"]]
-        if saved != shape:
-            raise ValueError(f"the optimizer state has parameter groups of {saved} parameters, this model's optimizer "
-                             f"{shape}: it was saved for another model or optimizer setup; load with with_opt=False")
-        names = {id(p): n for n, p in self._skeleton.named_parameters()}
-        name = dict(zip((i for g in state["param_groups"] for i in g["params"]),
-                        (names[id(p)] for g in whole.param_groups for p in g["params"])))
-        return {"state": {name[i]: s for i, s in state["state"].items()},
-                "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in state["param_groups"]]}
 
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """ModelParallel's format (FSDP's sharded one, the optimizer state flattened to one key per parameter), keyed
@@ -433,28 +404,16 @@ class Pipeline(OwnsStep, ModelParallel):
         resumes on any pp x dp x tp mesh, or in one process."""
         import torch.distributed.checkpoint as dcp
 
-        state = self._named(self._checkpoint_state(model, opt), self._names)
-        dcp.save(state, checkpoint_id=Path(directory) / SHARDED_DIR)
+        dcp.save(renamed_checkpoint(self._checkpoint_state(model, opt), self._names),
+                 checkpoint_id=Path(directory) / SHARDED_DIR)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` (or ModelParallel's) wrote, on any pp x dp x tp mesh or in one process."""
         import torch.distributed.checkpoint as dcp
 
-        state = self._named(self._checkpoint_state(model, opt), self._names)
+        state = renamed_checkpoint(self._checkpoint_state(model, opt), self._names)
         dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
-        self._set_checkpoint_state(model, opt, self._named(state, {v: k for k, v in self._names.items()}))
-
-    @staticmethod
-    def _named(state: dict, names: dict[str, str]) -> dict:
-        """A checkpoint state with each parameter name renamed by `names` (the optimizer's flat keys are
-        `state.<name>.<key>` and `param_groups.<name>.<key>`)."""
-        def rename(key: str) -> str:
-            kind, _, rest = key.partition(".")
-            fqn, _, attr = rest.rpartition(".")
-            return f"{kind}.{names.get(fqn, fqn)}.{attr}"
-
-        return {"model": {names.get(k, k): v for k, v in state["model"].items()},
-                "optimizer": {rename(k): v for k, v in state["optimizer"].items()}}
+        self._set_checkpoint_state(model, opt, renamed_checkpoint(state, {v: k for k, v in self._names.items()}))
 
 
 class _Loss:

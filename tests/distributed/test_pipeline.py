@@ -188,3 +188,16 @@ def test_a_config_files_parallelism_block_carries_the_pp_keys_to_the_workers(tmp
     path.write_text(path.read_text().replace("pp_size: 2", "pp_size: 3"))
     with pytest.raises(ValueError, match="pp_size=3 x tp_size=1 = 3 does not divide the 4 processes"):
         load_config(path).check_engine_options()
+
+
+def test_an_optimizer_state_that_does_not_fit_the_whole_model_is_refused_naming_what_to_do():
+    from cadence.distributed.pipeline_state import merged_optimizer_state, named_by_position
+
+    model = _sequential(tie_across=False)
+    saved = torch.optim.SGD(model[0].parameters(), lr=0.1).state_dict()   # 2 parameters; the model has 5 (a tie)
+    with pytest.raises(ValueError, match=r"groups of \[2\] parameters, this model's optimizer \[5\].*with_opt=False"):
+        named_by_position(saved, torch.optim.SGD(model.parameters(), lr=0.1), model)
+    parts = [{"state": {}, "param_groups": [{"params": ["0.weight"]}]},
+             {"state": {}, "param_groups": [{"params": ["4.weight"]}, {"params": ["4.bias"]}]}]
+    with pytest.raises(ValueError, match=r"ranks have \[1, 2\] optimizer parameter groups.*with_opt=False"):
+        merged_optimizer_state(parts, model)
