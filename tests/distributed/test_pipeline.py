@@ -29,9 +29,11 @@ def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_on
 
 
 @pytest.mark.slow
-def test_pipeline_inside_fsdp2_also_in_bf16_and_with_tp_inside_stages_on_4_processes_equals_one_process_with_the_global_batch():
+def test_pipeline_inside_fsdp2_also_in_bf16_and_with_tp_inside_stages_on_4_processes_equals_one_process_with_the_global_batch(tmp_path):
     variants = ("1F1B/4", "Interleaved1F1B/4", "1F1B/4+tp", "1F1B/4+bf16")   # pp x dp x tp: 2x2x1, 2x2x1, 2x1x2, 2x2x1
-    assert_checks(run_launch("pipeline.py", "0.2", *variants, nproc=4, timeout=400).stdout, variants)
+    out = run_launch("pipeline.py", "0.2", *variants, f"save_load+split={tmp_path}", nproc=4, timeout=400).stdout
+    assert_checks(out, variants)
+    assert "CHECK save_load+split:equals_one_process ok" in out, out       # stages named their own way, FSDP2 over dp
 
 
 def _sequential(tie_across: bool) -> nn.Sequential:

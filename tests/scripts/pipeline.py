@@ -168,18 +168,19 @@ def run(variant, clip):
     ok(variant, "valid_and_get_preds")
 
 
-def refuse_grad_accum_then_save_and_load(path):
+def refuse_grad_accum_then_save_and_load(path, cut):
     """GradAccum under PP: refused at the first accumulation micro-step, on every rank, naming what to do. Then
     learn.save / learn.load (weights and SGD momentum) inside the pipeline, against a hand-written one-process loop:
     the saved files hold the loop's weights and momentum and load into a plain torch optimizer; a pipeline that
-    loads them (or the loop's own `opt.state_dict()`, saved by position) trains on like the loop."""
+    loads them (or the loop's own `opt.state_dict()`, saved by position) trains on like the loop. `cut` "split": the
+    stages cut by `split` (their own names); on 4 processes the stages are sharded over dp=2 by FSDP2."""
     from functools import partial
 
     from cadence import GradAccum
     from cadence.serialization import load_weights, save_weights
 
     x, y = data(N_TRAIN, 1)
-    batches = list(global_batches(x, y, 1))                       # 2 processes, pp=2: dp=1
+    batches = list(global_batches(x, y, world_size() // PP))
     ref = make_model()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
     snapshots = []
@@ -196,7 +197,8 @@ def refuse_grad_accum_then_save_and_load(path):
     dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), device="cpu")
     learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, cbs=[GradAccum(2 * BS)], path=path,
                     opt_func=partial(torch.optim.SGD, momentum=0.9), lr=LR)
-    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_split_points=SPLITS[PP]):
+    how = {"split": split} if cut == "split" else {"pp_split_points": SPLITS[PP]}
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, **how):
         try:
             learn.fit(1)
         except ValueError as e:
@@ -229,14 +231,15 @@ def refuse_grad_accum_then_save_and_load(path):
         for k, v in snapshots[1][0].items():
             torch.testing.assert_close(state[k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
     ok("grad_accum", "refused")
-    ok("save_load", "equals_one_process")
+    ok(f"save_load+{cut}" if cut else "save_load", "equals_one_process")
 
 
 def main():
     clip = float(sys.argv[1])
     for variant in sys.argv[2:]:
-        if variant.startswith("save_load="):
-            refuse_grad_accum_then_save_and_load(variant.partition("=")[2])
+        if variant.startswith("save_load"):       # save_load[+split]=DIR
+            name, _, path = variant.partition("=")
+            refuse_grad_accum_then_save_and_load(path, name.partition("+")[2])
         else:
             run(variant, clip)
 
