@@ -175,6 +175,11 @@ class Strategy:
         """Load a full state dict into the (possibly wrapped or sharded) model; every rank calls it."""
         self.unwrap(model).load_state_dict(state)
 
+    def state_template(self, model: nn.Module) -> nn.Module:
+        """The module whose state dict `model_state_dict`'s full weights match (what `learn.load` checks a file
+        against): the user's module; an engine holding only part of it (a pipeline stage) gives the whole model."""
+        return self.unwrap(model)
+
     def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
         """Full optimizer state, as `torch.optim.Optimizer.state_dict` of the unwrapped model would give."""
         return opt.state_dict()
