@@ -22,6 +22,11 @@ from typing import Any
 from .events import EVENT_NAMES
 
 
+# the callbacks every new Learner gets, as classes (fastai's `defaults.callbacks`); cadence.callbacks adds
+# ProgressCallback, so the trainer package never imports it
+default_callbacks: list[type] = []
+
+
 class Order:
     """When each kind of callback runs within an event: lower runs first."""
 

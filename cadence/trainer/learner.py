@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .callback import Callback, event_methods
+from .callback import Callback, default_callbacks, event_methods
 from .data import DataLoaders, apply_to_tensors, n_batches, to_detach, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
@@ -350,9 +350,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
             yield
 
     def _resume(self, which: str | Path) -> None:
-        from ..callbacks.checkpoint import Checkpoint
-
-        checkpoints = [cb for cb in self.cbs if isinstance(cb, Checkpoint)]
+        checkpoints = [cb for cb in self.cbs if callable(getattr(cb, "resume", None))]  # the Checkpoint callback
         if not checkpoints:
             raise ValueError("fit(resume=...) needs the Checkpoint callback that wrote the run: "
                              "pass cbs=[Checkpoint(...)] (same dir) to the Learner or to fit")
@@ -639,6 +637,4 @@ def _default_lr(opt_func: Callable, otherwise: float | None = 1e-3) -> float | N
 
 
 def _default_cbs() -> list[Callback]:
-    from ..callbacks.progress import ProgressCallback  # the default progress display
-
-    return [ProgressCallback()]
+    return [cls() for cls in default_callbacks]  # the progress display, added by cadence.callbacks

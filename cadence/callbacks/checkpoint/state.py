@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ... import __version__
+from ...version import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.env import rank, world_size
 from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
