@@ -28,7 +28,11 @@ default_callbacks: list[type] = []
 
 
 class Order:
-    """When each kind of callback runs within an event: lower runs first."""
+    """When each kind of callback runs within an event: lower runs first.
+
+    >>> Order.PRECISION < Order.CLIP < Order.SCHEDULE   # unscale, then clip, then step and schedule
+    True
+    """
 
     DISTRIBUTED = -20   # swaps data loaders / wraps the model before anything else sees them
     ACCUMULATE = -5     # decides whether this batch steps

@@ -2,15 +2,16 @@
 
 Each notebook runs in a fresh kernel on this interpreter, in a scratch copy of nbs/ (the quickstart saves
 into ./models), with one intra-op thread (the tiny models lose time to threads on a busy machine). A cell
-that raises fails the build. The executed copies go to build/docs-notebooks/ and are handed to
-mkdocs-jupyter, which renders them with their outputs; nbs/ keeps its notebooks without outputs.
+that raises fails the build. The executed copies go to a temporary directory of this build and are
+handed to mkdocs-jupyter, which renders them with their outputs; nbs/ keeps its notebooks without outputs.
+`CADENCE_DOCS_NOTEBOOKS=skip` renders them unexecuted, for a quick look at the prose (the strict build and
+the docs test execute them).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,7 +20,6 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "nbs"
-OUT = ROOT / "build" / "docs-notebooks"
 TIMEOUT_S = 600  # per cell; the distributed notebook starts two worker processes
 
 
@@ -47,17 +47,25 @@ def execute(src: Path, dest: Path) -> None:
     nbformat.write(nb, dest)
 
 
+_built: list[Path] = []  # this build's directory of executed notebooks, removed when the build ends
+
+
 @event_priority(100)  # before mkdocs-jupyter turns .ipynb files into pages
 def on_files(files, config):
-    if os.environ.get("CADENCE_DOCS_NOTEBOOKS") == "skip":  # a quick look at the prose; the strict build runs them
-        print("docs: notebooks not executed (CADENCE_DOCS_NOTEBOOKS=skip)", file=sys.stderr)
-    shutil.rmtree(OUT, ignore_errors=True)
+    skip = os.environ.get("CADENCE_DOCS_NOTEBOOKS") == "skip"
+    out = Path(tempfile.mkdtemp(prefix="cadence-docs-notebooks-"))
+    _built.append(out)
     for src in sorted(NOTEBOOKS.glob("*.ipynb")):
-        dest = OUT / "tutorials" / src.name
-        if os.environ.get("CADENCE_DOCS_NOTEBOOKS") == "skip":
+        dest = out / "tutorials" / src.name
+        if skip:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, dest)
         else:
             execute(src, dest)
-        files.append(File(f"tutorials/{src.name}", str(OUT), config["site_dir"], config["use_directory_urls"]))
+        files.append(File(f"tutorials/{src.name}", str(out), config["site_dir"], config["use_directory_urls"]))
     return files
+
+
+def on_post_build(config):
+    while _built:
+        shutil.rmtree(_built.pop(), ignore_errors=True)
