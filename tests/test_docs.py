@@ -189,3 +189,28 @@ def test_docstring_examples_run(name, tmp_path, monkeypatch):
         runner.run(test, out=report.append)
     assert runner.failures == 0, "".join(report)
     assert runner.tries > 0, f"cadence.{name} has no example doctest could find"
+
+
+def _readme_blocks() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"<!-- tests/test_docs.py runs this block -->\n```python\n(.*?)```", text, re.S)
+
+
+def test_readme_has_two_runnable_quickstarts_of_about_twenty_lines():
+    blocks = _readme_blocks()
+    assert len(blocks) == 2 and all(len(b.splitlines()) <= 30 for b in blocks)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("index", [0, 1], ids=["learner", "accelerator"])
+def test_readme_quickstart_trains(index, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_readme_blocks()[index])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    accuracy = float(re.findall(r"validation accuracy: ([0-9.]+)", proc.stdout)[-1])
+    assert accuracy >= 0.85, proc.stdout   # the rule x0 + x1 > 0 is learnt; chance is 0.5
+    if index == 0:
+        assert (tmp_path / "models" / "quickstart" / "model.safetensors").is_file()
