@@ -39,7 +39,7 @@ def site(tmp_path_factory) -> Path:
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "WARNING" not in proc.stderr, proc.stderr
+    assert not re.search(r"^WARNING\s+-", proc.stderr, re.M), proc.stderr   # MkDocs' own (a kernel's log lines aside)
     return out
 
 
@@ -78,7 +78,7 @@ def _title(dom: str) -> str:
 def test_home_page_renders_in_chromium_with_navigation_and_code(served, tmp_path):
     dom = _dom(served + "/", tmp_path)
     assert _title(dom) == "cadence"
-    nav = re.search(r'<nav class="md-nav md-nav--primary".*?</nav>', dom, re.S).group(0)
+    nav = dom[dom.index('class="md-nav md-nav--primary"'):dom.index('class="md-content"')]   # the left sidebar
     for entry in ("Tutorials", "Distributed (DDP)", "FSDP2", "DeepSpeed ZeRO", "XLA", "Model parallel",
                   "Coming from Accelerate", "API reference", "Design notes"):
         assert entry in nav, entry
@@ -93,7 +93,7 @@ def test_api_page_renders_the_learner_from_its_docstring(served, tmp_path):
     assert _title(dom).startswith("Learner") or _title(dom).startswith("The Learner"), _title(dom)
     text = re.sub(r"<[^>]+>", "", dom)
     assert 'id="cadence.Learner"' in dom
-    assert cadence.Learner.__doc__.splitlines()[0].strip() in text   # the docstring's summary line
+    assert cadence.Learner.__doc__.splitlines()[0].strip().replace("`", "") in text   # the docstring's summary line
     for method in ("fit_one_cycle", "lr_find", "to_fp16", "distrib_ctx"):   # methods from the mixins and from callbacks
         assert f'id="cadence.' in dom and method in text, method
     assert 'class="highlight"' in dom and "&gt;&gt;&gt;" in dom   # a docstring example, as a code block
