@@ -162,6 +162,10 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         return self
 
     def add_cbs(self, cbs: Iterable) -> "Learner":
+        """Attach several callbacks (`add_cb` each).
+
+        >>> learn.add_cbs([GradClip(1.0), EarlyStopping(patience=3)])
+        """
         for cb in _listify(cbs):
             self.add_cb(cb)
         return self
@@ -178,6 +182,10 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         return self
 
     def remove_cbs(self, cbs: Iterable) -> "Learner":
+        """Detach several callbacks (`remove_cb` each).
+
+        >>> learn.remove_cbs([learn.progress])
+        """
         for cb in _listify(cbs):
             self.remove_cb(cb)
         return self
