@@ -107,11 +107,14 @@ def raw_loop(model, data):
     return run
 
 
-def cadence_fit(model, data, live_bar=False):
+def cadence_fit(model, data, live_bar=False, drop: tuple[str, ...] = ()):
+    """`Learner.fit` over `data`; `drop` removes default callbacks by class name (where the time goes:
+    `instructions.py --runner cadence-no-progress cadence-loop-only`)."""
     from cadence import DataLoaders, Learner, ProgressCallback
 
     learn = Learner(DataLoaders(data, None, device="cpu"), model, loss_func=F.cross_entropy,
                     opt_func=torch.optim.SGD, lr=LR)
+    learn.remove_cbs([cb for cb in learn.cbs if type(cb).__name__ in drop])
     if live_bar:  # the rich bar a terminal shows, drawn into a string
         from rich.console import Console
         learn.remove_cb(ProgressCallback).add_cb(ProgressCallback(Console(file=io.StringIO(), force_terminal=True)))
