@@ -5,7 +5,7 @@ TORCH_VERSION ?= 2.13.0
 # the [deepspeed] extra's range (pyproject.toml); built without its C++ ops, which it compiles on first use
 DEEPSPEED_SPEC ?= deepspeed>=0.19,<0.20
 
-.PHONY: demo test test-fast test-examples bench setup setup-dev setup-deepspeed setup-xla bench-xla
+.PHONY: demo test test-fast test-examples bench setup setup-dev setup-deepspeed setup-xla bench-xla setup-docs docs chromium
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -16,8 +16,8 @@ setup: $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==$(TORCH_VERSION)
 	$(PY) -m pip install -e ".[examples]"
 
-setup-dev: setup setup-deepspeed
-	$(PY) -m pip install -e ".[dev]"
+setup-dev: setup setup-deepspeed chromium
+	$(PY) -m pip install -e ".[dev,docs]"
 
 # DeepSpeed builds against the torch already installed (no build isolation) and without its ops
 # (DS_BUILD_OPS=0): the few it needs (cpu_adam for optimizer offload) are compiled on first use and
@@ -26,6 +26,20 @@ setup-deepspeed: setup
 	$(PY) -c "import deepspeed" 2>/dev/null || { $(PY) -m pip install setuptools wheel ninja && \
 		DS_BUILD_OPS=0 $(PY) -m pip install --no-build-isolation "$(DEEPSPEED_SPEC)"; }
 	$(PY) -m cadence.distributed.deepspeed --build-ops
+
+# the documentation site, built strictly into site/ (a warning, a broken link or a missing reference fails it);
+# the tutorials are nbs/*.ipynb, executed in a fresh kernel during the build (docs/_ext/notebooks.py)
+setup-docs: setup
+	$(PY) -m pip install -e ".[docs]"
+
+docs: setup-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+# tests/test_docs.py opens the built site in a headless Chromium, from the system packages (root, or sudo, installs it)
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update && $$SUDO apt-get install -y chromium; }
 
 demo: setup
 	$(PY) examples/train_digits.py

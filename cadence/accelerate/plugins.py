@@ -33,6 +33,9 @@ class DistributedType(str, enum.Enum):
     cadence's strategies map to it: DDP (and DataParallel) on N > 1 processes -> `MULTI_<DEVICE>`
     (`MULTI_CPU`, `MULTI_GPU`, `MULTI_XPU`, ...), FSDP and model_parallel (TP in FSDP2) -> `FSDP`,
     DeepSpeed -> `DEEPSPEED`, XLA -> `XLA`, DDP on one process -> `NO`.
+
+    >>> DistributedType.MULTI_GPU == "MULTI_GPU"
+    True
     """
 
     NO = "NO"

@@ -16,7 +16,12 @@ from ..trainer.callback import Callback, Order
 
 
 class GradClip(Callback):
-    """Clip by global norm (`max_norm`, `norm_type`) or by value (`value`)."""
+    """Clip by global norm (`max_norm`, `norm_type`) or by value (`value`).
+
+    >>> with learn.no_bar(): learn.fit(1, cbs=GradClip(1.0))
+    >>> learn.grad_norm > 0   # the norm before clipping
+    True
+    """
 
     order = Order.CLIP
     run_valid = False

@@ -362,7 +362,7 @@ def environment_report(path: str | os.PathLike | None = None) -> str:
 
     import torch
 
-    import cadence
+    from ..version import __version__
 
     def version(name: str) -> str:
         try:
@@ -370,7 +370,7 @@ def environment_report(path: str | os.PathLike | None = None) -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    lines = [f"cadence {cadence.__version__}", f"Python {platform.python_version()} ({platform.platform()})",
+    lines = [f"cadence {__version__}", f"Python {platform.python_version()} ({platform.platform()})",
              f"torch {torch.__version__}", f"numpy {version('numpy')}",
              *(f"{name} {version(name)}" for name in OPTIONAL_EXTRAS),
              f"CPUs: {os.cpu_count()}", f"Accelerators: {_accelerators(torch)}", f"XLA runtime: {_xla_runtime()}"]

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .callback import Callback, event_methods
+from .callback import Callback, default_callbacks, event_methods
 from .data import DataLoaders, apply_to_tensors, n_batches, to_detach, to_device
 from .events import (EVENT_NAMES, CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
@@ -162,6 +162,10 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         return self
 
     def add_cbs(self, cbs: Iterable) -> "Learner":
+        """Attach several callbacks (`add_cb` each).
+
+        >>> learn.add_cbs([GradClip(1.0), EarlyStopping(patience=3)])
+        """
         for cb in _listify(cbs):
             self.add_cb(cb)
         return self
@@ -178,6 +182,10 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
         return self
 
     def remove_cbs(self, cbs: Iterable) -> "Learner":
+        """Detach several callbacks (`remove_cb` each).
+
+        >>> learn.remove_cbs([learn.progress])
+        """
         for cb in _listify(cbs):
             self.remove_cb(cb)
         return self
@@ -350,9 +358,7 @@ class Learner(FitPolicies, TransferMethods, FeatureMethods, InferenceMethods):
             yield
 
     def _resume(self, which: str | Path) -> None:
-        from ..callbacks.checkpoint import Checkpoint
-
-        checkpoints = [cb for cb in self.cbs if isinstance(cb, Checkpoint)]
+        checkpoints = [cb for cb in self.cbs if callable(getattr(cb, "resume", None))]  # the Checkpoint callback
         if not checkpoints:
             raise ValueError("fit(resume=...) needs the Checkpoint callback that wrote the run: "
                              "pass cbs=[Checkpoint(...)] (same dir) to the Learner or to fit")
@@ -648,6 +654,4 @@ def _default_lr(opt_func: Callable, otherwise: float | None = 1e-3) -> float | N
 
 
 def _default_cbs() -> list[Callback]:
-    from ..callbacks.progress import ProgressCallback  # the default progress display
-
-    return [ProgressCallback()]
+    return [cls() for cls in default_callbacks]  # the progress display, added by cadence.callbacks

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ... import __version__
+from ...version import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.env import rank, world_size
 from ...distributed.strategy import host_copy
