@@ -1,4 +1,4 @@
-"""Fault trials for multi-process runs (issue 9): does every run end cleanly? Prints a table at the end.
+"""Fault trials for multi-process runs: does every run end cleanly? Prints a table at the end.
 
 Run from the repo root (each trial launches 2 CPU processes through `cadence launch`, ~7-15 s):
 

@@ -40,6 +40,7 @@ def child(mode: str, size: str, n: int, helper: str) -> None:
     """One counted epoch of `n` batches (runs under valgrind), with overhead.py's raw loop or cadence runner."""
     import contextlib
     import io
+    from functools import partial
 
     import torch
 
@@ -49,7 +50,9 @@ def child(mode: str, size: str, n: int, helper: str) -> None:
     torch.manual_seed(0)
     cg = ctypes.CDLL(helper)
     data = make_batches(size, 5)
-    runner = {"raw": raw_loop, "cadence": cadence_fit, "accelerator": cadence_accelerator_loop}[mode]
+    runner = {"raw": raw_loop, "cadence": cadence_fit, "accelerator": cadence_accelerator_loop,
+              "cadence-no-progress": partial(cadence_fit, drop=("ProgressCallback",)),
+              "cadence-loop-only": partial(cadence_fit, drop=("ProgressCallback", "Recorder"))}[mode]
     run = runner(make_model(size), data)
     with contextlib.redirect_stdout(io.StringIO()):
         run()  # first-step work (lazy imports, optimizer state) stays out of the count
@@ -90,8 +93,11 @@ def main() -> None:
     p.add_argument("--size", choices=["tiny", "mlp", "both"], default="tiny")
     p.add_argument("--steps", type=int, nargs=2, default=[100, 500], metavar=("N1", "N2"),
                    help="batches of the two counted epochs (default 100 500)")
-    p.add_argument("--runner", choices=["cadence", "accelerator"], default="cadence",
-                   help="cadence: Learner.fit; accelerator: overhead.py's hand-written loop on cadence.Accelerator")
+    p.add_argument("--runner", nargs="+", default=["cadence"],
+                   choices=["cadence", "accelerator", "cadence-no-progress", "cadence-loop-only"],
+                   help="cadence: Learner.fit; accelerator: overhead.py's hand-written loop on cadence.Accelerator; "
+                        "cadence-no-progress / cadence-loop-only: Learner.fit without the progress display / "
+                        "without any callback (where the time goes)")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -102,14 +108,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         helper = build_helper(workdir)
-        jobs = [(mode, size, n) for size in sizes for mode in ("raw", args.runner) for n in (n1, n2)]
+        jobs = [(mode, size, n) for size in sizes for mode in ("raw", *args.runner) for n in (n1, n2)]
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             counts = dict(zip(jobs, pool.map(lambda job: count(*job, helper, workdir), jobs)))
     print(f"instructions per step (callgrind; epochs of {n1} and {n2} batches; gc paused while counting)")
-    print(f"{'':8}{'raw loop':>14}{args.runner:>14}{'extra':>10}{'ratio':>8}")
+    print(f"{'':8}{'runner':>20}{'per step':>14}{'extra':>10}{'ratio':>8}")
     for size in sizes:
-        raw, cad = ((counts[(m, size, n2)] - counts[(m, size, n1)]) / (n2 - n1) for m in ("raw", args.runner))
-        print(f"{size:8}{raw:>14,.0f}{cad:>14,.0f}{cad - raw:>10,.0f}{cad / raw:>8.4f}")
+        per_step = {m: (counts[(m, size, n2)] - counts[(m, size, n1)]) / (n2 - n1) for m in ("raw", *args.runner)}
+        for m, cost in per_step.items():
+            print(f"{size:8}{m:>20}{cost:>14,.0f}{cost - per_step['raw']:>10,.0f}{cost / per_step['raw']:>8.4f}")
 
 
 if __name__ == "__main__":

@@ -26,10 +26,10 @@ Times are CPU time (`time.process_time`, all threads of the process): other jobs
 cores barely move it. `--clock wall` uses elapsed time instead, for a quiet machine.
 Each framework runs with its default callbacks (progress output captured, no checkpoints or
 loggers written); "cadence, live bar" is cadence with its rich bar drawn as on a terminal;
-"cadence accel" is the Accelerate loop below with `from cadence import Accelerator` (issue 12: <= 1.03x).
+"cadence accel" is the Accelerate loop below with `from cadence import Accelerator` (target: <= 1.03x).
 Accelerate prepares model and optimizer (the batch list is not a DataLoader, so it passes through).
 
-Targets (issue 2): cadence at most 1.05x the raw loop (tiny) and 1.03x (MLP); start at most
+Targets: cadence at most 1.05x the raw loop (tiny) and 1.03x (MLP); start at most
 +0.2 s over the raw loop; import at most +0.3 s over `import torch`.
 """
 
@@ -107,11 +107,14 @@ def raw_loop(model, data):
     return run
 
 
-def cadence_fit(model, data, live_bar=False):
+def cadence_fit(model, data, live_bar=False, drop: tuple[str, ...] = ()):
+    """`Learner.fit` over `data`; `drop` removes default callbacks by class name (where the time goes:
+    `instructions.py --runner cadence-no-progress cadence-loop-only`)."""
     from cadence import DataLoaders, Learner, ProgressCallback
 
     learn = Learner(DataLoaders(data, None, device="cpu"), model, loss_func=F.cross_entropy,
                     opt_func=torch.optim.SGD, lr=LR)
+    learn.remove_cbs([cb for cb in learn.cbs if type(cb).__name__ in drop])
     if live_bar:  # the rich bar a terminal shows, drawn into a string
         from rich.console import Console
         learn.remove_cb(ProgressCallback).add_cb(ProgressCallback(Console(file=io.StringIO(), force_terminal=True)))

@@ -6,7 +6,7 @@
 >>> learn.fit_one_cycle(3, lr_max=1e-2)
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .accelerate import (Accelerator, DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
                          InitProcessGroupKwargs, PartialState, ProjectConfiguration, find_executable_batch_size,
@@ -32,7 +32,7 @@ from .trainer.data import DataLoaders, to_device
 from .trainer.events import (CancelBackwardException, CancelBatchException, CancelEpochException, CancelException,
                              CancelFitException, CancelStepException, CancelTrainException, CancelValidateException,
                              CancelValidException, Event)
-from .trainer.export import load_learner
+from .trainer.load import load_learner
 from .trainer.learner import Learner
 from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, sum_metric,
                               top_k_accuracy)

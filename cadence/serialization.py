@@ -22,12 +22,13 @@ import os
 import pickle
 import re
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 _ALIASES_KEY = "cadence_aliases"
@@ -65,9 +66,38 @@ def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, metada
             continue
         if key is not None:
             seen[key] = name
-        tensors[name] = t.detach().contiguous().cpu()
+        tensors[name] = t
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={**(metadata or {}), _ALIASES_KEY: json.dumps(aliases)})
+        write_safetensors(tensors, tmp, metadata={**(metadata or {}), _ALIASES_KEY: json.dumps(aliases)})
+
+
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write `tensors` in the safetensors layout one tensor at a time, from their own memory, and fsync the file.
+
+    safetensors' `save_file` builds the whole file in memory first: twice the model's size at the peak.
+    Here only one tensor at a time is copied, and only if it is not a contiguous CPU tensor already.
+    """
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for key, t in tensors.items():
+        size = t.numel() * t.element_size()
+        header[key] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                       "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for t in tensors.values():
+            f.write(memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def load_weights(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -121,9 +151,11 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: s
 
 
 def save_torch(obj, path: str | os.PathLike) -> None:
-    """`torch.save` to `path` atomically."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """`torch.save` to `path` atomically, on disk (fsync) before it gets its name."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def load_torch(path: str | os.PathLike, map_location="cpu"):

@@ -24,29 +24,93 @@ def test_public_api_is_exported():
         assert hasattr(cadence, name), name
 
 
-def _imports(path: Path, top_level_only: bool) -> set[str]:
-    """Modules imported by a file (relative imports resolved against the cadence package)."""
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    found = set()
-    for node in nodes:
-        if isinstance(node, ast.ImportFrom):
-            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
-            found.add(f"{base}.{node.module}" if node.level else node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """cadence module -> the cadence modules it imports anywhere in the file: module level, inside functions,
+    under `if TYPE_CHECKING:` (a type checker follows those too). `from .x import name` counts as importing
+    the module `x.name` when that is a module, else `x`."""
+    files = {_module_name(p): p for p in (ROOT / "cadence").rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = (f"{base}.{node.module}" if node.module else base) if node.level else node.module
+                targets.update(f"{module}.{a.name}" if f"{module}.{a.name}" in files else module for a in node.names)
+            elif isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter; counter += 1; stack.append(root); on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop(); on_stack.discard(member); component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = counter; counter += 1; stack.append(child); on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
     return found
 
 
+def test_the_circle_finder_finds_a_planted_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _circles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_circle_between_cadence_modules():
+    """Every import counts, a function-level one too: a circle means no module can be read without the others."""
+    circles = _circles(_import_graph())
+    assert not circles, "import circles (break each so the dependency points one way): " + "; ".join(
+        " <-> ".join(c) for c in circles)
+
+
 def test_dependencies_point_one_way():
-    """trainer/ imports neither callbacks/ nor distributed/ at import; distributed/ never imports the others."""
-    for path in (ROOT / "cadence" / "trainer").glob("*.py"):
-        bad = {m for m in _imports(path, top_level_only=True) if m.startswith(("cadence.callbacks", "cadence.distributed"))}
-        assert not bad, f"{path.name} imports {bad} at module level"
-    for path in (ROOT / "cadence" / "distributed").glob("*.py"):
-        bad = {m for m in _imports(path, top_level_only=False) if m.startswith(("cadence.trainer", "cadence.callbacks"))}
-        assert not bad, f"{path.name} imports {bad}"
+    """trainer <- callbacks -> distributed: trainer/ never imports callbacks/ (not even inside a function: the
+    Learner methods for callback features are attached by cadence/callbacks/learner_methods.py); distributed/
+    never imports trainer/ or callbacks/; nothing below the package's top imports the re-exporting `cadence`."""
+    graph = _import_graph()
+    for module, targets in graph.items():
+        if module.startswith("cadence.trainer."):
+            assert not {t for t in targets if t.startswith("cadence.callbacks")}, f"{module} imports callbacks"
+        if module.startswith("cadence.distributed."):
+            bad = {t for t in targets if t.startswith(("cadence.trainer", "cadence.callbacks"))}
+            assert not bad, f"{module} imports {bad}"
+        if module not in ("cadence", "cadence.cli"):
+            assert "cadence" not in targets, f"{module} imports the whole package (import from the module itself)"
+
+
+def test_learner_methods_for_callback_features_are_attached():
+    for name in ("to_fp16", "to_bf16", "to_fp32", "distrib_ctx", "to_distributed", "detach_distributed", "save_state",
+                 "load_state", "save_model", "no_bar", "parallel_ctx"):
+        assert getattr(cadence.Learner, name).__qualname__ == f"Learner.{name}", name
 
 
 def test_import_cadence_does_not_import_optional_extras_or_what_only_some_runs_need():

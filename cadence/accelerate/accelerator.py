@@ -31,7 +31,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..compile import check_compile_options, compile_model, options_from_env
-from ..distributed.data import DistributedDL
 from ..distributed.precision import make_precision
 from . import sync
 from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, load_accelerator_state,
@@ -42,10 +41,12 @@ from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler
                        InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
 from .parallelism import (ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine,
                           refuse_presliced)
+from .loaders import shard_loader
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
-from .preparation import (autocast_forward, choose_engine, make_strategy, optimizes, owns_parameters, restore_forward,
+from .preparation import (autocast_forward, check_rng_types, choose_engine, fit_scheduler_to_groups, make_strategy,
+                          one_deepspeed_plugin, optimizes, owns_parameters, refuse_unsupported, restore_forward,
                           retarget, sort_handlers, split_loader)
 from .properties import RunProperties
 from .saving import save_object
@@ -77,6 +78,10 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
             by default what `cadence launch --dynamo_backend` set. Compiled in place: saved weights keep their names.
         parallelism_config: a `ParallelismConfig` (tp_size, dp_shard_size): tensor parallelism inside FSDP2
             (`cadence.accelerate.parallelism`); default the launcher's `--use_parallelism_config` sizes.
+        rng_types: random states prepared loaders copy from the main process at each iteration ("torch", "cuda";
+            "generator", the default, is the sampler's, given at `prepare`).
+        deepspeed_plugins: one DeepSpeedPlugin (or a dict holding one): the same as deepspeed_plugin.
+        torch_tp_plugin, megatron_lm_plugin, dynamo_plugin: refused, naming what to use instead.
 
     >>> accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024)])
     """
@@ -89,7 +94,12 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
                  dataloader_config: DataLoaderConfiguration | None = None,
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
-                 deepspeed_plugin: DeepSpeedPlugin | None = None, parallelism_config: ParallelismConfig | None = None):
+                 deepspeed_plugin: DeepSpeedPlugin | None = None, torch_tp_plugin: Any = None,
+                 megatron_lm_plugin: Any = None, rng_types: list | None = None, dynamo_plugin: Any = None,
+                 deepspeed_plugins: Any = None, parallelism_config: ParallelismConfig | None = None):
+        refuse_unsupported(torch_tp_plugin, megatron_lm_plugin, dynamo_plugin)
+        deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
+        self.rng_types = check_rng_types(rng_types)
         handlers = sort_handlers(kwargs_handlers)
         self.gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
@@ -133,6 +143,7 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
+        self._group_sizes: dict[int, list[int]] = {}   # id(optimizer) -> its groups' sizes as given to prepare
         self._trigger = False
 
     # ------------------------------------------------------------------ prepare
@@ -180,6 +191,8 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
         if self.strategy.precision.name != "no":
             autocast_forward(model, self.strategy.forward_context)
         names = {id(p): n for n, p in model.named_parameters()}
+        self._group_sizes.update({id(o): [len(g["params"]) for g in o.param_groups] for o in opts
+                                  if not isinstance(o, DummyOptim)})
 
         def make_opt(wrapped: nn.Module) -> Any:
             params = dict(self.strategy.unwrap(wrapped).named_parameters())
@@ -210,18 +223,17 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
     def _prepare_loader(self, dl: DataLoader, placement: bool) -> PreparedDataLoader:
         if self.split_batches:
             dl = split_loader(dl, self.strategy.dp_size)   # the ranks of a tensor-parallel group share a batch
-        sharded = self.strategy.shard(dl)
-        if not isinstance(sharded, DistributedDL):  # one device: a one-process shard, resumable and device-placing
-            sharded = DistributedDL(dl, rank=0, world_size=1, device=self.device)
+        sharded = shard_loader(dl, self.strategy, self.dataloader_config)   # in Accelerate's order
         sharded.device = self.device if placement else None
-        if self.dataloader_config.data_seed is not None:
-            sharded.seed = self.dataloader_config.data_seed
-        prepared = PreparedDataLoader(sharded, self.gradient_state)
+        prepared = PreparedDataLoader(sharded, self.gradient_state, self.rng_types)
         self._dataloaders.append(prepared)
         return prepared
 
     def _prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         mine = [o for o in self._optimizers if scheduler.optimizer in (o, o.optimizer)]  # built before or after prepare
+        for opt in mine:
+            if id(opt.optimizer) in self._group_sizes:
+                fit_scheduler_to_groups(scheduler, self._group_sizes[id(opt.optimizer)], opt.param_groups)
         prepared = PreparedScheduler(scheduler, mine, self, self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
         return prepared
@@ -355,14 +367,19 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
                              "these have not: " + "; ".join(bad))
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | os.PathLike | None = None, **kwargs: Any) -> Path:
+    def save_state(self, output_dir: str | os.PathLike | None = None, async_save: bool = False,
+                   **kwargs: Any) -> Path:
         """Write a resumable checkpoint of everything prepared and registered (every process calls it).
 
         With `ProjectConfiguration(automatic_checkpoint_naming=True)` the directory is
         `project_dir/checkpoints/checkpoint_<n>` and only the newest `total_limit` are kept.
+        `async_save=True`: the state is copied to host memory and written in the background; the
+        checkpoint appears once every process's part is written. The next `save_state`, `load_state`
+        or `end_training` waits for it (and raises if it failed): call one of them before the script ends.
 
         >>> accelerator.save_state("ckpt")       # or accelerator.save_state() with automatic naming
         """
+        self.finish_saving()
         if kwargs.get("safe_serialization") is False:
             raise ValueError("cadence writes weights as safetensors only; drop safe_serialization=False")
         config = self.project_configuration
@@ -374,7 +391,8 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
             raise ValueError("save_state needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
         else:
             directory = Path(output_dir)
-        save_accelerator_state(self, directory)
+        write = save_accelerator_state(self, directory, async_save=async_save)
+        self._save_in_flight = None if write.committed else write
         config.iteration += 1
         return directory
 
@@ -383,6 +401,7 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
 
         Loaders continue where they stood when it was saved (the rest of that epoch).
         """
+        self.finish_saving()
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming or self.project_dir is None:
                 raise ValueError("load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
@@ -405,7 +424,7 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
         >>> model, optimizer = accelerator.free_memory(model, optimizer)
         """
         for registry in (self._models, self._model_opts, self._optimizers, self._schedulers, self._dataloaders,
-                         self._stepper):
+                         self._stepper, self._group_sizes):
             registry.clear()
         self.step = 0
         gc.collect()
@@ -426,8 +445,15 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
         """The tracker called `name` (with `unwrap`, its writer or W&B run); a do-nothing tracker off the main process."""
         return self.trackers.get(name, unwrap)
 
+    def finish_saving(self) -> None:
+        """Wait (every process) until a `save_state(async_save=True)` is written and visible; raise if it failed."""
+        write, self._save_in_flight = getattr(self, "_save_in_flight", None), None
+        if write is not None:
+            write.wait()
+
     def end_training(self) -> None:
-        """Close the trackers' runs and wait for every process."""
+        """Finish a checkpoint being written, close the trackers' runs and wait for every process."""
+        self.finish_saving()
         self.trackers.finish()
         self.wait_for_everyone()
 

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..callbacks.checkpoint import rng_state, set_rng_state
+from ..callbacks.checkpoint.writer import BackgroundWrite
+from ..distributed.strategy import host_copy
 from ..distributed import env
 from ..serialization import (STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights, save_torch,
                              save_weights, sibling, staging_dir)
@@ -69,41 +71,60 @@ def latest_checkpoint_dir(project_dir: Path) -> Path:
     return found[-1]
 
 
-def save_accelerator_state(acc: Any, directory: str | os.PathLike) -> Path:
-    """Write models, optimizers, schedulers, registered objects, precision, RNG and loader positions (every process calls it)."""
+def save_accelerator_state(acc: Any, directory: str | os.PathLike, async_save: bool = False) -> BackgroundWrite:
+    """Write models, optimizers, schedulers, registered objects, precision, RNG and loader positions (every process
+    calls it). Returns the write, committed already; with `async_save` the state is only copied to host memory
+    and the write goes on in the background: `.wait()` (every process) finishes it and raises what failed."""
     directory, main = Path(directory), acc.is_main_process
     tmp = sibling(directory, STAGED)
     if main:
         staging_dir(directory)
     acc.wait_for_everyone()
+    writers = []
     for i, (model, opt) in enumerate(acc._units()):
         unit = _unit_dir(tmp, i)
         if main:
             unit.mkdir(parents=True, exist_ok=True)
         acc.wait_for_everyone()
         if opt is not None:
-            acc.strategy.save_checkpoint(unit, model, opt)
+            writers.append(acc.strategy.checkpoint_writer(unit, model, opt, copy=async_save))
         else:
             weights = acc.strategy.model_state_dict(model)
             if main:
-                save_weights(weights, unit / "model.safetensors")
-    save_torch(rng_state(), tmp / f"rng-rank{acc.process_index}.pt")
+                weights = host_copy(weights) if async_save else weights
+                writers.append(lambda weights=weights, unit=unit: save_weights(weights, unit / "model.safetensors"))
+    files = {f"rng-rank{acc.process_index}.pt": rng_state()}
+    state = None
     if main:
-        for i, sched in enumerate(acc._schedulers):
-            save_torch(sched.state_dict(), tmp / f"scheduler_{i}.pt")
-        for i, obj in enumerate(acc._custom_objects):
-            save_torch(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
-        save_torch(acc.strategy.precision.state_dict(), tmp / "precision.pt")
+        files.update({f"scheduler_{i}.pt": sched.state_dict() for i, sched in enumerate(acc._schedulers)})
+        files.update({f"custom_checkpoint_{i}.pt": obj.state_dict() for i, obj in enumerate(acc._custom_objects)})
+        files["precision.pt"] = acc.strategy.precision.state_dict()
+        files = host_copy(files) if async_save else files
         state = {"format": FORMAT, "models": len(acc._models), "step": acc.step,
-                 "dataloaders": [dl.base.state_dict() for dl in acc._dataloaders],
-                 "world_size": acc.num_processes}
-        with atomic_path(tmp / "state.json") as f:
-            f.write_text(json.dumps(state, indent=1))
-    acc.wait_for_everyone()  # every process's files are in place before the rename makes the checkpoint visible
-    if main:
-        commit_dir(tmp, directory)
-    acc.wait_for_everyone()
-    return directory
+                 "dataloaders": [dl.base.state_dict() for dl in acc._dataloaders], "world_size": acc.num_processes}
+    staged = _StagedSave(directory, tmp, [w for w in writers if w is not None], files, state)
+    write = BackgroundWrite(staged, acc.strategy, None, directory).start()
+    if not async_save:
+        write.wait()
+    return write
+
+
+class _StagedSave:
+    """What `save_accelerator_state` took: `write` (this process's files, any thread), `commit` (the main process)."""
+
+    def __init__(self, directory: Path, tmp: Path, writers: list, files: dict[str, Any], state: dict | None):
+        self.directory, self.tmp, self.writers, self.files, self.state = directory, tmp, writers, files, state
+
+    def write(self) -> None:
+        for write in self.writers:
+            write()
+        for name, obj in self.files.items():
+            save_torch(obj, self.tmp / name)
+
+    def commit(self) -> None:
+        with atomic_path(self.tmp / "state.json") as f:
+            f.write_text(json.dumps(self.state, indent=1))
+        commit_dir(self.tmp, self.directory)
 
 
 def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, Any]:

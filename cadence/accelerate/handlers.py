@@ -43,6 +43,9 @@ class DDPCommunicationHookType(str, enum.Enum):
 
     NO: DDP's own averaging; FP16 / BF16: gradients sent in half precision; POWER_SGD /
     BATCHED_POWER_SGD: low-rank compression (`comm_state_option` gives PowerSGDState's options).
+
+    >>> DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.BF16).comm_hook.value
+    'bf16'
     """
 
     NO = "no"

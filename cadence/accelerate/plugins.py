@@ -33,6 +33,9 @@ class DistributedType(str, enum.Enum):
     cadence's strategies map to it: DDP (and DataParallel) on N > 1 processes -> `MULTI_<DEVICE>`
     (`MULTI_CPU`, `MULTI_GPU`, `MULTI_XPU`, ...), FSDP and model_parallel (TP in FSDP2) -> `FSDP`,
     DeepSpeed -> `DEEPSPEED`, XLA -> `XLA`, DDP on one process -> `NO`.
+
+    >>> DistributedType.MULTI_GPU == "MULTI_GPU"
+    True
     """
 
     NO = "NO"
@@ -79,12 +82,15 @@ class DataLoaderConfiguration:
     """How `prepare` turns loaders into per-process shards (Accelerate's fields).
 
     - `split_batches`: the loader's batch size is the global one, split between the processes.
-    - `even_batches=True` (the only layout cadence has): the last shard is completed by wrapping
-      to the start, and `gather_for_metrics` drops those duplicates; False is refused.
+    - `even_batches=True` (the only layout cadence has): the loader's batches are dealt to the
+      processes in turn, the last step completed from the start of the epoch, and
+      `gather_for_metrics` drops those duplicates; False is refused.
     - `dispatch_batches`: every process loads its own shard (None/False); True (rank 0 loads and
       sends) is refused.
-    - `use_seedable_sampler`, `use_stateful_dataloader`: what cadence's loaders always are (one
-      seeded permutation per epoch; resumable mid-epoch); `data_seed` seeds that permutation.
+    - `use_seedable_sampler=False`: the batches and their order are Accelerate's for a script seeded
+      the same way (`accelerate.loaders`); True: each epoch's permutation is seeded with `data_seed`
+      (else the seed `set_seed` gave) plus the epoch, as Accelerate's seedable sampler does. `data_seed`
+      alone seeds cadence's permutation. `use_stateful_dataloader`: cadence's loaders always resume mid-epoch.
     - `non_blocking`: host-to-device copies of batches are non-blocking.
 
     >>> Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True, data_seed=42))

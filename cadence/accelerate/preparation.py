@@ -3,7 +3,8 @@
 - optimizers built over the plain model are pointed at the wrapped model's parameters (by name);
 - with mixed precision a model's forward runs in the strategy's autocast, outputs back in fp32;
 - `split_batches` loaders are rebuilt with the per-process batch size;
-- kwargs handlers are sorted by kind; DDP's go to an engine that takes them.
+- kwargs handlers are sorted by kind; DDP's go to an engine that takes them;
+- a scheduler built before `prepare` is fitted to the groups the engine kept (DeepSpeed drops empty ones).
 
 >>> strategy = make_strategy("ddp", cpu=False, ddp=DistributedDataParallelKwargs(bucket_cap_mb=50))
 """
@@ -25,7 +26,8 @@ from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwarg
 from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
 __all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters", "autocast_forward",
-           "restore_forward", "all_tensors", "split_loader"]
+           "restore_forward", "all_tensors", "split_loader", "fit_scheduler_to_groups", "refuse_unsupported",
+           "one_deepspeed_plugin", "check_rng_types"]
 
 _HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
 
@@ -147,3 +149,67 @@ def split_loader(dl: DataLoader, n: int) -> DataLoader:
     shuffle = isinstance(dl.sampler, torch.utils.data.RandomSampler)
     return DataLoader(dl.dataset, batch_size=dl.batch_size // n, shuffle=shuffle, collate_fn=dl.collate_fn,
                       drop_last=dl.drop_last, num_workers=dl.num_workers, pin_memory=dl.pin_memory)
+
+
+# the per-parameter-group lists of torch's schedulers (one entry per group, in the optimizer's order)
+_PER_GROUP = ("base_lrs", "_last_lr", "lr_lambdas", "min_lrs", "max_lrs", "base_momentums", "max_momentums")
+
+
+def fit_scheduler_to_groups(scheduler: Any, sizes: list[int], groups: list[dict]) -> None:
+    """Drop a scheduler's entries for the parameter groups the engine dropped.
+
+    DeepSpeed removes the optimizer's empty groups in place (`deepspeed.initialize`), e.g. the no-decay
+    group of a model without biases; a scheduler built before `prepare` still holds one lr per group given,
+    and torch refuses to step it. `sizes` are the groups' lengths when given; the empty ones are gone.
+    """
+    if len(sizes) == len(groups):
+        return
+    kept = [i for i, n in enumerate(sizes) if n]
+    if len(kept) != len(groups):
+        raise ValueError(f"the engine changed the optimizer's parameter groups from {len(sizes)} to {len(groups)} "
+                         f"(not by dropping the empty ones); build the scheduler after accelerator.prepare")
+    for sched in [scheduler, *getattr(scheduler, "_schedulers", [])]:   # SequentialLR / ChainedScheduler hold several
+        for name in _PER_GROUP:
+            values = getattr(sched, name, None)
+            if isinstance(values, list) and len(values) == len(sizes):
+                setattr(sched, name, [values[i] for i in kept])
+
+
+_MODEL_PARALLEL = ("tensor and sequence parallelism are cadence's model_parallel strategy: "
+                   "Accelerator(parallelism_config=ParallelismConfig(tp_size=N)), or `cadence launch "
+                   "--use_parallelism_config --parallelism_config_tp_size N`")
+
+
+def refuse_unsupported(torch_tp_plugin: Any, megatron_lm_plugin: Any, dynamo_plugin: Any) -> None:
+    """Accelerate's constructor arguments cadence has no engine for: a clear error, never ignored."""
+    if megatron_lm_plugin is not None:
+        raise ValueError(f"megatron_lm_plugin: Megatron-LM is not part of cadence; {_MODEL_PARALLEL}")
+    if torch_tp_plugin is not None:
+        raise ValueError(f"torch_tp_plugin: {_MODEL_PARALLEL}")
+    if dynamo_plugin is not None:
+        raise ValueError("dynamo_plugin: cadence compiles prepared models from dynamo_backend=\"inductor\" (or "
+                         "`cadence launch --dynamo_backend ... --dynamo_mode ...`); pass that instead")
+
+
+def one_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:
+    """`deepspeed_plugins` (Accelerate: one plugin per model, by name) holding one plugin is that plugin; several
+    are refused (cadence's DeepSpeed strategy runs one engine)."""
+    if deepspeed_plugins is None:
+        return deepspeed_plugin
+    if deepspeed_plugin is not None:
+        raise ValueError("give deepspeed_plugin or deepspeed_plugins, not both")
+    plugins = list(deepspeed_plugins.values()) if isinstance(deepspeed_plugins, dict) else [deepspeed_plugins]
+    if len(plugins) != 1:
+        raise ValueError(f"deepspeed_plugins with {len(plugins)} plugins: cadence's DeepSpeed strategy runs one engine "
+                         f"for every prepared model; give one DeepSpeedPlugin")
+    return plugins[0]
+
+
+def check_rng_types(rng_types: list | None) -> list[str]:
+    """The random states prepared loaders give every process from the main one at each iteration ("torch", "cuda");
+    "generator" (the sampler's) is given at `prepare`, after which every process draws alike."""
+    names = [getattr(t, "value", t) for t in (rng_types or ["generator"])]
+    unknown = [n for n in names if n not in ("torch", "cuda", "generator")]
+    if unknown:
+        raise ValueError(f"rng_types {unknown}: cadence synchronises 'torch', 'cuda' and 'generator'; drop the others")
+    return [n for n in names if n != "generator"]

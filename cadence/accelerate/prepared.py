@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from ..distributed.data import DistributedDL
+from .utils import synchronize_rng_states
 
 __all__ = ["PreparedDataLoader", "PreparedOptimizer", "PreparedScheduler"]
 
@@ -29,8 +30,9 @@ class PreparedDataLoader:
     Everything else (`len`, `set_epoch`, `batch_size`, `dataset`, `state_dict`) is the DistributedDL's.
     """
 
-    def __init__(self, loader: DistributedDL, gradient_state: Any):
+    def __init__(self, loader: DistributedDL, gradient_state: Any, rng_types: list[str] = ()):
         self.base, self.gradient_state = loader, gradient_state
+        self.rng_types = list(rng_types)   # random states copied from the main process when an iteration starts
         self.end_of_dataloader = False
 
     def __len__(self) -> int:
@@ -46,6 +48,8 @@ class PreparedDataLoader:
         self.base.skip_batches(n)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.rng_types:
+            synchronize_rng_states(self.rng_types)
         last = len(self.base) - 1
         first = self.base.start_batch
         self.gradient_state._enter(self)
@@ -124,12 +128,13 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self._call("eval")
 
     def _call(self, name: str) -> None:
-        """Call the optimizer's mode switch, or that of the optimizer an engine wraps (DeepSpeed's ZeRO wrapper);
-        an optimizer without modes has nothing to switch."""
-        for opt in (self.optimizer, getattr(self.optimizer, "optimizer", None)):
-            if callable(getattr(opt, name, None)):
-                getattr(opt, name)()
-                return
+        """The optimizer's mode switch; an engine that keeps its own master weights (DeepSpeed) switches those and
+        copies them into the model. An optimizer without modes has nothing to switch."""
+        through_engine = getattr(self.accelerator.strategy, "call_optimizer", None)
+        if through_engine is not None:
+            through_engine(name)
+        elif callable(getattr(self.optimizer, name, None)):
+            getattr(self.optimizer, name)()
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__

@@ -82,8 +82,14 @@ class RunProperties:
 
     @property
     def even_batches(self) -> bool:
-        """Always True: every process gets as many batches (the last shard completed from the start)."""
+        """Always True: every process gets as many batches (the last shard completed from the start); False is refused."""
         return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        if value is not True:
+            raise ValueError(f"even_batches={value!r}: cadence's shards always have the same number of batches (the "
+                             f"last completed from the start, removed again by gather_for_metrics); keep it True")
 
     @property
     def dispatch_batches(self) -> bool | None:
@@ -103,8 +109,15 @@ class RunProperties:
 
     @property
     def sync_gradients(self) -> bool:
-        """False on the micro-steps of an accumulation window (no all-reduce, no optimizer step)."""
+        """False on the micro-steps of an accumulation window (no all-reduce, no optimizer step); settable, as in
+        Accelerate, to make prepared optimizers step (True) or wait (False) outside `accumulate`."""
         return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"sync_gradients takes True or False, got {value!r}")
+        self.gradient_state.sync_gradients = value
 
     @property
     def optimizer_step_was_skipped(self) -> bool:

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from ..callbacks.tracking.base import GeneralTracker, check_tracker_kinds, make_tracker, new_run_dir, plain, tracker_kinds
+from ..callbacks.tracking.base import GeneralTracker, new_run_dir, plain
+from ..callbacks.tracking.tracker import check_tracker_kinds, make_tracker, tracker_kinds
 
 __all__ = ["TrackerSet"]
 

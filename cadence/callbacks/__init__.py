@@ -11,6 +11,7 @@ from .early_stop import EarlyStopping, MonitorCallback, ReduceLROnPlateau, SaveM
 from .precision import MixedPrecision
 from .progress import ProgressCallback
 from .tracking import CSVTracker, GeneralTracker, TensorBoardTracker, Tracker, WandbTracker
+from . import learner_methods  # noqa: F401  attaches to_fp16, distrib_ctx, save_state, no_bar... to Learner
 
 __all__ = ["GradAccum", "Checkpoint", "GradClip", "DistributedTrainer", "EarlyStopping", "MonitorCallback", "ReduceLROnPlateau", "SaveModel",
            "TerminateOnNaN", "MixedPrecision", "ProgressCallback", "CSVTracker", "GeneralTracker", "TensorBoardTracker",

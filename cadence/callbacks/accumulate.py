@@ -58,7 +58,12 @@ def plan_windows(sizes: list[int], steps: int | None = None, samples: int | None
 
 
 class GradAccum(Callback):
-    """Step once every `steps` micro-batches, or once `samples` samples were seen (give one of them)."""
+    """Step once every `steps` micro-batches, or once `samples` samples were seen (give one of them).
+
+    >>> with learn.no_bar(): learn.fit(1, cbs=GradAccum(steps=2))   # 4 batches
+    >>> learn.step
+    2
+    """
 
     order = Order.ACCUMULATE
     run_valid = False

@@ -1,6 +1,7 @@
 """GradClip: clip gradients before every optimizer step, after unscaling (fp16), over the whole model.
 
-The norm before clipping is kept in `learn.grad_norm` (trackers log it).
+The norm before clipping is kept in `learn.grad_norm` (trackers log it): a float on the CPU, a tensor on
+an accelerator (read it when you need it).
 
 >>> learn.fit(3, cbs=GradClip(1.0))            # clip the global L2 norm to 1
 >>> learn.fit(3, cbs=GradClip(value=0.5))      # clamp every gradient element
@@ -15,7 +16,12 @@ from ..trainer.callback import Callback, Order
 
 
 class GradClip(Callback):
-    """Clip by global norm (`max_norm`, `norm_type`) or by value (`value`)."""
+    """Clip by global norm (`max_norm`, `norm_type`) or by value (`value`).
+
+    >>> with learn.no_bar(): learn.fit(1, cbs=GradClip(1.0))
+    >>> learn.grad_norm > 0   # the norm before clipping
+    True
+    """
 
     order = Order.CLIP
     run_valid = False
@@ -50,4 +56,5 @@ class GradClip(Callback):
         else:
             norm = learn.strategy.clip_grad_norm(learn.model, learn.opt, math.inf, self.norm_type)
             learn.strategy.clip_grad_value(learn.model, learn.opt, self.value)
-        learn.grad_norm = float(norm)
+        # read on the CPU; elsewhere kept on the device (reading it would wait for it, on XLA run the step twice)
+        learn.grad_norm = float(norm) if norm.device.type == "cpu" else norm.detach()

@@ -32,7 +32,12 @@ from .precision import MixedPrecision
 
 
 class DistributedTrainer(Callback):
-    """Keeps a distributed fit honest: shards any other loader validated on, drops padding from metrics."""
+    """Keeps a distributed fit honest: shards any other loader validated on, drops padding from metrics.
+
+    >>> with learn.distrib_ctx():   # distrib_ctx adds it; one process here
+    ...     print(any(isinstance(cb, DistributedTrainer) for cb in learn.cbs))
+    True
+    """
 
     order = Order.DISTRIBUTED
 

@@ -163,8 +163,9 @@ class EarlyStopping(_Patient):
 
 
 class ReduceLROnPlateau(_Patient):
-    """Divide the learning rate of every parameter group by `factor` (not below `min_lr`) when `monitor` has not
-    improved for `patience` epochs (fastai's ReduceLROnPlateau). Every rank reads the same combined value, so
+    """Divide the learning rate by `factor` when `monitor` has not improved for `patience` epochs.
+
+    Every parameter group's rate, not below `min_lr` (fastai's ReduceLROnPlateau). Every rank reads the same combined value, so
     every rank changes its rate at the same epoch.
 
     >>> learn.fit(20, lr=1e-2, cbs=ReduceLROnPlateau("valid_loss", patience=2, factor=10, min_lr=1e-5))

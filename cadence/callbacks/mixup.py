@@ -139,8 +139,9 @@ class MixUp(_MixHandler):
 
 
 class CutMix(_MixHandler):
-    """fastai's CutMix: a box of each image (batch, channels, height, width) comes from its partner; `lam`
-    (one per batch) is the share of the image left its own.
+    """fastai's CutMix: a box of each image comes from its partner in the batch.
+
+    Images are (batch, channels, height, width); `lam` (one per batch) is the share of the image left its own.
 
     >>> learn.fit_one_cycle(5, 1e-3, cbs=CutMix(1.0))
     """

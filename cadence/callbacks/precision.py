@@ -23,6 +23,8 @@ class MixedPrecision(Callback):
     """Run forward and loss under autocast in `precision` ("bf16" or "fp16"); fp16 scales the loss.
 
     `scaler_kwargs` go to `torch.amp.GradScaler` (e.g. `init_scale=2.**16`, `growth_interval=2000`).
+
+    >>> with learn.no_bar(): learn.fit(1, cbs=MixedPrecision("bf16"))   # or learn.to_bf16()
     """
 
     order = Order.PRECISION

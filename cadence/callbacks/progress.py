@@ -48,7 +48,11 @@ def _plain_output() -> bool:
 
 
 class ProgressCallback(Callback):
-    """Show training progress: rich bar + table on a terminal, plain lines in logs and notebooks."""
+    """Show training progress: rich bar + table on a terminal, plain lines in logs and notebooks.
+
+    >>> any(isinstance(cb, ProgressCallback) for cb in Learner(dls, model).cbs)   # every Learner has one; no_bar() hides it
+    True
+    """
 
     order = Order.REPORT
 

@@ -15,6 +15,10 @@ class ShortEpochCallback(Callback):
     """Stop each training pass once `pct` of its batches ran; the validation passes too if `short_valid`.
 
     Every process stops at the same batch (each has the same number of batches).
+
+    >>> with learn.no_bar(): learn.fit(1, cbs=ShortEpochCallback(pct=0.5))
+    >>> learn.train_iter < 4   # of 4 batches
+    True
     """
 
     def __init__(self, pct: float = 0.01, short_valid: bool = True):

@@ -96,10 +96,13 @@ class DistributedDL:
     is a collective: every rank must build it, and rank 0's seed is broadcast. So is iterating
     an IterableDataset without `__len__` (one small all-gather per batch).
 
-    `draw_like_loader=True` (one process only) makes wrapping change nothing: each epoch's order
-    is drawn as `dl` itself draws it, from the same random sources at the same moment (when the
-    iteration starts), so batches and every later random number equal the plain loader's. The
-    random states of that moment go into `state_dict`, so a resumed epoch redraws the same order.
+    `draw_like_loader=True` makes wrapping change nothing: each epoch's order is drawn as `dl`
+    itself draws it, from the same random sources at the same moment (when the iteration starts),
+    so batches and every later random number equal the plain loader's. The random states of that
+    moment go into `state_dict`, so a resumed epoch redraws the same order. On several processes
+    the sampler must draw from its own generator, in the same state on every rank (the caller's part).
+    `layout="strided"` deals the loader's batches to the ranks in turn, as Accelerate does
+    (`sharding.strided`), instead of fastai's contiguous chunks.
 
     >>> ddl = DistributedDL(DataLoader(range(50), batch_size=12), rank=1, world_size=4)
     >>> [b.tolist() for b in ddl]
@@ -108,7 +111,7 @@ class DistributedDL:
 
     def __init__(self, dl: DataLoader, rank: int | None = None, world_size: int | None = None,
                  device: torch.device | str | None = None, seed: int | None = None, draw_like_loader: bool = False,
-                 group: Any = None):
+                 group: Any = None, layout: str = "contiguous"):
         if not isinstance(dl, DataLoader):
             raise TypeError(f"DistributedDL wraps a torch DataLoader, got {type(dl).__name__}")
         self.dl, self.device, self.group = dl, device, group  # group: the ranks that agree on a stream's end
@@ -120,10 +123,14 @@ class DistributedDL:
         self.sized = _has_len(dl.dataset)
         self.kind = "iterable" if self.iterable else sampling.kind(dl)
         self.shuffle = self.kind == "shuffle"
-        self.draw_like_loader = draw_like_loader
-        if draw_like_loader and (self.world_size != 1 or seed is not None):
-            raise ValueError(f"draw_like_loader=True draws each epoch as the loader itself would, on one process and "
-                             f"without a seed; got world_size={self.world_size}, seed={seed!r}")
+        self.draw_like_loader, self.layout = draw_like_loader, layout
+        own_generator = isinstance(getattr(dl.sampler, "generator", None), torch.Generator) or self.kind == "sequential"
+        if draw_like_loader and (seed is not None or (self.world_size != 1 and not own_generator)):
+            raise ValueError(f"draw_like_loader=True draws each epoch as the loader itself would: without a seed, on "
+                             f"one process unless the sampler draws from its own generator; got world_size="
+                             f"{self.world_size}, seed={seed!r}, sampler {type(dl.sampler).__name__}")
+        if layout not in ("contiguous", "strided"):
+            raise ValueError(f"layout must be 'contiguous' or 'strided', got {layout!r}")
         self._random = self.kind in ("shuffle", "sampler", "batch_sampler")
         self.seed = self._shared_seed(seed) if self._random and not draw_like_loader else seed
         self._drawn: dict[str, Any] | None = None  # draw_like_loader: {"epoch", "rng"}: the states the epoch was drawn from
@@ -206,6 +213,8 @@ class DistributedDL:
             return sharding.round_robin(batch_lens, world_size)
         if self.iterable:
             return sharding.interleaved(len(order), world_size, batch_size or 1, self.dl.drop_last, offset)
+        if self.layout == "strided":
+            return sharding.strided(len(order), world_size, batch_size or 1, self.dl.drop_last)
         return sharding.contiguous(len(order), world_size, batch_size or 1, self.dl.drop_last)
 
     @property

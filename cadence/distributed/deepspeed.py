@@ -268,6 +268,42 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         norm = self.engine.get_global_grad_norm() if self.engine is not None else None
         return float(norm) if norm is not None else None
 
+    def call_optimizer(self, name: str) -> None:
+        """The user's optimizer's `name()` on the engine's fp32 master weights, copied into the model's weights
+        afterwards as a step does (every rank calls it); nothing if the optimizer has no such method.
+
+        For an optimizer that moves its weights outside `step`: a schedule-free optimizer's `train()` / `eval()`.
+        ZeRO-3 lends the optimizer its master partitions only during a step; they are lent the same way here.
+        """
+        if self.engine is None:
+            raise RuntimeError(f"optimizer.{name}() before the model was prepared with it: prepare the model first")
+        opt, basic = self.engine.optimizer, self.engine.basic_optimizer
+        method = getattr(basic, name, None)
+        if not callable(method):
+            return
+        if opt is basic:                                        # no master copy: the optimizer holds the model's weights
+            method()
+        elif hasattr(opt, "update_lp_params"):                  # ZeRO-1/2, bf16: this rank's partition, then all-gather
+            method()
+            opt.update_lp_params()
+        elif hasattr(opt, "fp32_partitioned_groups_flat") and not opt.swap_optimizer:   # ZeRO-3
+            lent: dict[int, list[torch.Tensor]] = {}
+            for sub_group, flat in enumerate(opt.fp32_partitioned_groups_flat):
+                lent.setdefault(opt.sub_group_to_group_id[sub_group], []).append(flat)
+            for group, flats in lent.items():
+                basic.param_groups[group]["params"] = flats
+            try:
+                method()
+            finally:
+                for group in lent:
+                    basic.param_groups[group]["params"] = []
+            for sub_group in range(len(opt.fp32_partitioned_groups_flat)):
+                opt._reassign_or_swap_out_partitioned_parameters(sub_group)
+        else:
+            raise NotImplementedError(f"optimizer.{name}() moves the weights outside a step, and DeepSpeed's "
+                                      f"{type(opt).__name__} keeps master weights cadence cannot copy into the model: "
+                                      f"use ZeRO-1/2/3 without NVMe offload, or DDP / FSDP")
+
     # ------------------------------------------------------------------ state
     def _named_params(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
         return list(self.unwrap(model).named_parameters())

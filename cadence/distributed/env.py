@@ -39,17 +39,29 @@ def is_initialized() -> bool:
 
 
 def rank() -> int:
-    """Global rank of this process (0 in a single process)."""
+    """Global rank of this process (0 in a single process).
+
+    >>> rank()   # in a single process
+    0
+    """
     return dist.get_rank() if is_initialized() else _env_int(_RANK_VARS, 0)
 
 
 def world_size() -> int:
-    """Number of processes in the job (1 in a single process)."""
+    """Number of processes in the job (1 in a single process).
+
+    >>> world_size()   # in a single process
+    1
+    """
     return dist.get_world_size() if is_initialized() else _env_int(_WORLD_VARS, 1)
 
 
 def local_rank() -> int:
-    """Rank of this process on its machine."""
+    """Rank of this process on its machine.
+
+    >>> local_rank()   # in a single process
+    0
+    """
     return _env_int(_LOCAL_RANK_VARS, 0)
 
 
@@ -59,17 +71,29 @@ def node_rank() -> int:
 
 
 def is_main_process() -> bool:
-    """True on global rank 0."""
+    """True on global rank 0.
+
+    >>> is_main_process()   # in a single process
+    True
+    """
     return rank() == 0
 
 
 def is_local_main_process() -> bool:
-    """True on local rank 0 (one per machine)."""
+    """True on local rank 0 (one per machine).
+
+    >>> is_local_main_process()   # in a single process
+    True
+    """
     return local_rank() == 0
 
 
 def is_distributed() -> bool:
-    """True when more than one process takes part."""
+    """True when more than one process takes part.
+
+    >>> is_distributed()   # in a single process
+    False
+    """
     return world_size() > 1
 
 
@@ -162,6 +186,9 @@ def _export_torchrun_vars() -> None:
 
 
 def teardown_distrib() -> None:
-    """Destroy the default process group if there is one (fastai's name)."""
+    """Destroy the default process group if there is one (fastai's name).
+
+    >>> teardown_distrib()   # nothing to destroy in a single process
+    """
     if is_initialized():
         dist.destroy_process_group()

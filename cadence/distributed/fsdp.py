@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, ContextManager
 
@@ -38,6 +39,7 @@ _SHARDING_NUMBERS = {1: "FULL_SHARD", 2: "SHARD_GRAD_OP", 3: "NO_SHARD", 4: "HYB
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
 SHARDED_DIR = "sharded"
+CHECKPOINT_GROUP_TIMEOUT = timedelta(hours=6)  # a checkpoint's own deadline is the Checkpoint's io_timeout
 
 
 def _launcher_options() -> dict[str, Any]:
@@ -113,6 +115,7 @@ class FSDP(OwnsPrecision, Strategy):
         self.hybrid_shard_size = options.get("hybrid_shard_size")
         self.created_group = False
         self._skeleton: nn.Module | None = None
+        self._checkpoint_group = None  # the gloo group torch's distributed checkpoint runs its collectives on
 
     @classmethod
     def check_launcher_config(cls, config: Any) -> None:
@@ -319,15 +322,25 @@ class FSDP(OwnsPrecision, Strategy):
 
         set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
 
-    def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """SHARDED_STATE_DICT: every rank writes its shards in parallel under `directory/sharded/`."""
+    def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,
+                          copy: bool = False) -> Callable[[], None] | None:
+        """SHARDED_STATE_DICT: every rank writes its shards in parallel under `directory/sharded/` (torch's
+        distributed checkpoint; `copy`: its async save, the shards copied to host memory now). Its collectives
+        run on a group of their own, so a write in the background never meets the training's collectives."""
         if self.state_dict_type == "FULL_STATE_DICT" or self._skeleton is None:
-            return super().save_checkpoint(directory, model, opt)
+            return super().checkpoint_writer(directory, model, opt, copy)
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, opt_state = get_state_dict(model, opt)
-        dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=Path(directory) / SHARDED_DIR)
+        state, target = {"model": model_state, "optimizer": opt_state}, Path(directory) / SHARDED_DIR
+        if self._checkpoint_group is None:
+            import torch.distributed as dist
+
+            self._checkpoint_group = dist.new_group(backend="gloo", timeout=CHECKPOINT_GROUP_TIMEOUT)
+        if copy:
+            return dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group).result
+        return lambda: dcp.save(state, checkpoint_id=target, process_group=self._checkpoint_group)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read a sharded or full checkpoint, written on any number of processes."""

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ContextManager
 
 import torch
@@ -33,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from . import env
 from .data import DistributedDL
-from .fsdp import FSDP
+from .fsdp import FSDP, SHARDED_DIR
 from .precision import FullPrecision
 from .strategy import MakeOpt, meta_copy, retie, tied_names
 
@@ -151,7 +152,7 @@ class ModelParallel(FSDP):
         elif _has_tp_plan(model):
             _apply_tp_plan(model, tp_mesh, self.tp_size)
             retie(model, ties)
-        else:
+        elif self.tp_size > 1:  # tp_size=1: FSDP2 over dp alone (e.g. resuming a pipeline's checkpoint with pp_size=1)
             raise ValueError(f"model_parallel does not know how to slice {type(model).__name__}: pass "
                              f"`parallelize=fn(model, tp_mesh)`, give the model a `parallelize(tp_mesh)` method, "
                              f"or use a Hugging Face model whose config has a `base_model_tp_plan`")
@@ -164,6 +165,41 @@ class ModelParallel(FSDP):
             opt = make_opt(model)
         self._skeleton = skeleton
         return model, opt
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """FSDP's sharded format with the optimizer state flattened to one key per parameter, which every
+        `model_parallel` mesh (pipelines included: torch's nested `param_groups` would be written once, by rank 0,
+        for every stage) writes and reads: a checkpoint resumes on any pp x dp x tp mesh or in one process."""
+        if self.state_dict_type == "FULL_STATE_DICT" or self._skeleton is None:
+            return super().save_checkpoint(directory, model, opt)
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._checkpoint_state(model, opt), checkpoint_id=Path(directory) / SHARDED_DIR)
+
+    def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Read a checkpoint of any `model_parallel` mesh (or a full one)."""
+        if not (Path(directory) / SHARDED_DIR).is_dir():
+            return super().load_checkpoint(directory, model, opt)
+        import torch.distributed.checkpoint as dcp
+
+        state = self._checkpoint_state(model, opt)
+        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
+        self._set_checkpoint_state(model, opt, state)
+
+    @staticmethod
+    def _checkpoint_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, opt_state = get_state_dict(model, opt, options=_flat_options())
+        return {"model": model_state, "optimizer": opt_state}
+
+    @staticmethod
+    def _set_checkpoint_state(model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=_flat_options())
 
     def loss_context(self) -> ContextManager | None:
         """With `loss_parallel`: torch's `loss_parallel()`, cross-entropy on logits sliced over the vocabulary."""
@@ -274,6 +310,12 @@ def parallelism_sizes(block: dict[str, Any]) -> dict[str, int]:
                          f"sequence parallelism is part of the tensor-parallel plan (SequenceParallel): use tp_size")
     sizes: dict[str, Any] = {k: int(plain[k]) for k in SIZES if plain.get(k) is not None}
     return {**sizes, "pp_schedule": str(plain["pp_schedule"])} if plain.get("pp_schedule") else sizes
+
+
+def _flat_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def _launcher_sizes() -> dict[str, int]:

@@ -16,8 +16,8 @@ the model. What the rest of cadence sees:
   (the schedule's own scaling is off: `schedule.eval()` would divide pending gradients by the micro-batches);
 - gradient clipping uses the norm over every stage (each stage's norm per mesh, summed over pp);
 - weights tied across stages are refused (ties within a stage are kept);
-- checkpoints are FSDP's sharded format keyed by the stages' parameter names (the model's own under
-  `pp_split_points`), so they load in one process.
+- checkpoints (sharded) and `learn.save` (full weights and optimizer state) are keyed by the model's own parameter
+  names, whatever a `split` function calls them, so they load in one process and on any other mesh.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from torch import nn
 from . import env
 from .fsdp import FSDP, SHARDED_DIR
 from .model_parallel import ModelParallel, _launcher_sizes, _retie_sliced
+from .pipeline_state import merged_optimizer_state, named_by_position, renamed_checkpoint, renamed_optimizer_state
 from .precision import FullPrecision
 from .strategy import MakeOpt, OwnsStep, meta_copy, rebuild, tied_names
 
@@ -184,7 +185,7 @@ class Pipeline(OwnsStep, ModelParallel):
                 for group in self._groups(stage):
                     fully_shard(group, **kwargs)
                 fully_shard(stage, **kwargs)
-        self._skeleton = skeleton
+        self._skeleton, self._make_opt = skeleton, make_opt
         return held, make_opt(held)
 
     def _holder(self, modules: list[nn.Module]) -> nn.Module:
@@ -369,44 +370,50 @@ class Pipeline(OwnsStep, ModelParallel):
         mine = {self._names.get(k, k): k for k in model.state_dict()}
         ModelParallel.load_model_state_dict(self, model, {mine[k]: v for k, v in state.items() if k in mine})
 
+    def state_template(self, model: nn.Module) -> nn.Module:
+        """The whole model's skeleton: full weights hold every stage's, under the model's names."""
+        return self._skeleton if self._stages else ModelParallel.state_template(self, model)
 
     def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
-        if self._stages:
-            raise ValueError("the optimizer state of a pipeline lives on its stages: save it with the Checkpoint "
-                             "callback (sharded, resumable), or learn.save(...) after the distrib_ctx block; "
-                             "learn.save(name, with_opt=False) and learn.export / save_model work inside it")
-        return ModelParallel.optimizer_state_dict(self, model, opt)
+        """The whole model's optimizer state on rank 0 (others get {}), keyed by the model's parameter names in its
+        order, as FSDP's full state: it loads in one process (`opt.load_state_dict`), under FSDP, on any pipeline."""
+        if not self._stages:
+            return ModelParallel.optimizer_state_dict(self, model, opt)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))  # over dp and tp
+        parts = [None] * self.pp_size
+        dist.all_gather_object(parts, renamed_optimizer_state(full, self._names), group=self._pp_group())
+        return merged_optimizer_state(parts, self._skeleton) if env.rank() == 0 else {}
 
     def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
-        if self._stages:
-            raise ValueError("an optimizer state cannot be loaded into a pipeline's stages: load it before the "
-                             "distrib_ctx block (learn.load outside it), or resume a Checkpoint inside it")
-        ModelParallel.load_optimizer_state_dict(self, model, opt, state)
+        """Load a whole model's optimizer state (keyed by names, or by position as one process's `opt.state_dict()`):
+        each stage takes its own parameters' state."""
+        if not self._stages:
+            return ModelParallel.load_optimizer_state_dict(self, model, opt, state)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if all(isinstance(p, int) for g in state["param_groups"] for p in g["params"]):
+            state = named_by_position(state, self._make_opt(self._skeleton), self._skeleton)
+        held = renamed_optimizer_state(state, {v: k for k, v in self._names.items()})  # model names -> stage names
+        set_optimizer_state_dict(model, opt, held, options=StateDictOptions(full_state_dict=True))
 
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """FSDP's sharded format, the optimizer state flattened to one key per parameter (each stage writes its own:
-        torch's nested `param_groups` would be written once, by rank 0, for every stage)."""
+        """ModelParallel's format (FSDP's sharded one, the optimizer state flattened to one key per parameter), keyed
+        by the model's own parameter names (a `split` function's stages may name them their own way): the checkpoint
+        resumes on any pp x dp x tp mesh, or in one process."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, opt_state = get_state_dict(model, opt, options=_flat_options())
-        dcp.save({"model": model_state, "optimizer": opt_state}, checkpoint_id=Path(directory) / SHARDED_DIR)
+        dcp.save(renamed_checkpoint(self._checkpoint_state(model, opt), self._names),
+                 checkpoint_id=Path(directory) / SHARDED_DIR)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read what `save_checkpoint` wrote, on any pp x dp mesh or in one process."""
+        """Read what `save_checkpoint` (or ModelParallel's) wrote, on any pp x dp x tp mesh or in one process."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        model_state, opt_state = get_state_dict(model, opt, options=_flat_options())
-        state = {"model": model_state, "optimizer": opt_state}
+        state = renamed_checkpoint(self._checkpoint_state(model, opt), self._names)
         dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_flat_options())
-
-
-def _flat_options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(flatten_optimizer_state_dict=True)
+        self._set_checkpoint_state(model, opt, renamed_checkpoint(state, {v: k for k, v in self._names.items()}))
 
 
 class _Loss:

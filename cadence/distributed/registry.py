@@ -1,4 +1,4 @@
-"""The one place that maps strategy names to classes: "ddp", "fsdp", "dp", "deepspeed" (and "xla" when it lands).
+"""The one place that maps strategy names to classes: "ddp", "fsdp", "dp", "deepspeed", "model_parallel", "xla".
 
 >>> strategy = get_strategy("ddp", sync_bn=False)
 >>> get_strategy(None)      # $CADENCE_STRATEGY, set by `cadence launch`; "ddp" when unset
@@ -18,6 +18,7 @@ STRATEGIES = {
     "dp": "cadence.distributed.dp:DataParallel",
     "deepspeed": "cadence.distributed.deepspeed:DeepSpeed",
     "model_parallel": "cadence.distributed.model_parallel:ModelParallel",
+    "xla": "cadence.distributed.xla:XLA",  # opt-in only: never chosen because torch_xla is importable
 }
 
 

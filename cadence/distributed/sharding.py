@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Plan", "contiguous", "round_robin", "interleaved", "resplit", "shifted"]
+__all__ = ["Plan", "contiguous", "strided", "round_robin", "interleaved", "resplit", "shifted"]
 
 
 @dataclass
@@ -70,6 +70,27 @@ def contiguous(length: int, world_size: int, batch_size: int, drop_last: bool) -
     used = sum(lens)
     return Plan(length, [torch.arange(r * per_rank, r * per_rank + used) for r in range(world_size)],
                 [list(lens) for _ in range(world_size)])
+
+
+def strided(length: int, world_size: int, batch_size: int, drop_last: bool) -> Plan:
+    """Accelerate's layout: the loader's batches dealt in turn (batch j to rank j % world_size).
+
+    On several ranks the stream is padded to whole steps of world_size full batches by wrapping
+    around to its start (drop_last: the incomplete step is dropped instead).
+
+    >>> strided(10, 2, 3, drop_last=False).shards[1].tolist()     # rank 1: [3, 4, 5], then 9 and two repeats
+    [3, 4, 5, 9, 10, 11]
+    """
+    step = world_size * batch_size
+    if drop_last:
+        used = length // step * step
+    else:
+        used = math.ceil(length / step) * step if world_size > 1 else length
+    lens = _batch_lens(used, batch_size, False)
+    starts = list(itertools.accumulate([0, *lens]))
+    return Plan(length, [torch.cat([torch.arange(starts[j], starts[j] + lens[j]) for j in range(r, len(lens), world_size)])
+                         if lens[r::world_size] else torch.zeros(0, dtype=torch.long) for r in range(world_size)],
+                [lens[r::world_size] for r in range(world_size)])
 
 
 def round_robin(batch_lens: list[int], world_size: int) -> Plan:

@@ -175,6 +175,11 @@ class Strategy:
         """Load a full state dict into the (possibly wrapped or sharded) model; every rank calls it."""
         self.unwrap(model).load_state_dict(state)
 
+    def state_template(self, model: nn.Module) -> nn.Module:
+        """The module whose state dict `model_state_dict`'s full weights match (what `learn.load` checks a file
+        against): the user's module; an engine holding only part of it (a pipeline stage) gives the whole model."""
+        return self.unwrap(model)
+
     def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
         """Full optimizer state, as `torch.optim.Optimizer.state_dict` of the unwrapped model would give."""
         return opt.state_dict()
@@ -202,16 +207,58 @@ class Strategy:
 
         The base format: `model.safetensors` and `optimizer.pt`, full state, written by the main process.
         """
+        write = self.checkpoint_writer(directory, model, opt)
+        if write is not None:
+            write()
+
+    def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,
+                          copy: bool = False) -> Callable[[], None] | None:
+        """Take the state `save_checkpoint` writes now (every rank: the collectives of a sharded engine happen
+        here) and return what writes it: callable from any thread, with no collective on the training's group.
+
+        `copy`: the state is copied to host memory first, so training may go on while it is written;
+        otherwise the writer streams from the model's own memory (one tensor at a time), the loop waiting.
+        An engine whose own `save_checkpoint` has no such split (DeepSpeed's engine saves with collectives)
+        writes at once and returns None.
+
+        >>> write = strategy.checkpoint_writer(staged, model, opt, copy=True); threading.Thread(target=write).start()
+        """
+        if type(self).save_checkpoint is not Strategy.save_checkpoint:
+            self.save_checkpoint(directory, model, opt)
+            return None
         model_state, opt_state = self.model_state_dict(model), self.optimizer_state_dict(model, opt)
-        if self.is_main:
+        if not self.is_main:
+            return lambda: None
+        if copy:
+            model_state, opt_state = host_copy((model_state, opt_state))
+
+        def write() -> None:
             save_model_file(model_state, directory)
             save_optimizer_file(opt_state, directory)
+        return write
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded."""
         model_state, opt_state = load_model_file(directory, self.unwrap(model)), load_optimizer_file(directory)
         self.load_model_state_dict(model, model_state)
         self.load_optimizer_state_dict(model, opt, opt_state)
+
+
+def host_copy(state: T) -> T:
+    """`state` (nested dicts and lists) with every tensor copied to host memory; tensors viewing the same memory
+    (tied weights) stay one tensor, so a file written from the copy is the file written from `state`.
+
+    >>> weights, opt_state = host_copy((model.state_dict(), opt.state_dict()))
+    """
+    copies: dict[tuple, torch.Tensor] = {}
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device) \
+            if t.numel() else (id(t),)
+        if key not in copies:
+            copies[key] = t.detach().to("cpu", copy=True)
+        return copies[key]
+    return ops.map_tensors(one, state)
 
 
 def meta_copy(model: nn.Module) -> nn.Module:

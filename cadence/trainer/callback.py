@@ -22,8 +22,17 @@ from typing import Any
 from .events import EVENT_NAMES
 
 
+# the callbacks every new Learner gets, as classes (fastai's `defaults.callbacks`); cadence.callbacks adds
+# ProgressCallback, so the trainer package never imports it
+default_callbacks: list[type] = []
+
+
 class Order:
-    """When each kind of callback runs within an event: lower runs first."""
+    """When each kind of callback runs within an event: lower runs first.
+
+    >>> Order.PRECISION < Order.CLIP < Order.SCHEDULE   # unscale, then clip, then step and schedule
+    True
+    """
 
     DISTRIBUTED = -20   # swaps data loaders / wraps the model before anything else sees them
     ACCUMULATE = -5     # decides whether this batch steps

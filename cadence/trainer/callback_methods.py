@@ -54,6 +54,10 @@ class CallbackMethods:
         return self
 
     def add_cbs(self, cbs: Iterable) -> Self:
+        """Attach several callbacks (`add_cb` each).
+
+        >>> learn.add_cbs([GradClip(1.0), EarlyStopping(patience=3)])
+        """
         for cb in listify(cbs):
             self.add_cb(cb)
         return self
@@ -70,6 +74,10 @@ class CallbackMethods:
         return self
 
     def remove_cbs(self, cbs: Iterable) -> Self:
+        """Detach several callbacks (`remove_cb` each).
+
+        >>> learn.remove_cbs([learn.progress])
+        """
         for cb in listify(cbs):
             self.remove_cb(cb)
         return self

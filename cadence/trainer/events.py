@@ -30,7 +30,11 @@ from enum import Enum
 
 
 class Event(str, Enum):
-    """Every event a callback may define, in loop order."""
+    """Every event a callback may define, in loop order.
+
+    >>> [e.name for e in Event][:4]
+    ['after_create', 'before_fit', 'before_epoch', 'before_train']
+    """
 
     after_create = "after_create"
     before_fit = "before_fit"
@@ -65,35 +69,90 @@ EVENT_NAMES = frozenset(e.value for e in Event)
 
 
 class CancelException(Exception):
-    """Base of the Cancel exceptions: control flow, never an error."""
+    """Base of the Cancel exceptions: control flow, never an error.
+
+    >>> issubclass(CancelFitException, CancelException)
+    True
+    """
 
 
 class CancelFitException(CancelException):
-    """Stop training; `after_cancel_fit` then `after_fit` run."""
+    """Stop training; `after_cancel_fit` then `after_fit` run.
+
+    >>> class StopAtFirstBatch(Callback):
+    ...     def after_batch(self): raise CancelFitException()
+    >>> with learn.no_bar(): learn.fit(3, cbs=StopAtFirstBatch())
+    >>> learn.train_iter, learn.epoch
+    (1, 0)
+    """
 
 
 class CancelEpochException(CancelException):
-    """Skip the rest of this epoch (validation included)."""
+    """Skip the rest of this epoch (validation included).
+
+    >>> class OneBatchPerEpoch(Callback):
+    ...     def after_batch(self):
+    ...         if self.training: raise CancelEpochException()
+    >>> with learn.no_bar(): learn.fit(2, cbs=OneBatchPerEpoch())
+    >>> learn.train_iter
+    2
+    """
 
 
 class CancelTrainException(CancelException):
-    """Skip the rest of this epoch's training; validation still runs."""
+    """Skip the rest of this epoch's training; validation still runs.
+
+    >>> class TrainOneBatch(Callback):
+    ...     def after_batch(self):
+    ...         if self.training: raise CancelTrainException()
+    >>> with learn.no_bar(): learn.fit(1, cbs=TrainOneBatch())
+    >>> learn.train_iter, len(learn.recorder.values)   # one batch trained, the epoch still validated
+    (1, 1)
+    """
 
 
 class CancelValidateException(CancelException):
-    """Skip the rest of this validation pass."""
+    """Skip the rest of this validation pass.
+
+    >>> class NoValidation(Callback):
+    ...     def before_validate(self): raise CancelValidateException()
+    >>> with learn.no_bar(): learn.fit(1, cbs=NoValidation())
+    >>> learn.train_iter
+    4
+    """
 
 
 CancelValidException = CancelValidateException  # fastai's name
 
 
 class CancelBatchException(CancelException):
-    """Skip the rest of this batch (no backward/step/zero_grad if raised before them)."""
+    """Skip the rest of this batch (no backward/step/zero_grad if raised before them).
+
+    >>> class SkipEveryStep(Callback):
+    ...     def before_step(self): raise CancelBatchException()
+    >>> with learn.no_bar(): learn.fit(1, cbs=SkipEveryStep())
+    >>> learn.step   # no optimizer step was taken
+    0
+    """
 
 
 class CancelBackwardException(CancelException):
-    """Skip the backward pass of this batch."""
+    """Skip the backward pass of this batch.
+
+    >>> class NoBackward(Callback):
+    ...     def before_backward(self): raise CancelBackwardException()
+    >>> with learn.no_bar(): learn.fit(1, cbs=NoBackward())
+    >>> all(p.grad is None for p in learn.model.parameters())
+    True
+    """
 
 
 class CancelStepException(CancelException):
-    """Skip the optimizer step of this batch (gradients are still zeroed)."""
+    """Skip the optimizer step of this batch (gradients are still zeroed).
+
+    >>> class NoStep(Callback):
+    ...     def before_step(self): raise CancelStepException()
+    >>> with learn.no_bar(): learn.fit(1, cbs=NoStep())
+    >>> learn.step
+    0
+    """

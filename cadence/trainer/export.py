@@ -1,4 +1,4 @@
-"""`learn.export()` / `load_learner()`: a trained Learner for inference, weights as safetensors.
+"""`learn.export()`: a trained Learner for inference, weights as safetensors (`load_learner` reads it back: load.py).
 
 An export is a directory:
 
@@ -24,16 +24,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
-from ..serialization import check_state_dict, load_weights, save_weights
-from .data import DataLoaders
-
-if TYPE_CHECKING:
-    from .learner import Learner
+from ..serialization import save_weights
 
 FORMAT = 1
 WEIGHTS, PICKLE, MANIFEST = "model.safetensors", "learner.pkl", "export.json"
@@ -50,7 +45,7 @@ def _skeleton(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _pickled(learn: "Learner", module: nn.Module) -> bytes:
+def _pickled(learn, module: nn.Module) -> bytes:
     buffer = io.BytesIO()
     try:
         torch.save({"model": _skeleton(module), "loss_func": learn.loss_func, "n_inp": learn.dls.n_inp}, buffer)
@@ -61,7 +56,7 @@ def _pickled(learn: "Learner", module: nn.Module) -> bytes:
     return buffer.getvalue()
 
 
-def export(learn: "Learner", fname: str | os.PathLike = "export") -> Path:
+def export(learn, fname: str | os.PathLike = "export") -> Path:
     """Write `learn.path / fname` (see the module docstring); every process calls it, the main one writes."""
     strategy = learn.strategy
     target = Path(fname) if Path(fname).is_absolute() else learn.path / fname
@@ -90,49 +85,3 @@ def _replace_dir(new: Path, target: Path) -> None:
         target.rename(old)
     new.rename(target)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def _no_loss(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise ValueError("this Learner was loaded for inference without a loss function: "
-                     "pass load_learner(path, ..., loss_func=...) to compute losses")
-
-
-def load_learner(path: str | os.PathLike, trust_pickle: bool = False, model: nn.Module | None = None,
-                 loss_func: Callable | None = None, cpu: bool = True) -> "Learner":
-    """A Learner for inference (`predict`, `get_preds(dl=...)`) from a directory written by `learn.export`.
-
-    With `model` (your own instance of the architecture) only the safetensors weights are read.
-    Without it the model is rebuilt from `learner.pkl`, which needs `trust_pickle=True`. `cpu`
-    puts the model on the CPU (else the default device).
-
-    >>> learn = load_learner("models/export", trust_pickle=True)
-    >>> learn.predict(x)
-    """
-    from .learner import Learner
-
-    path = Path(path)
-    if not (path / WEIGHTS).is_file():
-        raise FileNotFoundError(f"no {WEIGHTS} in {path}: pass the directory written by learn.export()")
-    state = load_weights(path / WEIGHTS)
-    extra: dict[str, Any] = {}
-    if model is None or (loss_func is None and trust_pickle):
-        extra = _unpickle(path, trust_pickle)
-    if model is None:
-        model = extra["model"]
-        check_state_dict(model, state, source=str(path / WEIGHTS))
-        model.load_state_dict(state, assign=True)
-    else:
-        check_state_dict(model, state, source=str(path / WEIGHTS))
-        model.load_state_dict(state)
-    loss_func = loss_func or extra.get("loss_func") or _no_loss
-    dls = DataLoaders([], None, device="cpu" if cpu else None, n_inp=extra.get("n_inp"))
-    return Learner(dls, model, loss_func=loss_func)
-
-
-def _unpickle(path: Path, trust_pickle: bool) -> dict[str, Any]:
-    if not trust_pickle:
-        raise ValueError(f"rebuilding the model needs {path / PICKLE}, a pickle: unpickling runs whatever code the "
-                         f"file names, so cadence does it only when you say you trust the file: "
-                         f"load_learner({str(path)!r}, trust_pickle=True). Without unpickling, pass your own model: "
-                         f"load_learner({str(path)!r}, model=MyModel(), loss_func=...) reads only the safetensors weights")
-    return torch.load(path / PICKLE, map_location="cpu", weights_only=False)

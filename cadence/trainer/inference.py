@@ -12,7 +12,7 @@ import contextlib
 import functools
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,9 +20,6 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from .callback import Callback, Order
 from .data import to_device
-
-if TYPE_CHECKING:
-    from .learner import Learner
 
 # a loader's in-order copy lives as long as the loader: a distributed fit shards it once (it is keyed by id)
 _ORDERED: "weakref.WeakKeyDictionary[DataLoader, DataLoader]" = weakref.WeakKeyDictionary()
@@ -109,7 +106,7 @@ class _BatchTransform(Callback):
 class InferenceMethods:
     """Mixed into `Learner`: passes over a loader without training."""
 
-    def _pick_dl(self: "Learner", ds_idx: Any, dl: Iterable | None, what: str) -> Iterable:
+    def _pick_dl(self, ds_idx: Any, dl: Iterable | None, what: str) -> Iterable:
         if not isinstance(ds_idx, int):  # validate(dl) / get_preds(dl): a loader given first
             ds_idx, dl = 1, ds_idx
         if dl is None:
@@ -120,7 +117,7 @@ class InferenceMethods:
             raise ValueError(f"{what} needs data: pass {what}(dl=...) or build DataLoaders with a validation set")
         return dl
 
-    def validate(self: "Learner", ds_idx: int | Iterable = 1, dl: Iterable | None = None,
+    def validate(self, ds_idx: int | Iterable = 1, dl: Iterable | None = None,
                  cbs: Any = None) -> ValidResults:
         """Run one validation pass over `dl` (default: `dls[ds_idx]`, the validation set); returns
         `{"valid_loss": ..., <metric>: ...}`, which positions also index as fastai's list does.
@@ -133,7 +130,7 @@ class InferenceMethods:
             self._end_cleanup()
         return ValidResults(self.recorder.valid_values())
 
-    def get_preds(self: "Learner", ds_idx: int | Iterable = 1, dl: Iterable | None = None, with_input: bool = False,
+    def get_preds(self, ds_idx: int | Iterable = 1, dl: Iterable | None = None, with_input: bool = False,
                   with_decoded: bool = False, with_loss: bool = False, act: Callable | None = None,
                   cbs: Any = None) -> tuple:
         """Predictions and targets for every item of `dl`'s data set (default: `dls[ds_idx]`), once each, in the
@@ -164,7 +161,7 @@ class InferenceMethods:
         return tuple(out)
 
     @contextlib.contextmanager
-    def loss_not_reduced(self: "Learner"):
+    def loss_not_reduced(self):
         """`loss_func` with `reduction='none'` for the duration of a `with` block (fastai's).
 
         >>> with learn.loss_not_reduced(): per_item = learn.loss_func(preds, targs)
@@ -183,7 +180,7 @@ class InferenceMethods:
             finally:
                 self.loss_func = lf
 
-    def tta(self: "Learner", ds_idx: int = 1, dl: Iterable | None = None, n: int = 4, batch_tfms: Callable | None = None,
+    def tta(self, ds_idx: int = 1, dl: Iterable | None = None, n: int = 4, batch_tfms: Callable | None = None,
             beta: float | None = 0.25, use_max: bool = False, item_tfms: Any = None) -> tuple:
         """Test-time augmentation (fastai's): predictions of `n` passes with `batch_tfms` applied to the inputs,
         averaged (or their maximum with `use_max`), combined with the plain pass as `lerp(aug, plain, beta)`;
@@ -208,7 +205,7 @@ class InferenceMethods:
             return torch.stack([preds, aug]).max(0)[0], targs
         return ((aug, preds) if beta is None else torch.lerp(aug, preds, beta)), targs
 
-    def predict(self: "Learner", item: Any, act: Callable | None = None) -> Any:
+    def predict(self, item: Any, act: Callable | None = None) -> Any:
         """The model's output for one item (its input tensor, or a tuple of them), without a batch dimension.
 
         fastai's `predict` also decodes through the data's transforms; cadence has none: decode yourself.

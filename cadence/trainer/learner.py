@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .callback import Callback
+from .callback import Callback, default_callbacks
 from .callback_methods import CallbackMethods, listify
 from .data import DataLoaders, apply_to_tensors, n_batches, to_detach, to_device
 from .events import (CancelBackwardException, CancelBatchException, CancelEpochException,
@@ -213,9 +213,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             yield
 
     def _resume(self, which: str | Path) -> None:
-        from ..callbacks.checkpoint import Checkpoint
-
-        checkpoints = [cb for cb in self.cbs if isinstance(cb, Checkpoint)]
+        checkpoints = [cb for cb in self.cbs if callable(getattr(cb, "resume", None))]  # the Checkpoint callback
         if not checkpoints:
             raise ValueError("fit(resume=...) needs the Checkpoint callback that wrote the run: "
                              "pass cbs=[Checkpoint(...)] (same dir) to the Learner or to fit")
@@ -464,6 +462,4 @@ def _describe(x: Any) -> str:
 
 
 def _default_cbs() -> list[Callback]:
-    from ..callbacks.progress import ProgressCallback  # the default progress display
-
-    return [ProgressCallback()]
+    return [cls() for cls in default_callbacks]  # the progress display, added by cadence.callbacks

@@ -28,7 +28,12 @@ Suggestion = Callable[[torch.Tensor, torch.Tensor, int], tuple[float, tuple[floa
 
 
 def valley(lrs: torch.Tensor, losses: torch.Tensor, num_it: int) -> tuple[float, tuple[float, float]]:
-    """fastai's default: inside the longest run of decreasing loss, the rate about half-way along it."""
+    """fastai's default: inside the longest run of decreasing loss, the rate about half-way along it.
+
+    >>> suggested = learn.lr_find(num_it=10, suggest_funcs=(valley, steep), show_plot=False)
+    >>> suggested._fields
+    ('valley', 'steep')
+    """
     values = losses.tolist()
     run, end = [1] * len(values), 0   # run[i]: longest decreasing subsequence ending at i
     for i in range(1, len(values)):
@@ -43,7 +48,12 @@ def valley(lrs: torch.Tensor, losses: torch.Tensor, num_it: int) -> tuple[float,
 
 def slide(lrs: torch.Tensor, losses: torch.Tensor, num_it: int, lr_diff: int = 15, thresh: float = 0.005,
           adjust_value: float = 1.0) -> tuple[float, tuple[float, float]]:
-    """Walk left from the end until the loss gradient `lr_diff` points apart differs by at most `thresh`."""
+    """Walk left from the end until the loss gradient `lr_diff` points apart differs by at most `thresh`.
+
+    >>> suggested = learn.lr_find(num_it=10, suggest_funcs=(slide,), show_plot=False)
+    >>> suggested._fields
+    ('slide',)
+    """
     grads = np.gradient(losses.numpy())
     right = -1
     left = right - min(lr_diff, len(grads) - 1)
@@ -56,20 +66,34 @@ def slide(lrs: torch.Tensor, losses: torch.Tensor, num_it: int, lr_diff: int = 1
 
 
 def minimum(lrs: torch.Tensor, losses: torch.Tensor, num_it: int) -> tuple[float, tuple[float, float]]:
-    """A tenth of the rate where the loss was lowest."""
+    """A tenth of the rate where the loss was lowest.
+
+    >>> suggested = learn.lr_find(num_it=10, suggest_funcs=(minimum,), show_plot=False)
+    >>> suggested._fields
+    ('minimum',)
+    """
     idx = int(losses.argmin())
     return float(lrs[idx]) / 10, (float(lrs[idx]), float(losses[idx]))
 
 
 def steep(lrs: torch.Tensor, losses: torch.Tensor, num_it: int) -> tuple[float, tuple[float, float]]:
-    """The rate where the loss fell fastest (against log lr)."""
+    """The rate where the loss fell fastest (against log lr).
+
+    >>> suggested = learn.lr_find(num_it=10, suggest_funcs=(steep,), show_plot=False)
+    >>> suggested._fields
+    ('steep',)
+    """
     slopes = (losses[1:] - losses[:-1]) / (lrs[1:].log() - lrs[:-1].log())
     idx = int(slopes.argmin())
     return float(lrs[idx]), (float(lrs[idx]), float(losses[idx]))
 
 
 def SuggestedLRs(names: Sequence[str]) -> type:
-    """The named tuple `lr_find` returns: one field per suggestion function (`.valley`, `.steep`, ...)."""
+    """The named tuple `lr_find` returns: one field per suggestion function (`.valley`, `.steep`, ...).
+
+    >>> SuggestedLRs(["valley", "steep"])(1e-3, 1e-2).steep
+    0.01
+    """
     return collections.namedtuple("SuggestedLRs", list(names))
 
 
@@ -78,6 +102,10 @@ class LRFinder(Callback):
 
     Used through `learn.lr_find()`. It decides to stop after the Recorder saw the batch (order STOP),
     so `recorder.lrs` and `recorder.losses` hold every batch of the sweep.
+
+    >>> suggested = learn.lr_find(num_it=10, show_plot=False)   # adds an LRFinder for one sweep
+    >>> suggested._fields
+    ('valley',)
     """
 
     order = Order.STOP

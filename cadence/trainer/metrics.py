@@ -24,7 +24,15 @@ Reducer = Callable[[Tensor], Tensor]
 
 
 class Metric:
-    """Base class: `reset()` before a pass, `accumulate(learn)` per batch, `value` at the end."""
+    """Base class: `reset()` before a pass, `accumulate(learn)` per batch, `value` at the end.
+
+    >>> class Count(Metric):
+    ...     def reset(self): self.n = 0
+    ...     def accumulate(self, learn): self.n += len(learn.yb[0])
+    ...     @property
+    ...     def value(self): return self.n
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=Count())
+    """
 
     name: str = "metric"
 
@@ -162,7 +170,11 @@ def _gather(all_gather: Reducer, chunks: list[Tensor]) -> Tensor:
 
 
 class AvgLoss(SumMetric):
-    """The mean loss over all samples of a pass (each batch weighted by its size)."""
+    """The mean loss over all samples of a pass (each batch weighted by its size).
+
+    >>> AvgLoss().name   # the Recorder's valid_loss
+    'loss'
+    """
 
     def __init__(self, name: str = "loss"):
         super().__init__(name, None, lambda s: s[0] / s[1])
@@ -174,7 +186,11 @@ class AvgLoss(SumMetric):
 
 
 class AvgSmoothLoss(Metric):
-    """Exponential moving average of the loss, debiased (fastai's smooth loss)."""
+    """Exponential moving average of the loss, debiased (fastai's smooth loss).
+
+    >>> AvgSmoothLoss(beta=0.9).name
+    'smooth_loss'
+    """
 
     def __init__(self, beta: float = 0.98, name: str = "smooth_loss"):
         self.beta, self.name = beta, name
@@ -239,7 +255,13 @@ def _func_name(func: Callable) -> str:
 
 
 def sum_metric(totals: Callable[..., Tensor], finish: Callable[[Tensor], Tensor]) -> Callable:
-    """Decorator: mark `fn(preds, targs, **kw)` as computable from running sums for `Learner(metrics=...)`."""
+    """Decorator: mark `fn(preds, targs, **kw)` as computable from running sums for `Learner(metrics=...)`.
+
+    >>> @sum_metric(totals=lambda pred, targ: torch.stack([(pred.argmax(-1) == targ).sum(), torch.tensor(len(targ))]),
+    ...             finish=lambda t: t[0] / t[1])
+    ... def my_accuracy(pred, targ): return (pred.argmax(-1) == targ).float().mean()
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=my_accuracy)
+    """
 
     def mark(fn: Callable) -> Callable:
         fn.as_metric = lambda **kw: SumMetric(fn.__name__, functools.partial(totals, **kw), finish)
@@ -267,19 +289,31 @@ def _topk_count(pred: Tensor, targ: Tensor, k: int = 5, axis: int = -1) -> Tenso
 
 @sum_metric(_correct_count, _ratio)
 def accuracy(pred: Tensor, targ: Tensor, axis: int = -1) -> Tensor:
-    """Fraction of samples whose arg-max prediction equals the target."""
+    """Fraction of samples whose arg-max prediction equals the target.
+
+    >>> accuracy(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1]))
+    tensor(0.5000)
+    """
     return _ratio(_correct_count(pred, targ, axis)).float()
 
 
 @sum_metric(_correct_count, lambda s: 1 - s[0] / s[1])
 def error_rate(pred: Tensor, targ: Tensor, axis: int = -1) -> Tensor:
-    """1 - accuracy."""
+    """1 - accuracy.
+
+    >>> error_rate(torch.tensor([[0.1, 0.9], [0.8, 0.2]]), torch.tensor([1, 1]))
+    tensor(0.5000)
+    """
     return 1 - _ratio(_correct_count(pred, targ, axis)).float()
 
 
 @sum_metric(_topk_count, _ratio)
 def top_k_accuracy(pred: Tensor, targ: Tensor, k: int = 5, axis: int = -1) -> Tensor:
-    """Fraction of samples whose target is among the k highest predictions (`partial(top_k_accuracy, k=3)`)."""
+    """Fraction of samples whose target is among the k highest predictions (`partial(top_k_accuracy, k=3)`).
+
+    >>> top_k_accuracy(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]), torch.tensor([1, 0]), k=2)
+    tensor(0.5000)
+    """
     return _ratio(_topk_count(pred, targ, k, axis)).float()
 
 

@@ -51,32 +51,47 @@ def _sklearn(name: str, wrapper: str, **kwargs: Any) -> AccumMetric:
 
 def F1Score(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str = "binary",
             sample_weight: Any = None) -> AccumMetric:
-    """scikit-learn's `f1_score` of the arg-max predictions. `F1Score(average="macro")` for several classes."""
+    """scikit-learn's `f1_score` of the arg-max predictions. `F1Score(average="macro")` for several classes.
+
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=F1Score(average="macro"))
+    """
     return _sklearn("f1_score", "F1Score", axis=axis, labels=labels, pos_label=pos_label, average=average,
                     sample_weight=sample_weight)
 
 
 def Precision(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str = "binary",
               sample_weight: Any = None) -> AccumMetric:
-    """scikit-learn's `precision_score` of the arg-max predictions."""
+    """scikit-learn's `precision_score` of the arg-max predictions.
+
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=Precision())
+    """
     return _sklearn("precision_score", "Precision", axis=axis, labels=labels, pos_label=pos_label, average=average,
                     sample_weight=sample_weight)
 
 
 def Recall(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str = "binary",
            sample_weight: Any = None) -> AccumMetric:
-    """scikit-learn's `recall_score` of the arg-max predictions."""
+    """scikit-learn's `recall_score` of the arg-max predictions.
+
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=Recall())
+    """
     return _sklearn("recall_score", "Recall", axis=axis, labels=labels, pos_label=pos_label, average=average,
                     sample_weight=sample_weight)
 
 
 def MatthewsCorrCoef(axis: int = -1, sample_weight: Any = None, **kwargs: Any) -> AccumMetric:
-    """scikit-learn's `matthews_corrcoef` of the arg-max predictions."""
+    """scikit-learn's `matthews_corrcoef` of the arg-max predictions.
+
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=MatthewsCorrCoef())
+    """
     return _sklearn("matthews_corrcoef", "MatthewsCorrCoef", axis=axis, sample_weight=sample_weight, **kwargs)
 
 
 def BalancedAccuracy(axis: int = -1, sample_weight: Any = None, adjusted: bool = False) -> AccumMetric:
-    """scikit-learn's `balanced_accuracy_score` (mean recall over classes) of the arg-max predictions."""
+    """scikit-learn's `balanced_accuracy_score` (mean recall over classes) of the arg-max predictions.
+
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=BalancedAccuracy())
+    """
     return _sklearn("balanced_accuracy_score", "BalancedAccuracy", axis=axis, sample_weight=sample_weight,
                     adjusted=adjusted)
 
@@ -94,14 +109,20 @@ def RocAuc(axis: int = -1, average: str = "macro", sample_weight: Any = None, ma
 
 def RocAucBinary(axis: int = -1, average: str = "macro", sample_weight: Any = None, max_fpr: float | None = None,
                  multi_class: str = "raise") -> AccumMetric:
-    """Area under the ROC curve for two classes: the model outputs two logits per item (the positive one last)."""
+    """Area under the ROC curve for two classes: the model outputs two logits per item (the positive one last).
+
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=RocAucBinary())
+    """
     return AccumMetric(_sklearn_metric("roc_auc_score", "RocAucBinary"), dim_argmax=axis, activation="binarysoftmax",
                        flatten=True, to_np=True, invert_arg=True, average=average, sample_weight=sample_weight,
                        max_fpr=max_fpr, multi_class=multi_class)
 
 
 def RocAucMulti(average: str = "macro", sample_weight: Any = None, max_fpr: float | None = None) -> AccumMetric:
-    """Area under the ROC curve for multi-label targets (one logit per label, sigmoid)."""
+    """Area under the ROC curve for multi-label targets (one logit per label, sigmoid).
+
+    >>> learn = Learner(dls, model, loss_func=nn.BCEWithLogitsLoss(), metrics=RocAucMulti())
+    """
     return AccumMetric(_sklearn_metric("roc_auc_score", "RocAucMulti"), activation="sigmoid", to_np=True,
                        invert_arg=True, average=average, sample_weight=sample_weight, max_fpr=max_fpr)
 

@@ -46,31 +46,51 @@ def _sq_pct_err(pred: Tensor, targ: Tensor) -> Tensor:
 
 @sum_metric(_sq_err, _ratio)
 def mse(pred: Tensor, targ: Tensor) -> Tensor:
-    """Mean squared error."""
+    """Mean squared error.
+
+    >>> mse(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))
+    tensor(2.)
+    """
     return _ratio(_sq_err(pred, targ)).float()
 
 
 @sum_metric(_sq_err, lambda s: torch.sqrt(s[0] / s[1]))
 def rmse(pred: Tensor, targ: Tensor) -> Tensor:
-    """Root mean squared error."""
+    """Root mean squared error.
+
+    >>> rmse(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))
+    tensor(1.4142)
+    """
     return torch.sqrt(_ratio(_sq_err(pred, targ))).float()
 
 
 @sum_metric(_abs_err, _ratio)
 def mae(pred: Tensor, targ: Tensor) -> Tensor:
-    """Mean absolute error."""
+    """Mean absolute error.
+
+    >>> mae(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))
+    tensor(1.)
+    """
     return _ratio(_abs_err(pred, targ)).float()
 
 
 @sum_metric(_sq_log_err, _ratio)
 def msle(pred: Tensor, targ: Tensor) -> Tensor:
-    """Mean squared logarithmic error: the mean of (log(1 + pred) - log(1 + targ))²."""
+    """Mean squared logarithmic error: the mean of (log(1 + pred) - log(1 + targ))².
+
+    >>> msle(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))
+    tensor(0.1305)
+    """
     return _ratio(_sq_log_err(pred, targ)).float()
 
 
 @sum_metric(_sq_pct_err, lambda s: torch.sqrt(s[0] / s[1]))
 def exp_rmspe(pred: Tensor, targ: Tensor) -> Tensor:
-    """Root mean squared percentage error of exp(pred) against exp(targ) (targets trained in log space)."""
+    """Root mean squared percentage error of exp(pred) against exp(targ) (targets trained in log space).
+
+    >>> exp_rmspe(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.1]))
+    tensor(0.0673)
+    """
     return torch.sqrt(_ratio(_sq_pct_err(pred, targ))).float()
 
 
@@ -95,7 +115,10 @@ class PearsonCorrCoef(SumMetric):
 
 
 def SpearmanCorrCoef(**kwargs) -> AccumMetric:
-    """Spearman's rank correlation (scipy's `spearmanr`) over every prediction of the set."""
+    """Spearman's rank correlation (scipy's `spearmanr`) over every prediction of the set.
+
+    >>> learn = Learner(dls, model, loss_func=nn.MSELoss(), metrics=SpearmanCorrCoef())
+    """
     try:
         import scipy.stats  # noqa: F401  (checked now, before any training)
     except ImportError as e:

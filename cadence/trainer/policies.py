@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from .callback import Callback, Order
 from .lr_find import LRFinder, Suggestion, show_or_explain, valley
 from .schedule import ParamScheduler, SchedCos, combine_scheds, combined_cos, n_groups
-
-if TYPE_CHECKING:
-    from .learner import Learner
 
 
 def _as_list(cbs: Any) -> list:
@@ -32,11 +29,11 @@ def _as_list(cbs: Any) -> list:
 class FitPolicies:
     """Mixed into `Learner`: fits whose learning rate (and momentum) follow a schedule."""
 
-    def _peak_lrs(self: "Learner", lr: Any):
+    def _peak_lrs(self, lr: Any):
         """One peak rate per parameter group, from `lr` (float, slice or list) or the Learner's default."""
         return self._group_lrs(self.lr if lr is None else lr, n_groups(self.opt))
 
-    def fit_one_cycle(self: "Learner", n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
+    def fit_one_cycle(self, n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
                       div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,
                       moms: tuple[float, float, float] | None = (0.95, 0.85, 0.95), cbs: Any = None,
                       resume: str | Path | None = None, start_epoch: int = 0) -> None:
@@ -54,7 +51,7 @@ class FitPolicies:
         self.fit(n_epoch, lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
                  start_epoch=start_epoch)
 
-    def fit_flat_cos(self: "Learner", n_epoch: int, lr: float | slice | None = None, div_final: float = 1e5,
+    def fit_flat_cos(self, n_epoch: int, lr: float | slice | None = None, div_final: float = 1e5,
                      pct_start: float = 0.75, wd: float | None = None, cbs: Any = None,
                      resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Train at a flat `lr` for `pct_start` of the steps, then anneal it by cosine to `lr / div_final`.
@@ -68,7 +65,7 @@ class FitPolicies:
         self.fit(n_epoch, lr=lr, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
                  start_epoch=start_epoch)
 
-    def fit_sgdr(self: "Learner", n_cycles: int, cycle_len: int, lr_max: float | slice | None = None,
+    def fit_sgdr(self, n_cycles: int, cycle_len: int, lr_max: float | slice | None = None,
                  cycle_mult: int = 2, wd: float | None = None, cbs: Any = None,
                  resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Cosine annealing with warm restarts: `n_cycles` cycles, the first `cycle_len` epochs, each
@@ -85,7 +82,7 @@ class FitPolicies:
         self.fit(sum(lens), lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
                  start_epoch=start_epoch)
 
-    def lr_find(self: "Learner", start_lr: float = 1e-7, end_lr: float = 10.0, num_it: int = 100, stop_div: bool = True,
+    def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10.0, num_it: int = 100, stop_div: bool = True,
                 show_plot: bool = True, suggest_funcs: Sequence[Suggestion] = (valley,)) -> Any:
         """Try learning rates from `start_lr` to `end_lr` over `num_it` batches, restore the model, suggest rates.
 

@@ -23,8 +23,9 @@ from .metrics import AvgLoss, Metric, as_metric
 
 
 class SmoothLoss:
-    """fastai's smoothed loss: `val = beta * val + (1 - beta) * loss` per batch, read debiased as
-    `val / (1 - beta ** count)`. Kept in float64 so that a resumed run continues it exactly.
+    """fastai's smoothed loss: an exponential moving average of the batch losses, debiased.
+
+    `val = beta * val + (1 - beta) * loss` per batch, read as `val / (1 - beta ** count)`. Kept in float64 so that a resumed run continues it exactly.
 
     >>> s = SmoothLoss(0.98); s.update([1.0, 0.0])
     [1.0, 0.494949...]

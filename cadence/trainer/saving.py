@@ -66,7 +66,7 @@ def load(learn: Any, name: str | Path, with_opt: bool = True, strict: bool = Tru
         warnings.warn(f"no optimizer state at {opt_file} (saved with with_opt=False?); the optimizer starts fresh; "
                       f"pass with_opt=False to load only the weights", stacklevel=3)
     if strict:
-        check_state_dict(strategy.unwrap(learn.model), weights, source=str(weights_file))
+        check_state_dict(strategy.state_template(learn.model), weights, source=str(weights_file))
         strategy.load_model_state_dict(learn.model, weights)
     else:
         strategy.unwrap(learn.model).load_state_dict(weights, strict=False)

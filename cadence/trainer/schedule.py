@@ -31,28 +31,44 @@ class _Sched:
 
 
 class SchedLin(_Sched):
-    """Linear from `start` to `end`."""
+    """Linear from `start` to `end`.
+
+    >>> SchedLin(0.0, 1.0)(0.25)
+    0.25
+    """
 
     def __call__(self, pos: float):
         return self.start + pos * (self.end - self.start)
 
 
 class SchedCos(_Sched):
-    """Cosine annealing from `start` to `end`."""
+    """Cosine annealing from `start` to `end`.
+
+    >>> SchedCos(1.0, 0.0)(0.5)
+    0.5
+    """
 
     def __call__(self, pos: float):
         return self.start + (1 + math.cos(math.pi * (1 - pos))) * (self.end - self.start) / 2
 
 
 class SchedNo(_Sched):
-    """Constant `start`."""
+    """Constant `start`.
+
+    >>> SchedNo(2.0, 5.0)(0.7)
+    2.0
+    """
 
     def __call__(self, pos: float):
         return self.start
 
 
 class SchedExp(_Sched):
-    """Exponential from `start` to `end` (used by the learning-rate finder)."""
+    """Exponential from `start` to `end` (used by the learning-rate finder).
+
+    >>> round(SchedExp(1e-3, 1e-1)(0.5), 6)
+    0.01
+    """
 
     def __call__(self, pos: float):
         return self.start * (self.end / self.start) ** pos
@@ -103,7 +119,12 @@ class combine_scheds:
 
 
 def combined_cos(pct: float, start, middle, end) -> Sched:
-    """Cosine from `start` to `middle` over `pct` of training, then to `end` (one-cycle shape)."""
+    """Cosine from `start` to `middle` over `pct` of training, then to `end` (one-cycle shape).
+
+    >>> sched = combined_cos(0.25, 1e-3, 1e-2, 0.0)   # warm up for a quarter of training, then anneal
+    >>> round(sched(0.25), 6), round(sched(1.0), 6)
+    (0.01, 0.0)
+    """
     return combine_scheds([pct, 1 - pct], [SchedCos(start, middle), SchedCos(middle, end)])
 
 

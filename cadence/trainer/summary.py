@@ -7,16 +7,13 @@ Sequential (input: 64 x 1 x 8 x 8)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from .data import to_device
 from .schedule import n_groups
-
-if TYPE_CHECKING:
-    from .learner import Learner
 
 
 class Summary(str):
@@ -34,7 +31,7 @@ def _shape(x: Any) -> str:
     return type(x).__name__
 
 
-def _inputs(learn: "Learner", batch: Any) -> tuple:
+def _inputs(learn, batch: Any) -> tuple:
     """The model's inputs of one batch, split as the training loop splits it."""
     b = to_device(batch, learn.strategy.device)
     if isinstance(b, (list, tuple)):
@@ -43,7 +40,7 @@ def _inputs(learn: "Learner", batch: Any) -> tuple:
     return (b,)
 
 
-def _output_shapes(learn: "Learner", module: nn.Module, xb: tuple) -> dict[nn.Module, str]:
+def _output_shapes(learn, module: nn.Module, xb: tuple) -> dict[nn.Module, str]:
     """Each leaf module's output shape for one forward pass (eval mode, no gradients; the mode is restored)."""
     shapes: dict[nn.Module, str] = {}
     leaves = [m for m in module.modules() if not list(m.children())]
@@ -64,7 +61,7 @@ def _output_shapes(learn: "Learner", module: nn.Module, xb: tuple) -> dict[nn.Mo
     return shapes
 
 
-def summary(learn: "Learner") -> Summary:
+def summary(learn) -> Summary:
     """Layers (leaf modules) with their output shape for one training batch, parameters and whether they train;
     totals; optimizer, loss function, frozen parameter groups and callbacks."""
     module = learn.strategy.unwrap(learn.model)

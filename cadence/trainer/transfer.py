@@ -14,15 +14,12 @@ statistics keep updating, unless `BnFreeze` puts them in eval mode.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
 
 from torch import nn
 
 from .callback import Callback, Order
 from .schedule import n_groups, param_groups
-
-if TYPE_CHECKING:
-    from .learner import Learner
 
 _BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
 
@@ -52,7 +49,7 @@ class TransferMethods:
     train_bn: bool = True   # Learner(train_bn=...)
     frozen_idx: int = 0
 
-    def freeze_to(self: "Learner", n: int) -> "Learner":
+    def freeze_to(self, n: int) -> Self:
         """Freeze the first `n` parameter groups (all but the last `-n` when negative); train the rest.
 
         >>> learn.freeze_to(-2)      # train the last two groups
@@ -71,7 +68,7 @@ class TransferMethods:
         self.model, self.opt = self.strategy.trainable_changed(self.model, self.opt)
         return self
 
-    def freeze(self: "Learner") -> "Learner":
+    def freeze(self) -> Self:
         """Train only the last parameter group (and BatchNorm layers, unless `learn.train_bn = False`).
 
         >>> learn.freeze(); learn.fit_one_cycle(1, 1e-2)
@@ -81,11 +78,11 @@ class TransferMethods:
                           "Learner(splitter=...) to split it into body and head", stacklevel=2)
         return self.freeze_to(-1)
 
-    def unfreeze(self: "Learner") -> "Learner":
+    def unfreeze(self) -> Self:
         """Train every parameter group."""
         return self.freeze_to(0)
 
-    def fine_tune(self: "Learner", epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100,
+    def fine_tune(self, epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100,
                   pct_start: float = 0.3, div: float = 5.0, **kwargs: Any) -> None:
         """fastai's transfer-learning recipe: `freeze_epochs` one-cycle epochs with only the head training, then
         `epochs` with everything, at rates from `base_lr / 2 / lr_mult` (first group) to `base_lr / 2` (last).

@@ -294,3 +294,36 @@ def test_a_deepspeed_config_fixing_the_accumulation_sets_the_accelerators_window
     with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
         accelerator.gradient_accumulation_steps = 4
     accelerator.strategy.teardown()
+
+
+def test_accelerates_other_constructor_arguments_are_taken_or_refused_naming_what_to_use():
+    for name in ("megatron_lm_plugin", "torch_tp_plugin"):
+        with pytest.raises(ValueError, match=f"{name}: .*model_parallel"):
+            Accelerator(cpu=True, **{name: object()})
+    with pytest.raises(ValueError, match="dynamo_plugin: .*dynamo_backend"):
+        Accelerator(cpu=True, dynamo_plugin=object())
+    with pytest.raises(ValueError, match=r"rng_types \['xla'\]"):
+        Accelerator(cpu=True, rng_types=["torch", "xla"])
+    with pytest.raises(ValueError, match="deepspeed_plugins with 2 plugins"):
+        Accelerator(cpu=True, deepspeed_plugins={"a": DeepSpeedPlugin(zero_stage=2), "b": DeepSpeedPlugin(zero_stage=3)})
+    accelerator = Accelerator(cpu=True, deepspeed_plugins={"student": DeepSpeedPlugin(zero_stage=2)})
+    assert accelerator.distributed_type == DistributedType.DEEPSPEED
+    assert accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]["stage"] == 2
+    accelerator.strategy.teardown()
+
+
+def test_even_batches_and_sync_gradients_are_settable_as_in_accelerate():
+    accelerator = Accelerator(cpu=True)
+    accelerator.even_batches = True
+    with pytest.raises(ValueError, match="even_batches=False"):
+        accelerator.even_batches = False
+    model = nn.Linear(2, 1)
+    model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    before = model.weight.detach().clone()
+    accelerator.sync_gradients = False                 # a prepared optimizer waits, as on an accumulation micro-step
+    accelerator.backward(model(torch.ones(1, 2)).sum())
+    opt.step()
+    assert torch.equal(model.weight, before) and not accelerator.sync_gradients
+    accelerator.sync_gradients = True
+    opt.step()
+    assert torch.allclose(model.weight, before - 0.1)   # d(sum)/dw = 1 for each weight

@@ -7,7 +7,7 @@ from helpers import run_launch
 
 CHECKS = ["distributed_type and comm hooks", "gather_for_metrics of a repeated loss", "LocalSGD with accumulation 1",
           "LocalSGD with accumulation 2", "trigger_sync_in_backward", "sync_each_batch", "synchronize_rng_states",
-          "FSDP model.no_sync"]
+          "rng_types", "FSDP model.no_sync"]
 
 
 @pytest.mark.slow

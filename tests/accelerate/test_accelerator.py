@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from cadence import (Accelerator, DummyOptim, GradScalerKwargs, PartialState, ProjectConfiguration,
                      find_executable_batch_size, set_seed)
 from cadence.callbacks.tracking import Tracker
-from cadence.callbacks.tracking import base as tracking_base
+from cadence.callbacks.tracking import tracker as tracking_tracker
 from cadence.callbacks.tracking.csv import CSVTracker
 from scripts.regression import RegressionDataset, RegressionModel
 
@@ -275,7 +275,7 @@ def test_log_with_all_opens_every_installed_tracker_and_an_unknown_name_is_refus
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     # wandb is installed with the dev extras: stand in for a machine without it by renaming its package
-    monkeypatch.setitem(tracking_base._TRACKER_PACKAGES, "wandb", "wandb_is_not_installed_here")
+    monkeypatch.setitem(tracking_tracker._TRACKER_PACKAGES, "wandb", "wandb_is_not_installed_here")
     acc = Accelerator(log_with="all", project_dir=tmp_path)
     acc.init_trackers("proj", config={"lr": 0.1})
     acc.log({"loss": 0.5}, step=1)

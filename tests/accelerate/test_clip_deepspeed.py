@@ -25,11 +25,10 @@ def by_hand() -> tuple[list[list[float]], list[float]]:
     """One process: each step's two per-rank batches, their mean loss, the global norm, clipping and AdamW by hand."""
     model, rows = clm.model(), clm.data()
     opt = torch.optim.AdamW(model.parameters(), lr=clm.LR)
-    per_rank = len(rows) // 2
     losses, norms = [], []
     for _ in range(clm.EPOCHS):
         for t in range(clm.STEPS_PER_EPOCH):
-            batches = [rows[r * per_rank + t * clm.BS: r * per_rank + (t + 1) * clm.BS] for r in (0, 1)]
+            batches = [rows[(2 * t + r) * clm.BS: (2 * t + r + 1) * clm.BS] for r in (0, 1)]   # dealt in turn
             step_losses = [model(input_ids=b, labels=b).loss for b in batches]
             (sum(step_losses) / 2).backward()   # what the 2-process average of gradients is
             grads = [p.grad for p in model.parameters()]

@@ -16,19 +16,24 @@ def assert_checks(out: str, variants: tuple[str, ...]) -> None:
 
 
 @pytest.mark.slow
-def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_one_process_and_grad_accum_is_refused():
+def test_gpipe_1f1b_interleaved_and_v_shaped_schedules_on_two_processes_equal_one_process_and_save_load(tmp_path):
     # 1F1B/3: 3 micro-batches of a batch of 8 (the last padded); +split: a user's split function naming the layers
     # its own way (two stages per rank); ZBVZeroBubble: the last stage on rank 0; +bf16: learn.to_bf16()
     variants = ("GPipe/4", "1F1B/3", "Interleaved1F1B/4+split", "ZBVZeroBubble/4", "1F1B/4+bf16")
-    out = run_launch("pipeline.py", "0.2", *variants, "grad_accum", nproc=2, timeout=400).stdout
+    out = run_launch("pipeline.py", "0.2", *variants, f"save_load={tmp_path}", nproc=2, timeout=400).stdout
     assert_checks(out, variants)
     assert "CHECK grad_accum:refused ok" in out, out
+    # learn.save / learn.load with the optimizer inside the block: the files hold a one-process loop's weights and
+    # momentum and load in one process; loading them (or the loop's own files) in the pipeline trains on like the loop
+    assert "CHECK save_load:equals_one_process ok" in out, out
 
 
 @pytest.mark.slow
-def test_pipeline_inside_fsdp2_and_with_tp_inside_stages_on_4_processes_equals_one_process_with_the_global_batch():
-    variants = ("1F1B/4", "Interleaved1F1B/4", "1F1B/4+tp")     # pp x dp x tp: 2x2x1, 2x2x1, 2x1x2
-    assert_checks(run_launch("pipeline.py", "0.2", *variants, nproc=4, timeout=400).stdout, variants)
+def test_pipeline_inside_fsdp2_also_in_bf16_and_with_tp_inside_stages_on_4_processes_equals_one_process_with_the_global_batch(tmp_path):
+    variants = ("1F1B/4", "Interleaved1F1B/4", "1F1B/4+tp", "1F1B/4+bf16")   # pp x dp x tp: 2x2x1, 2x2x1, 2x1x2, 2x2x1
+    out = run_launch("pipeline.py", "0.2", *variants, f"save_load+split={tmp_path}", nproc=4, timeout=400).stdout
+    assert_checks(out, variants)
+    assert "CHECK save_load+split:equals_one_process ok" in out, out       # stages named their own way, FSDP2 over dp
 
 
 def _sequential(tie_across: bool) -> nn.Sequential:
@@ -109,37 +114,42 @@ def _weights_lines(out: str) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_a_pipeline_killed_mid_training_resumes_bitwise_and_its_checkpoint_loads_in_one_process(tmp_path):
+def test_a_2x2_pipeline_killed_mid_training_resumes_bitwise_on_2x2_exactly_on_1x2_and_loads_in_one_process(tmp_path):
+    """pp=2 x dp=2, cut by a `split` function naming the layers its own way: the checkpoint is keyed by the model's
+    names, so it resumes without a pipeline (pp=1 x dp=2, the same global batches) and in one process."""
     import shutil
     import subprocess
     import sys
 
     from helpers import SCRIPTS, cadence_env
 
-    def launch(ckpt, out, *extra, check=True):
+    def launch(nproc, ckpt, out, *extra, check=True):
         return run_launch("pipeline_resume.py", "--ckpt", tmp_path / ckpt, "--out", tmp_path / out, *extra,
-                          nproc=2, timeout=300, check=check)
+                          nproc=nproc, timeout=300, check=check)
 
-    launch("ref", "ref.pt")
-    killed = launch("run", "run.pt", "--kill-at", "5", check=False)
+    launch(4, "ref", "ref.pt")
+    killed = launch(4, "run", "run.pt", "--kill-at", "5", check=False)
     assert killed.returncode != 0 and (tmp_path / "run" / "latest").exists(), killed.stderr[-2000:]
     saved = _weights_lines(killed.stdout)[4]          # the weights of the step-4 checkpoint, as the pipeline saw them
+    shutil.copytree(tmp_path / "run", tmp_path / "on1x2")
     shutil.copytree(tmp_path / "run", tmp_path / "on1")
 
-    resumed = launch("run", "run.pt")                  # the same command continues the run
+    resumed = launch(4, "run", "run.pt")               # the same command continues the run
     ref, run = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "run.pt")
     assert ref.keys() == run.keys() and all(torch.equal(ref[k], run[k]) for k in ref), "the resume is not bitwise"
-    assert "STEPS 12" in resumed.stdout
+    assert "STEPS 6" in resumed.stdout
+
+    on_1x2 = launch(2, "on1x2", "on1x2.pt", "--pp", "1")                       # no pipeline, FSDP2 over dp=2
+    assert _weights_lines(on_1x2.stdout)[4] == saved and "STEPS 6" in on_1x2.stdout, on_1x2.stdout
+    final = torch.load(tmp_path / "on1x2.pt")
+    for k in ref:                                                               # and trains on like the pipeline
+        torch.testing.assert_close(final[k], ref[k], rtol=1e-5, atol=1e-6)
 
     one = subprocess.run([sys.executable, str(SCRIPTS / "pipeline_resume.py"), "--ckpt", str(tmp_path / "on1"),
                           "--out", str(tmp_path / "on1.pt")], capture_output=True, text=True, timeout=300,
                          env=cadence_env(PYTHONPATH=str(SCRIPTS)))
     assert one.returncode == 0, one.stderr[-3000:]
-    in_one = _weights_lines(one.stdout)
-    assert in_one[4] == saved, (saved, in_one)                                  # loaded exactly
-    final = torch.load(tmp_path / "on1.pt")
-    for k in ref:                                                               # and trains on like the pipeline
-        torch.testing.assert_close(final[k], ref[k], rtol=1e-5, atol=1e-6)
+    assert _weights_lines(one.stdout)[4] == saved, (saved, one.stdout)        # loaded exactly
 
 
 @pytest.mark.slow
@@ -180,3 +190,16 @@ def test_a_config_files_parallelism_block_carries_the_pp_keys_to_the_workers(tmp
     path.write_text(path.read_text().replace("pp_size: 2", "pp_size: 3"))
     with pytest.raises(ValueError, match="pp_size=3 x tp_size=1 = 3 does not divide the 4 processes"):
         load_config(path).check_engine_options()
+
+
+def test_an_optimizer_state_that_does_not_fit_the_whole_model_is_refused_naming_what_to_do():
+    from cadence.distributed.pipeline_state import merged_optimizer_state, named_by_position
+
+    model = _sequential(tie_across=False)
+    saved = torch.optim.SGD(model[0].parameters(), lr=0.1).state_dict()   # 2 parameters; the model has 5 (a tie)
+    with pytest.raises(ValueError, match=r"groups of \[2\] parameters, this model's optimizer \[5\].*with_opt=False"):
+        named_by_position(saved, torch.optim.SGD(model.parameters(), lr=0.1), model)
+    parts = [{"state": {}, "param_groups": [{"params": ["0.weight"]}]},
+             {"state": {}, "param_groups": [{"params": ["4.weight"]}, {"params": ["4.bias"]}]}]
+    with pytest.raises(ValueError, match=r"ranks have \[1, 2\] optimizer parameter groups.*with_opt=False"):
+        merged_optimizer_state(parts, model)

@@ -20,7 +20,8 @@ MAX_NORM, LR, STEPS_PER_EPOCH, EPOCHS, BS, SEQ = 0.5, 1e-2, 3, 2, 2, 16
 
 
 def data() -> torch.Tensor:
-    """2 processes x STEPS_PER_EPOCH x BS sequences: rank r's step t batch is rows [r*6 + 2t, r*6 + 2t + 2)."""
+    """2 processes x STEPS_PER_EPOCH x BS sequences: rank r's step t batch is the loader's batch 2t + r (Accelerate's
+    layout: batches dealt to the ranks in turn), rows [(2t + r) * BS, (2t + r + 1) * BS)."""
     return torch.randint(0, 128, (2 * STEPS_PER_EPOCH * BS, SEQ), generator=torch.Generator().manual_seed(1))
 
 

@@ -7,7 +7,8 @@ several processes, each checked here against Accelerate's documented behaviour; 
 - LocalSGD: weights drift apart between averagings and are equal after one, also with accumulation inside;
 - trigger_sync_in_backward: a backward after a no_sync forward averages the gradients;
 - GradientAccumulationPlugin(sync_each_batch=True) averages gradients on every micro-step, False only at the end;
-- synchronize_rng_states(["torch"]): every process draws the main process's numbers;
+- synchronize_rng_states(["torch"]): every process draws the main process's numbers; so does each process once a
+  loader prepared by Accelerator(rng_types=["torch"]) starts an iteration;
 - model.no_sync() on an FSDP-prepared model: a micro-step without sync then a synced one gives DDP's weights.
 """
 
@@ -120,6 +121,13 @@ def rng_states() -> None:
     synchronize_rng_states(["torch"])
     assert same_on_all_ranks(torch.rand(4))
     ok("synchronize_rng_states")
+    accelerator = Accelerator(cpu=True, rng_types=["torch", "generator"])   # Accelerate: synced when a loader starts
+    dl = accelerator.prepare(DataLoader(torch.arange(8), batch_size=2))
+    set_seed(dist.get_rank())
+    assert not same_on_all_ranks(torch.rand(4))
+    next(iter(dl))
+    assert same_on_all_ranks(torch.rand(4))
+    ok("rng_types")
 
 
 def fsdp_no_sync_matches_ddp() -> None:

@@ -77,14 +77,15 @@ def data(n, seed):
 
 
 def reference(x, y, dp, accum):
-    """One process, plain torch: micro-step k trains on the k-th batch of every dp group's contiguous share,
-    together; the optimizer steps (clipped) every `accum` micro-steps, the loss divided by `accum` as Accelerate does."""
+    """One process, plain torch: micro-step k trains on the loader's batches k*dp .. k*dp + dp-1 together (Accelerate
+    deals a loader's batches to the dp groups in turn); the optimizer steps (clipped) every `accum` micro-steps, the
+    loss divided by `accum` as Accelerate does."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     share, losses, norms = len(x) // dp, [], []
     for _ in range(EPOCHS):
         for k in range(share // BS):
-            idx = torch.cat([torch.arange(g * share + k * BS, g * share + (k + 1) * BS) for g in range(dp)])
+            idx = torch.arange(k * dp * BS, (k + 1) * dp * BS)
             loss = lm_loss(model(x[idx]), y[idx])
             (loss / accum).backward()
             if (k + 1) % accum == 0:

@@ -13,8 +13,9 @@ against a hand-written one-process loop over the same global batches (computed h
 - the tie inside a stage holds while cut and after the context.
 """
 
+import copy
 import sys
-import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -167,16 +168,37 @@ def run(variant, clip):
     ok(variant, "valid_and_get_preds")
 
 
-def refuse_grad_accum():
-    """GradAccum under PP: refused at the first accumulation micro-step, on every rank, naming what to do; so is
-    learn.save with the optimizer (its state lives on the stages)."""
+def refuse_grad_accum_then_save_and_load(path, cut):
+    """GradAccum under PP: refused at the first accumulation micro-step, on every rank, naming what to do. Then
+    learn.save / learn.load (weights and SGD momentum) inside the pipeline, against a hand-written one-process loop:
+    the saved files hold the loop's weights and momentum and load into a plain torch optimizer; a pipeline that
+    loads them (or the loop's own `opt.state_dict()`, saved by position) trains on like the loop. `cut` "split": the
+    stages cut by `split` (their own names); on 4 processes the stages are sharded over dp=2 by FSDP2."""
+    from functools import partial
+
     from cadence import GradAccum
+    from cadence.serialization import load_weights, save_weights
 
     x, y = data(N_TRAIN, 1)
+    batches = list(global_batches(x, y, world_size() // PP))
+    ref = make_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=0.9)
+    snapshots = []
+    for _ in range(2):                                            # epoch 1 is saved, epoch 2 resumes from it
+        for xb, yb in batches:
+            nn.functional.cross_entropy(ref(xb), yb).backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+        snapshots.append(({k: v.clone() for k, v in ref.state_dict().items()}, copy.deepcopy(ref_opt.state_dict())))
+    if rank() == 0:                                               # a one-process save: optimizer state by position
+        (Path(path) / "models" / "one").mkdir(parents=True)
+        save_weights(snapshots[0][0], Path(path) / "models" / "one" / "model.safetensors")
+        torch.save(snapshots[0][1], Path(path) / "models" / "one" / "optimizer.pt")
     dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=BS), device="cpu")
-    learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, cbs=[GradAccum(2 * BS)],
-                    path=tempfile.mkdtemp())  # learn.save creates its model directory before it is refused
-    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_split_points=SPLITS[PP]):
+    learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, cbs=[GradAccum(2 * BS)], path=path,
+                    opt_func=partial(torch.optim.SGD, momentum=0.9), lr=LR)
+    how = {"split": split} if cut == "split" else {"pp_split_points": SPLITS[PP]}
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, **how):
         try:
             learn.fit(1)
         except ValueError as e:
@@ -184,19 +206,42 @@ def refuse_grad_accum():
         else:
             raise AssertionError("GradAccum under PP was not refused")
         learn.remove_cb(learn.grad_accum)
-        try:
-            learn.save("inside")
-        except ValueError as e:
-            assert "Checkpoint" in str(e), e
-        else:
-            raise AssertionError("learn.save with the optimizer under PP was not refused")
+        learn.opt.zero_grad()                                     # the refused step's gradients
+        learn.fit(1)
+        learn.save("inside")
+        trained = []
+        for name in ("inside", "inside", "one"):                  # a second fit from each load equals the loop's
+            learn.load(name)
+            learn.fit(1)
+            trained.append(learn.strategy.model_state_dict(learn.model))
+    if rank() != 0:
+        return
+    weights, opt_state = snapshots[0]
+    saved = load_weights(Path(path) / "models" / "inside" / "model.safetensors")
+    assert saved.keys() == weights.keys(), (saved.keys(), weights.keys())
+    for k in weights:
+        torch.testing.assert_close(saved[k], weights[k], rtol=1e-5, atol=1e-6)
+    plain = make_model()
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=LR, momentum=0.9)
+    plain_opt.load_state_dict(torch.load(Path(path) / "models" / "inside" / "optimizer.pt"))  # in one process
+    for i, s in opt_state["state"].items():
+        torch.testing.assert_close(plain_opt.state_dict()["state"][i]["momentum_buffer"], s["momentum_buffer"],
+                                   rtol=1e-5, atol=1e-6)
+    for state in trained:
+        for k, v in snapshots[1][0].items():
+            torch.testing.assert_close(state[k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"{k}: {m}")
     ok("grad_accum", "refused")
+    ok(f"save_load+{cut}" if cut else "save_load", "equals_one_process")
 
 
 def main():
     clip = float(sys.argv[1])
     for variant in sys.argv[2:]:
-        refuse_grad_accum() if variant == "grad_accum" else run(variant, clip)
+        if variant.startswith("save_load"):       # save_load[+split]=DIR
+            name, _, path = variant.partition("=")
+            refuse_grad_accum_then_save_and_load(path, name.partition("+")[2])
+        else:
+            run(variant, clip)
 
 
 if __name__ == "__main__":

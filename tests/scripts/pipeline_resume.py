@@ -1,7 +1,9 @@
 """Launched by tests/distributed/test_pipeline.py: the nn.Sequential of pipeline.py trained with shuffling, AdamW and
-a Checkpoint every 2 steps under `model_parallel` with pp_size=2 (Interleaved1F1B: two stages per rank), resume="auto".
+a Checkpoint every 2 steps under `model_parallel` with pp_size=2 (Interleaved1F1B: two stages per rank, cut by
+pipeline.py's `split` function, whose stages name the layers their own way), resume="auto".
 
-  pipeline_resume.py --ckpt DIR --out FILE [--kill-at STEP] [--epochs N]
+  pipeline_resume.py --ckpt DIR --out FILE [--pp PP] [--kill-at STEP] [--epochs N]
+--pp 1: the same model without a pipeline (FSDP2 over all processes, model_parallel with tp_size=1).
 `WEIGHTS <step> <checksum>` lines: the full weights when the fit starts and after each epoch.
 --kill-at: SIGKILL every rank right after optimizer step STEP (after that step's checkpoint).
 The final weights (the plain module after the context) go to FILE (torch.save) from rank 0; `STEPS <n>` is printed.
@@ -18,7 +20,7 @@ from cadence import DataLoaders, Learner
 from cadence.callbacks.checkpoint import Checkpoint
 from cadence.distributed.env import rank
 from model_parallel_resume import KillAt, PrintWeights
-from pipeline import BS, N_TRAIN, SPLITS, data, make_model
+from pipeline import BS, N_TRAIN, data, make_model, split
 
 
 def main():
@@ -27,6 +29,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--kill-at", type=int)
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--pp", type=int, default=2)
     args = p.parse_args()
     x, y = data(N_TRAIN, 1)
     xv, yv = data(8, 2)
@@ -35,8 +38,8 @@ def main():
     cbs = [Checkpoint(args.ckpt, every_n_steps=2, keep_last=2), PrintWeights()] + ([KillAt(args.kill_at)] if args.kill_at else [])
     learn = Learner(dls, make_model(), loss_func=nn.functional.cross_entropy, opt_func=torch.optim.AdamW, lr=1e-2,
                     cbs=cbs)
-    with learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_schedule="Interleaved1F1B", pp_microbatches=4,
-                           pp_split_points=SPLITS[4]):
+    pipeline = dict(pp_schedule="Interleaved1F1B", pp_microbatches=4, split=split) if args.pp > 1 else {}
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=args.pp, tp_size=1, **pipeline):
         learn.fit(args.epochs, resume="auto")
     model = learn.model
     assert model[2].weight is model[0].weight, "the tie must hold after the context"

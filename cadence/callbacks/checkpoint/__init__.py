@@ -4,7 +4,8 @@ One concept per module: `store` (the directory rules: staged writes, fresh names
 `latest`), `state` (what a checkpoint holds and how a Learner is saved and restored),
 `validate` (what a state.json may hold), `lock` (one job per directory), `rng` (random
 states), `preemption` (signals to a checkpoint and a requeue status), `export` (weights in
-the Hugging Face layout), `callback` (when to save, what to keep, resume).
+the Hugging Face layout), `writer` (a save written by a thread of every rank, committed once
+all agree), `memory` (peak host memory of a save), `callback` (when to save, what to keep, resume).
 
 >>> learn.fit(10, cbs=Checkpoint(every_n_steps=200, keep_last=3), resume="auto")
 """

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +21,12 @@ from ...distributed.status import record_preempted
 from ...serialization import check_writable
 from ...trainer.callback import Callback, Order
 from .lock import DirectoryLock
+from .memory import PeakMemory
 from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
-from .state import load_state, make_resumable, read_state, save_state
+from .state import load_state, make_resumable, read_state, stage_state
 from .store import BEST, LATEST, STATE_FILE, CheckpointStore, resolve
 from .validate import check_checkpoint_state
+from .writer import BackgroundWrite
 
 AUTO = "auto"
 
@@ -44,6 +47,13 @@ class Checkpoint(Callback):
     at the next optimizer step and the process exits with 128 + the signal (143 for SIGTERM), the
     status a scheduler requeues on; the same command with `resume="auto"` then continues.
 
+    `async_save=True`: the saving step only copies the state to host memory; a thread of every rank
+    writes it while training goes on, and the checkpoint becomes visible (renamed into place,
+    `latest` moved) once every rank's part is written. One save at a time: the next waits for it,
+    as do preemption and the end of the fit. A failed background write fails the run at the next
+    step, naming the checkpoint. `io_timeout` (seconds, None for none): a save that takes longer
+    fails, naming the checkpoint and the time; a slow one is said in the log every minute.
+
     >>> learn.fit_one_cycle(10, 1e-2, cbs=Checkpoint(every_n_steps=200, keep_last=3, monitor="accuracy", mode="max"),
     ...                     resume="auto")
     """
@@ -52,13 +62,20 @@ class Checkpoint(Callback):
 
     def __init__(self, dir: str | os.PathLike = "checkpoints", every_n_steps: int | None = None,
                  every_epoch: bool = True, keep_last: int | None = None, monitor: str | None = None,
-                 mode: str = "min", preempt_on: Any = DEFAULT_SIGNALS):
+                 mode: str = "min", preempt_on: Any = DEFAULT_SIGNALS, async_save: bool = False,
+                 io_timeout: float | None = 3600):
         if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps < 1):
             raise ValueError(f"every_n_steps must be a positive int or None, got {every_n_steps!r}")
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
         if mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if not isinstance(async_save, bool):
+            raise ValueError(f"async_save must be True or False, got {async_save!r}")
+        if io_timeout is not None and (isinstance(io_timeout, bool) or not isinstance(io_timeout, (int, float))
+                                       or io_timeout <= 0):
+            raise ValueError(f"io_timeout must be a positive number of seconds or None, got {io_timeout!r}")
+        self.async_save, self.io_timeout = async_save, io_timeout
         self.dir, self.every_n_steps, self.every_epoch = Path(dir), every_n_steps, every_epoch
         self.keep_last, self.monitor, self.mode = keep_last, monitor, mode
         self.preempt_on = parse_signals(preempt_on)
@@ -69,6 +86,8 @@ class Checkpoint(Callback):
         self._replaced: DataLoader | None = None
         self._epoch_ran = False  # training and validation of the current epoch are done
         self._watch: PreemptionWatch | None = None
+        self._pending: BackgroundWrite | None = None  # the save being written in the background
+        self.saves: list[dict[str, Any]] = []  # what each save of this fit cost (`BackgroundWrite.stats`), in order
 
     @property
     def root(self) -> Path:
@@ -84,8 +103,14 @@ class Checkpoint(Callback):
         try:
             self._watch = PreemptionWatch(self.preempt_on, self.learn.strategy.device)
             with self._watch.installed():
-                yield
+                try:
+                    yield
+                except BaseException:
+                    if self._pending is not None:  # no collective to agree on: finish this rank's files only
+                        self._pending.join_local(self.io_timeout)
+                    raise
         finally:
+            self._pending = None
             if self._replaced is not None:
                 self.learn.dls.train, self._replaced = self._replaced, None
             self.resumed_from = None
@@ -159,6 +184,7 @@ class Checkpoint(Callback):
         if resumed_from is None:  # a fresh run: its own history
             self.history, self.best, self.best_name = [], None, None
         self._last_saved_step = self._last_checked_step = self.learn.step
+        self.saves = []
         if self.learn.strategy.is_main:
             self._warn_about_other_checkpoints(resumed_from)
 
@@ -185,12 +211,16 @@ class Checkpoint(Callback):
         if not learn.training or learn.step == self._last_checked_step:
             return  # not at an optimizer step: accumulation goes on, or the step was skipped
         self._last_checked_step = learn.step
+        if self._pending is not None and self._pending.poll():
+            self.saves.append(self._pending.stats)
+            self._pending = None
         if self.every_n_steps and learn.step != self._last_saved_step and learn.step % self.every_n_steps == 0:
             self._save(epoch_complete=False)
         sig = self._watch.agreed() if self._watch is not None else None
         if sig is not None:
             if learn.step != self._last_saved_step:
                 self._save(epoch_complete=False)
+            self._finish_pending()
             main_print(f"Checkpoint: {sig.name} received: saved {self.history[-1]} in {self.root}; exiting with "
                        f"{128 + sig} so the job can be requeued. Run it again with fit(resume=\"auto\") to continue.")
             record_preempted(sig.name, learn.step, received=self._watch.received is not None)
@@ -210,12 +240,21 @@ class Checkpoint(Callback):
             self._save(epoch_complete=True)
         self._epoch_ran = False
 
+    def after_fit(self):
+        self._finish_pending()
+
     def after_cancel_fit(self):
         """EarlyStopping cancels in `after_epoch`, before this callback's turn: still save that epoch."""
         self.after_epoch()
 
     # ------------------------------------------------------------------ saving and pruning
     def _save(self, epoch_complete: bool) -> None:
+        started, memory, waited = time.perf_counter(), PeakMemory().start(), 0.0
+        if self._pending is not None:
+            main_print(f"Checkpoint: {self._pending.directory.name} is still being written; step {self.learn.step} "
+                       f"waits for it before saving (one save at a time)")
+            self._finish_pending()
+            waited = time.perf_counter() - started
         strategy, store = self.learn.strategy, CheckpointStore(self.root)
         name = strategy.broadcast(store.fresh_name(self.learn.step) if strategy.is_main else None)
         before = (list(self.history), self.best, self.best_name)
@@ -224,19 +263,40 @@ class Checkpoint(Callback):
         doomed = self._beyond_keep_last()
         self.history = [n for n in self.history if n not in doomed]  # what state.json records: the run after pruning
         try:
-            save_state(self.learn, self.root / name, epoch_complete)
+            staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save)
+            if self.async_save and staged.engine_write is None and not self.saves and self._pending is None:
+                main_print(f"Checkpoint(async_save=True): the {strategy.name} engine saves its state with collectives "
+                           f"of its own, so that part is written before training goes on; the rest in the background")
+            write = BackgroundWrite(staged, strategy, self.io_timeout, self.root / name,
+                                    on_commit=lambda: self._point_and_prune(store, name, doomed), report=True,
+                                    blocking=not self.async_save, since=started, memory=memory,
+                                    waited_s=waited).start()
+            if not self.async_save:
+                write.wait()
+                self.saves.append(write.stats)
         except BaseException:
+            memory.stop()
             self.history, self.best, self.best_name = before
             raise
-        if strategy.is_main:
-            store.point(LATEST, name)
-            if self.best_name is not None:
-                store.point(BEST, self.best_name)
-            for old in doomed:  # only once the new checkpoint and the pointers are in place
-                if old not in (store.pointed(LATEST), store.pointed(BEST)):
-                    store.remove(old)
-        strategy.barrier()
+        self._pending = write if self.async_save else None
         self._last_saved_step = self.learn.step
+
+    def _point_and_prune(self, store: CheckpointStore, name: str, doomed: list[str]) -> None:
+        """On the main process, once the checkpoint is in place: `latest` and `best` point at it, then the
+        checkpoints beyond `keep_last` go."""
+        store.point(LATEST, name)
+        if self.best_name is not None:
+            store.point(BEST, self.best_name)
+        for old in doomed:
+            if old not in (store.pointed(LATEST), store.pointed(BEST)):
+                store.remove(old)
+
+    def _finish_pending(self) -> None:
+        """Wait (every rank) until the save in the background is written and visible."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.wait()
+            self.saves.append(pending.stats)
 
     def _update_best(self, name: str, epoch_complete: bool) -> None:
         if self.monitor is None or not epoch_complete:

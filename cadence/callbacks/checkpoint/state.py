@@ -21,22 +21,24 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from ... import __version__
+from ...version import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.env import rank, world_size
+from ...distributed.strategy import host_copy
 from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
-                               sibling, staging_dir, writing)
+                               sibling, staging_dir, write_safetensors, writing)
 from .rng import rng_state, set_rng_state
 from .store import STATE_FILE
 from .validate import check_state
+from .writer import BackgroundWrite
 
 FORMAT = 2  # 2: callback tensors in callbacks.tensors, the files listed; 1 (all in state.json) still loads
 READS = (1, 2)
@@ -61,65 +63,71 @@ def make_resumable(learn: Any) -> DataLoader | None:
 
 
 # ---------------------------------------------------------------------------- saving
-def save_state(learn: Any, directory: str | os.PathLike, epoch_complete: bool = True) -> Path:
+def save_state(learn: Any, directory: str | os.PathLike, epoch_complete: bool = True,
+               io_timeout: float | None = None) -> Path:
     """Write a complete checkpoint of `learn` to `directory` (every rank must call it).
 
     Every rank writes into a staged directory; the main process writes `state.json` last and
     renames the whole directory into place (replacing an existing checkpoint there only then).
+    The writes stream from the model's memory (no second copy of it); a write that takes longer
+    than `io_timeout` seconds fails naming the checkpoint (`writer.BackgroundWrite`).
 
     >>> learn.save_state("checkpoints/before-finetune")
     """
-    directory, strategy = Path(directory), learn.strategy
-    staged = sibling(directory, STAGED)
-    with writing(directory, "checkpoint", staged):  # a failed write names the directory and its free space
+    directory = Path(directory)
+    BackgroundWrite(stage_state(learn, directory, epoch_complete), learn.strategy, io_timeout, directory).start().wait()
+    return directory
+
+
+class StagedSave:
+    """A checkpoint taken at one step and ready to write: `write` (this rank's files; any thread, no collective
+    on the training's group) then `commit` (the main process, once every rank's `write` is done)."""
+
+    def __init__(self, directory: Path, engine_write: Callable[[], None] | None, rng: dict, state: dict | None,
+                 tensors: dict[str, torch.Tensor]):
+        self.directory, self.staged = directory, sibling(directory, STAGED)
+        self.engine_write, self.rng, self.state, self.tensors = engine_write, rng, state, tensors
+
+    def write(self) -> None:
+        with writing(self.directory, "checkpoint", self.staged):  # a failed write names the directory, its free space
+            if self.engine_write is not None:
+                self.engine_write()
+            save_torch(self.rng, self.staged / f"rng-rank{rank()}.pt")
+            if self.tensors:
+                with atomic_path(self.staged / TENSORS_FILE) as tmp:
+                    write_safetensors(self.tensors, tmp)
+
+    def commit(self) -> None:
+        with writing(self.directory, "checkpoint", self.staged):
+            state = {**self.state, "files": _files(self.staged)}
+            with atomic_path(self.staged / STATE_FILE) as f:
+                f.write_text(json.dumps(state, indent=1))
+            commit_dir(self.staged, self.directory)
+
+
+def stage_state(learn: Any, directory: Path, epoch_complete: bool, copy: bool = False) -> StagedSave:
+    """Every rank, at the step it saves: the staged directory made, the state taken (the engine's collectives
+    included). `copy`: tensors copied to host memory, so training may go on while the save is written."""
+    strategy = learn.strategy
+    with writing(directory, "checkpoint", sibling(directory, STAGED)):
         if strategy.is_main:
             recover_dir(directory)
             staging_dir(directory)
         strategy.barrier()
-        strategy.save_checkpoint(staged, learn.model, learn.opt)  # collectives for sharded engines: every rank
-        save_torch(rng_state(), staged / f"rng-rank{rank()}.pt")
-        strategy.barrier()  # every rank's files are in before state.json marks the checkpoint complete
-        if strategy.is_main:
-            state = _train_state(learn, epoch_complete)
-            state["callbacks"], tensors = _split_tensors(state["callbacks"])
-            if tensors:
-                _save_tensors(tensors, staged / TENSORS_FILE)
-            state["files"] = _files(staged)
-            with atomic_path(staged / STATE_FILE) as f:
-                f.write_text(json.dumps(state, indent=1))
-            commit_dir(staged, directory)
-    strategy.barrier()
-    return directory
+        engine_write = strategy.checkpoint_writer(sibling(directory, STAGED), learn.model, learn.opt, copy=copy)
+    state, tensors = None, {}
+    if strategy.is_main:
+        state = _train_state(learn, epoch_complete)
+        state["callbacks"], tensors = _split_tensors(state["callbacks"])
+        state = json.loads(json.dumps(state))  # the values of now: callbacks go on changing their own lists
+        if copy:
+            tensors = host_copy(tensors)
+    return StagedSave(directory, engine_write, rng_state(), state, tensors)
 
 
 def _files(directory: Path) -> list[str]:
     """Every file under `directory` (relative paths): state.json lists them, completeness checks them."""
     return [p.relative_to(directory).as_posix() for p in sorted(directory.rglob("*")) if p.is_file()]
-
-
-_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-                       torch.uint8: "U8", torch.bool: "BOOL"}
-
-
-def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write `tensors` in the safetensors layout straight from their memory, atomically. safetensors' own
-    `save_file` copies everything once more first: at 20k steps of history that copy was most of what a
-    save's cost still grew by (0.3 -> 0.9 ms for 4 x 20k float64; this: 0.23 -> 0.44 ms)."""
-    header, parts, offset = {}, [], 0
-    for key, t in tensors.items():
-        t = t.detach().cpu().contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy()
-        header[key] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                       "data_offsets": [offset, offset + data.nbytes]}
-        parts.append(data)
-        offset += data.nbytes
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for data in parts:
-            f.write(memoryview(data))
 
 
 def _split_tensors(obj: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:

@@ -164,7 +164,7 @@ EXAMPLES = [
     Example("by_feature/memory"),
     Example("by_feature/multi_process_metrics"),
     Example("by_feature/profiler", (), (*NLP, printed("Self CPU"))),
-    Example("by_feature/schedule_free", skip="needs the `schedulefree` package, which is not installed here"),
+    Example("by_feature/schedule_free"),
     Example("by_feature/tracking", ("--with_tracking", "--project_dir", "{out}"), (*NLP, files("**/*tfevents*")),
             extra_env={"WANDB_MODE": "offline", "WANDB_DIR": "{out}"}),
     Example("by_feature/megatron_lm_gpt_pretraining",
@@ -183,9 +183,12 @@ def first_error(text: str) -> str:
 
 def launch_command(library: str, nproc: int, flags: tuple[str, ...], script: Path, args: list[str]) -> list[str]:
     if library == "accelerate":
-        engine = [f for f in flags if f in ("--use_fsdp", "--use_deepspeed")]   # Accelerate takes one of these or --cpu
-        return [sys.executable, "-m", "accelerate.commands.launch", *(() if engine else ("--cpu",)),
-                "--num_processes", str(nproc), *flags, str(script), *args]
+        # Accelerate takes one of --cpu / --multi_gpu / --use_fsdp / --use_deepspeed; `--cpu --num_processes 2`
+        # starts one process, and `--multi_gpu` on a machine without GPUs starts N processes on gloo (MULTI_CPU)
+        engine = [f for f in flags if f in ("--use_fsdp", "--use_deepspeed")]
+        kind = () if engine else ("--multi_gpu",) if nproc > 1 else ("--cpu",)
+        return [sys.executable, "-m", "accelerate.commands.launch", *kind, "--num_processes", str(nproc), *flags,
+                str(script), *args]
     return [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), *flags,
             str(script), *args]
 

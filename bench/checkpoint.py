@@ -1,0 +1,195 @@
+"""Checkpoints against the disk: throughput, loop held, resume time and memory, per engine and world size.
+
+An MLP of `--width` x `--width` layers (default 5 of 2048: 21M parameters, 84 MB of weights, 252 MB of state
+with AdamW's two moments) trains on `cadence launch --cpu` for each engine (DDP, FSDP2, DeepSpeed ZeRO-3) and
+number of processes, with a Checkpoint every 3 optimizer steps, first synchronous, then `async_save=True`.
+For each it measures, in the same run:
+
+- write throughput: checkpoint bytes / the synchronous save's time (the loop held, from taking the state to the
+  checkpoint in place; the best of the fit's saves, its slowest rank), against the disk's own sequential write of
+  the same number of bytes with fsync (8 MiB blocks, rank 0, into the checkpoint directory);
+- held: the time the training loop is held per async save (the copy to host memory; the worst save), against the
+  synchronous save's; "async waits" is the longest a save waited for the one before it (saves every 3 steps
+  here, more often than this disk writes them);
+- resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
+  reads (safetensors `load_file` with each tensor read once, `torch.load`, or a read of the bytes of torch's
+  sharded .distcp files);
+- memory: the peak host memory (sampled every 5 ms) over the resident memory before the save, worst rank.
+
+    .venv/bin/python bench/checkpoint.py                            # 1, 2, 4 processes x ddp, fsdp, zero3
+    .venv/bin/python bench/checkpoint.py --procs 1 2 --engines ddp --layers 3
+
+The page cache is warm for the loads (the files were just written). Figures are for the machine it runs on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINES = {"ddp": ("ddp", {}), "fsdp": ("fsdp", {}), "zero3": ("deepspeed", {"zero_stage": 3})}
+CHUNK = 8 << 20
+
+
+# ---------------------------------------------------------------------------- the launched part
+def disk_write(path: Path, size: int) -> float:
+    """Seconds to write `size` bytes sequentially to `path` and fsync: what the disk itself does."""
+    block = os.urandom(CHUNK)
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for offset in range(0, size, CHUNK):
+            f.write(block[: min(CHUNK, size - offset)])
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return seconds
+
+
+def plain_load(directory: Path, rank: int) -> float:
+    """Seconds for plain loads of the files this rank's resume reads."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = [p for p in sorted(directory.rglob("*")) if p.is_file()]
+    sharded = [p for p in files if p.suffix == ".distcp"]
+    if sharded:  # torch's distributed checkpoint: this rank's shard file and the metadata
+        files = [p for p in files if p.name in (f"__{rank}_0.distcp", ".metadata")]
+    elif any("zero_pp_rank" in p.name for p in files):  # DeepSpeed: this rank's partition, the model states
+        files = [p for p in files if f"zero_pp_rank_{rank}_" in p.name or "model_states" in p.name]
+    else:
+        files = [p for p in files if p.suffix in (".safetensors", ".pt") and "rng-rank" not in p.name]
+    start = time.perf_counter()
+    for p in files:
+        if p.suffix == ".safetensors":  # load_file maps the file lazily: each tensor read once, as into a model
+            for t in load_file(str(p)).values():
+                torch.empty_like(t).copy_(t)
+        elif p.suffix == ".pt":
+            torch.load(p, weights_only=False, map_location="cpu")
+        else:
+            p.read_bytes()
+    return time.perf_counter() - start
+
+
+def worker(engine: str, layers: int, width: int, out: Path) -> None:
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from cadence import DataLoaders, Learner
+    from cadence.callbacks.checkpoint import Checkpoint
+    from cadence.distributed.env import rank
+    from cadence.distributed.ops import gather_object
+
+    torch.manual_seed(0)
+    x, y = torch.randn(96, width), torch.randn(96, width)
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=4), device="cpu")
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
+    name, kwargs = ENGINES[engine]
+    root = out.parent / f"ckpt-{out.stem}"
+    learn = Learner(dls, model, loss_func=nn.MSELoss(), opt_func=torch.optim.AdamW, lr=1e-4)
+    learn.remove_cb(learn.progress)
+    result = {}
+    with learn.distrib_ctx(strategy=name, **kwargs):
+        for mode in ("sync", "async"):
+            ckpt = Checkpoint(root / mode, every_n_steps=3, every_epoch=False, keep_last=1,
+                              async_save=mode == "async")
+            n_batches = len(learn.dls.train)
+            learn.fit(1, cbs=[ckpt, *([] if n_batches <= 9 else [StopAfter(9)])])
+            result[mode] = ckpt.saves
+        last = root / "sync" / (root / "sync" / "latest").read_text()
+        start = time.perf_counter()
+        learn.load_state(last)
+        resume = time.perf_counter() - start
+        plain = plain_load(last, rank())
+        size = sum(p.stat().st_size for p in last.rglob("*") if p.is_file())
+        disk = disk_write(root / "disk-probe", size) if rank() == 0 else None
+        everyone = gather_object({"saves": result, "resume": resume, "plain": plain, "disk": disk, "size": size})
+    if rank() == 0:
+        out.write_text(json.dumps(everyone))
+
+
+def StopAfter(n):  # noqa: N802 - reads as the callback it builds
+    from cadence import Callback
+    from cadence.trainer.events import CancelFitException
+
+    class _Stop(Callback):
+        order = 1000  # after the checkpoint of the step
+
+        def after_batch(self):
+            if self.learn.training and self.learn.step >= n:
+                raise CancelFitException()
+    return _Stop()
+
+
+# ---------------------------------------------------------------------------- the driver
+def run(engine: str, nproc: int, layers: int, width: int, workdir: Path) -> dict | str:
+    out = workdir / f"{engine}-{nproc}.json"
+    cmd = [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), __file__,
+           "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        return f"failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}"
+    return json.loads(out.read_text())
+
+
+def row(engine: str, nproc: int, ranks: list[dict]) -> str:
+    sync = [r["saves"]["sync"] for r in ranks]
+    async_ = [r["saves"]["async"] for r in ranks]
+    size, disk = ranks[0]["size"], ranks[0]["disk"]
+    held_sync = min(max(s["held_s"] for s in saves) for saves in zip(*sync))  # the best save, its slowest rank
+    sync_s = held_sync  # a synchronous save holds the loop from taking the state to the commit: all of it
+    held_async = max(max(s["held_s"] - s["waited_s"] for s in saves) for saves in zip(*async_))
+    waited = max(max(s["waited_s"] for s in saves) for saves in zip(*async_))
+    resume, plain = max(r["resume"] for r in ranks), max(r["plain"] for r in ranks)
+
+    def memory(runs):
+        return max(s["peak"] / s["resident"] for saves in runs for s in saves if s["peak"] and s["resident"])
+    mb = 1 << 20
+    return (f"| {engine} | {nproc} | {size / mb:.0f} | {size / mb / sync_s:.0f} | {size / mb / disk:.0f} | "
+            f"{disk / sync_s:.2f} | {held_sync:.2f} | {held_async:.3f} | {held_async / held_sync:.3f} | {waited:.2f} | "
+            f"{resume:.2f} | {plain:.2f} | {resume / plain:.2f} | {memory(sync):.2f} | {memory(async_):.2f} |")
+
+
+HEADER = ("| engine | procs | checkpoint MiB | save MiB/s | disk MiB/s | save/disk | sync held s | async held s | "
+          "async/sync | async waits s | resume s | plain load s | resume/plain | peak/resident sync | "
+          "peak/resident async |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    p.add_argument("--layers", type=int, default=5)
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--dir", help="where the checkpoints go (default: a temporary directory on the disk of /tmp)")
+    p.add_argument("--worker", choices=list(ENGINES), help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args.worker, args.layers, args.width, Path(args.out))
+    params = args.layers * (args.width * args.width + args.width)
+    print(f"model: {args.layers} x Linear({args.width}, {args.width}): {params / 1e6:.1f}M parameters, "
+          f"{params * 4 / 1e6:.0f} MB of weights, {params * 12 / 1e6:.0f} MB with AdamW's state")
+    print(HEADER, flush=True)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        for nproc in args.procs:
+            for engine in args.engines:
+                result = run(engine, nproc, args.layers, args.width, Path(tmp))
+                print(row(engine, nproc, result) if isinstance(result, list) else f"| {engine} | {nproc} | {result} |",
+                      flush=True)
+                for leftover in Path(tmp).glob("ckpt-*"):
+                    subprocess.run(["rm", "-rf", str(leftover)], check=False)
+
+
+if __name__ == "__main__":
+    main()

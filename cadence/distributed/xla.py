@@ -1,0 +1,311 @@
+"""XLA: train on torch_xla devices (TPU; the XLA CPU device here) behind the Strategy interface.
+
+Opt-in only (`strategy="xla"`); torch_xla is imported here and nowhere else. The device comes from
+the XLA runtime; every step ends with `torch_xla.sync()`, which runs the step's graph once; the
+loaders (`XlaDL`) move batches to the device and sync at every batch boundary (validation too), so
+values the loop and the Recorder keep are read only after a sync. Shapes stay static: a ragged last
+batch keeps its size (every sample counts once) and adds one graph, compiled in the first epoch and
+reused after, so the compile count stays constant after warm-up. bf16 runs under
+`torch.autocast("xla", dtype=torch.bfloat16)`; checkpoints are written from CPU copies and load
+without torch_xla.
+
+Three forms:
+- one process, one device: `XLA()`;
+- SPMD, one process driving every device of the host through a mesh: `XLA(spmd=True)` shards the
+  batch over all devices (data parallel), `XLA(spmd=True, fsdp=True)` also shards the weights
+  (torch_xla's FSDPv2, mesh axis "fsdp"), `mesh_shape=(2, 2)` gives a 2-D ("data", "fsdp") mesh;
+- one process per device under torchrun (`cadence launch --tpu`): the "xla" process group,
+  gradients all-reduced once per optimizer step. Untested here: XLA collectives do not run on CPU.
+
+>>> with learn.distrib_ctx(strategy="xla"): learn.fit(2)
+>>> with learn.distrib_ctx(strategy="xla", spmd=True, fsdp=True): learn.fit(2)     # CPU_NUM_DEVICES=4 here
+>>> XLA.counts()    # {'compiles': 2, 'executions': 40}: graphs compiled and run so far in this process
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .data import DistributedDL
+from .ops import map_tensors
+from .precision import FullPrecision
+from .strategy import MakeOpt, Strategy
+
+__all__ = ["XLA", "XlaDL", "torch_xla_module"]
+
+INSTALL_HINT = ('pip install "cadence[xla]" (torch and torch_xla of the same version, e.g. torch==2.9.0 '
+                'torch-xla==2.9.0), or `make setup-xla` in a clone of cadence')
+
+
+def torch_xla_module() -> Any:
+    """`import torch_xla`, or an ImportError saying how to install it."""
+    try:
+        import torch_xla
+        import torch_xla.runtime  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f'strategy "xla" needs torch_xla, which is not importable here ({e}): {INSTALL_HINT}') from None
+    return torch_xla
+
+
+class XlaDL(DistributedDL):
+    """DistributedDL for XLA: batches on the XLA device (sharded over the mesh in SPMD), a sync before each."""
+
+    def __init__(self, dl: DataLoader, strategy: XLA, **kwargs: Any):
+        super().__init__(dl, rank=strategy.dp_rank, world_size=strategy.dp_size, device=strategy.device, **kwargs)
+        self.strategy = strategy
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in super().__iter__():
+            self.strategy.sync_pending()  # what the last batch left (a validation forward, metric sums) runs now
+            yield self.strategy.place(batch)
+
+
+class XLA(Strategy):
+    """Train on the XLA device(s) of this host; see the module docstring.
+
+    Args:
+        spmd: one process drives every device through a mesh (`torch_xla.runtime.use_spmd()`).
+        fsdp: with spmd, shard the weights too (FSDPv2 over the mesh axis "fsdp").
+        mesh_shape: devices per mesh axis; its product must be the runtime's device count
+            (default: all devices on one axis).
+        axis_names: names of the mesh axes (default "data", or "fsdp" with fsdp; ("data", "fsdp") in 2-D).
+            The batch is sharded over the axes named "data" and "fsdp".
+    """
+
+    name = "xla"
+
+    def __init__(self, device: torch.device | str | None = None, spmd: bool = False, fsdp: bool = False,
+                 mesh_shape: tuple[int, ...] | None = None, axis_names: tuple[str, ...] | None = None):
+        self.xla = torch_xla_module()
+        if (fsdp or mesh_shape is not None or axis_names is not None) and not spmd:
+            raise ValueError("fsdp, mesh_shape and axis_names describe an SPMD mesh: pass spmd=True with them")
+        if mesh_shape is not None and (not mesh_shape or any(not isinstance(n, int) or n < 1 for n in mesh_shape)):
+            raise ValueError(f"mesh_shape must be a tuple of positive ints, got {mesh_shape!r}")
+        self.spmd, self.fsdp = spmd, fsdp
+        self.mesh_shape = tuple(mesh_shape) if mesh_shape is not None else None
+        self.axis_names = tuple(axis_names) if axis_names is not None else None
+        self.mesh: Any = None
+        self.created_group = False
+        self._device = torch.device(device) if device is not None else None
+        self._sync_grads = True
+        self._just_synced = False  # the optimizer step has just run its graph (XlaDL need not sync again)
+        self._params: list[nn.Parameter] = []  # what backward all-reduces with one process per device
+        self.precision = FullPrecision()
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def device(self) -> torch.device:
+        if self._device is None:
+            self.setup_environment()
+        return self._device
+
+    @device.setter
+    def device(self, value: torch.device) -> None:
+        self._device = torch.device(value)
+
+    def setup_environment(self) -> None:
+        """SPMD mode and the mesh, or the "xla" process group under torchrun; then the device."""
+        import torch_xla.runtime as xr
+
+        if self.spmd:
+            xr.use_spmd()  # before any tensor is on the device
+            self.mesh = self._make_mesh(xr.global_runtime_device_count())
+        elif int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+            self._init_process_group()
+        if self._device is None:
+            self._device = self.xla.device()
+
+    def _make_mesh(self, n_devices: int) -> Any:
+        import numpy as np
+        import torch_xla.distributed.spmd as xs
+
+        shape = self.mesh_shape or (n_devices,)
+        names = self.axis_names or (("data", "fsdp") if len(shape) == 2 else ("fsdp",) if self.fsdp else ("data",))
+        if math.prod(shape) != n_devices:
+            raise ValueError(f"mesh_shape={shape} covers {math.prod(shape)} devices but the XLA runtime has "
+                             f"{n_devices} (TPU chips, or CPU_NUM_DEVICES on the CPU): give a shape whose product "
+                             f"is {n_devices}, e.g. ({n_devices},)")
+        if len(names) != len(shape):
+            raise ValueError(f"axis_names={names} names {len(names)} axes but mesh_shape={shape} has {len(shape)}")
+        if self.fsdp and "fsdp" not in names:
+            raise ValueError(f"fsdp=True shards the weights over the mesh axis 'fsdp'; axis_names={names} has none")
+        if not {"data", "fsdp"} & set(names):
+            raise ValueError(f"axis_names={names}: the batch is sharded over the axes 'data' and 'fsdp'; name one so")
+        mesh = xs.Mesh(np.arange(n_devices), shape, names)
+        xs.set_global_mesh(mesh)
+        return mesh
+
+    def _init_process_group(self) -> None:
+        """One process per device (torchrun / `cadence launch --tpu`): the "xla" backend, checked against torchrun."""
+        import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
+
+        expected = int(os.environ["WORLD_SIZE"])
+        dist.init_process_group("xla", init_method="xla://")
+        self.created_group = True
+        if dist.get_world_size() != expected:
+            got = dist.get_world_size()
+            dist.destroy_process_group()
+            self.created_group = False
+            raise RuntimeError(
+                f"torchrun started {expected} processes but the XLA runtime gives this one a world of {got}: "
+                f"each would train alone on its own copy of the data. On a TPU host launch one process per chip "
+                f"as torch_xla documents (PJRT_DEVICE=TPU); on the CPU (PJRT_DEVICE=CPU), "
+                f"whose XLA collectives do not work across processes, use one process with "
+                f'strategy="xla", spmd=True and CPU_NUM_DEVICES=N instead')
+
+    def teardown(self) -> None:
+        if self.created_group:
+            dist.destroy_process_group()
+            self.created_group = False
+
+    # ------------------------------------------------------------------ model, data
+    def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
+              ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Move `model` to the device (FSDPv2-wrap it with fsdp=True), then build the optimizer over it."""
+        if precision is not None:
+            self.set_precision(precision)
+        model = model.to(self.device)
+        if self.fsdp:
+            from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
+
+            model = SpmdFullyShardedDataParallel(model, mesh=self.mesh)
+        self._params = list(model.parameters())
+        return model, make_opt(model)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        model = super().unwrap(model)
+        return model.module if self.fsdp and hasattr(model, "module") else model
+
+    def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
+                ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The user's module back on the CPU with the trained weights, and an optimizer over it with the trained state."""
+        self.xla.sync()
+        state = self.optimizer_state_dict(model, opt)
+        plain = self.unwrap(model).to("cpu")
+        new_opt = make_opt(plain)
+        new_opt.load_state_dict(state)
+        return plain, new_opt
+
+    def shard(self, dl: DataLoader) -> XlaDL:
+        """This process's part of `dl` (all of it in SPMD), batches on the device."""
+        return XlaDL(dl, self)
+
+    def place(self, batch: Any) -> Any:
+        """In SPMD, shard every tensor of a batch (already on the device) along dim 0 over the data axes."""
+        if self.mesh is None:
+            return batch
+        import torch_xla.distributed.spmd as xs
+
+        axes = tuple(a for a in self.mesh.axis_names if a in ("data", "fsdp"))
+        batch_axis = axes[0] if len(axes) == 1 else axes
+
+        def mark(t: torch.Tensor) -> torch.Tensor:
+            if t.ndim:
+                xs.mark_sharding(t, self.mesh, (batch_axis, *([None] * (t.ndim - 1))))
+            return t
+        return map_tensors(mark, batch)
+
+    # ------------------------------------------------------------------ one step
+    def set_precision(self, precision: FullPrecision) -> None:
+        if precision.name == "fp16":
+            raise ValueError('fp16 (with a GradScaler) is not supported on XLA: use bf16 (MixedPrecision("bf16"), '
+                             'learn.to_bf16() or --mixed_precision bf16)')
+        self.precision = precision
+
+    def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
+        self._sync_grads = enabled
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward; with one process per device, the gradients are averaged once, at the optimizer step's micro-step."""
+        self.precision.backward(loss)
+        if self._sync_grads and self.created_group:
+            import torch_xla.core.xla_model as xm
+
+            grads = [p.grad for p in self._params if p.grad is not None]
+            xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / dist.get_world_size())
+
+    def step(self, opt: torch.optim.Optimizer) -> bool:
+        """Step the optimizer, then run the step's graph (`torch_xla.sync()`): one execution per step."""
+        stepped = self.precision.step(opt)
+        self.xla.sync()
+        self._just_synced = True
+        return stepped
+
+    def sync_pending(self) -> None:
+        """Run what was traced since the last sync; nothing when that was the optimizer step's (nothing new to run)."""
+        if not self._just_synced:
+            self.xla.sync()
+        self._just_synced = False
+
+    # ------------------------------------------------------------------ the data-parallel group
+    @property
+    def dp_rank(self) -> int:
+        return dist.get_rank() if self.created_group else 0
+
+    @property
+    def dp_size(self) -> int:
+        return dist.get_world_size() if self.created_group else 1
+
+    def barrier(self) -> None:
+        if self.created_group:
+            import torch_xla.core.xla_model as xm
+
+            xm.rendezvous("cadence")
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not self.created_group:
+            return obj
+        out = [obj]
+        dist.broadcast_object_list(out, src)
+        return out[0]
+
+    def all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.created_group:
+            return t
+        import torch_xla.core.xla_model as xm
+
+        return xm.all_reduce(xm.REDUCE_SUM, t.to(self.device)).to(t.device)
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.created_group:
+            return t
+        import torch_xla.core.xla_model as xm
+
+        return xm.all_gather(t.to(self.device), dim=0).to(t.device)
+
+    # ------------------------------------------------------------------ state: CPU copies
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The user's module's state, copied to the CPU (whole tensors, also when SPMD shards them)."""
+        self.xla.sync()
+        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+
+    def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+        """The optimizer's state with every tensor copied to the CPU (loads without torch_xla)."""
+        self.xla.sync()
+        return map_tensors(lambda t: t.detach().cpu(), opt.state_dict())
+
+    # ------------------------------------------------------------------ what the runtime did
+    @staticmethod
+    def counts() -> dict[str, int]:
+        """Graphs compiled and graph executions so far in this process (torch_xla.debug.metrics), once the
+        device has finished what it was given (an execution is counted when it ends).
+
+        >>> before = XLA.counts(); learn.fit(1); XLA.counts()["compiles"] - before["compiles"]
+        """
+        import torch_xla.core.xla_model as xm
+        import torch_xla.debug.metrics as met
+
+        xm.wait_device_ops()
+
+        def count(name: str) -> int:
+            data = met.metric_data(name)
+            return int(data[0]) if data else 0
+        return {"compiles": count("CompileTime"), "executions": count("ExecuteTime") + count("ExecuteReplicatedTime")}

@@ -1,0 +1,63 @@
+"""`load_learner()`: a Learner for inference from a directory that `learn.export()` wrote (the format: export.py).
+
+>>> learn = load_learner("path/export", trust_pickle=True)   # a file you made or trust
+>>> learn = load_learner("path/export", model=get_model(), loss_func=nn.CrossEntropyLoss())   # no unpickling
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..serialization import check_state_dict, load_weights
+from .data import DataLoaders
+from .export import PICKLE, WEIGHTS
+from .learner import Learner
+
+
+def _no_loss(*args: Any, **kwargs: Any) -> torch.Tensor:
+    raise ValueError("this Learner was loaded for inference without a loss function: "
+                     "pass load_learner(path, ..., loss_func=...) to compute losses")
+
+
+def load_learner(path: str | os.PathLike, trust_pickle: bool = False, model: nn.Module | None = None,
+                 loss_func: Callable | None = None, cpu: bool = True) -> Learner:
+    """A Learner for inference (`predict`, `get_preds(dl=...)`) from a directory written by `learn.export`.
+
+    With `model` (your own instance of the architecture) only the safetensors weights are read.
+    Without it the model is rebuilt from `learner.pkl`, which needs `trust_pickle=True`. `cpu`
+    puts the model on the CPU (else the default device).
+
+    >>> learn = load_learner("models/export", trust_pickle=True)
+    >>> learn.predict(x)
+    """
+    path = Path(path)
+    if not (path / WEIGHTS).is_file():
+        raise FileNotFoundError(f"no {WEIGHTS} in {path}: pass the directory written by learn.export()")
+    state = load_weights(path / WEIGHTS)
+    extra: dict[str, Any] = {}
+    if model is None or (loss_func is None and trust_pickle):
+        extra = _unpickle(path, trust_pickle)
+    if model is None:
+        model = extra["model"]
+        check_state_dict(model, state, source=str(path / WEIGHTS))
+        model.load_state_dict(state, assign=True)
+    else:
+        check_state_dict(model, state, source=str(path / WEIGHTS))
+        model.load_state_dict(state)
+    loss_func = loss_func or extra.get("loss_func") or _no_loss
+    dls = DataLoaders([], None, device="cpu" if cpu else None, n_inp=extra.get("n_inp"))
+    return Learner(dls, model, loss_func=loss_func)
+
+
+def _unpickle(path: Path, trust_pickle: bool) -> dict[str, Any]:
+    if not trust_pickle:
+        raise ValueError(f"rebuilding the model needs {path / PICKLE}, a pickle: unpickling runs whatever code the "
+                         f"file names, so cadence does it only when you say you trust the file: "
+                         f"load_learner({str(path)!r}, trust_pickle=True). Without unpickling, pass your own model: "
+                         f"load_learner({str(path)!r}, model=MyModel(), loss_func=...) reads only the safetensors weights")
+    return torch.load(path / PICKLE, map_location="cpu", weights_only=False)

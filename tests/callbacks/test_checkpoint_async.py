@@ -1,0 +1,208 @@
+"""Checkpoint(async_save=True): the same checkpoints as a synchronous save, never a visible incomplete one whenever the
+processes are killed, a failed background write stops the run naming the checkpoint, preemption waits for the writer.
+
+tests/scripts/async_checkpoint.py trains (GradAccum, dropout, AdamW, one-cycle; 18 optimizer steps, a checkpoint
+every 4 steps and every epoch end); its --write-delay makes each save's RNG files late, as a slow disk would,
+so that the saves are in flight for most of the run. Real processes, real kills and a real file-size limit.
+"""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cadence.callbacks.checkpoint import Checkpoint, read_state
+from cadence.callbacks.checkpoint.store import missing_files
+from helpers import REPO, SCRIPTS, cadence_env, run_launch
+
+pytestmark = pytest.mark.slow
+SCRIPT = "async_checkpoint.py"
+
+
+def run(*args, nproc=1):
+    if nproc > 1:
+        return run_launch(SCRIPT, *map(str, args), nproc=nproc, timeout=240, check=False)
+    return subprocess.run([sys.executable, str(SCRIPTS / SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          timeout=240, env=cadence_env(PYTHONPATH=f"{SCRIPTS}:{REPO}"), cwd=REPO)
+
+
+def finished(proc):
+    assert proc.returncode == 0 and "STEPS " in proc.stdout, proc.stdout + proc.stderr  # 18 on 1 process, 9 on 2
+    return json.loads(proc.stdout.split("BLOCKED ", 1)[1].splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """reference(nproc): the final weights of an uninterrupted run with synchronous saves on nproc processes."""
+    out, weights = tmp_path_factory.mktemp("ref"), {}
+
+    def get(nproc):
+        if nproc not in weights:
+            finished(run("--ckpt", out / f"ckpt{nproc}", "--out", out / f"ref{nproc}.st", "--sync", nproc=nproc))
+            weights[nproc] = load_file(str(out / f"ref{nproc}.st"))
+        return weights[nproc]
+    return get
+
+
+def assert_equal(weights, reference):
+    assert weights.keys() == reference.keys()
+    for k in reference:
+        assert torch.equal(weights[k], reference[k]), k
+
+
+def visible(root):
+    return sorted(p for p in root.glob("step-*"))
+
+
+def test_async_and_sync_saves_write_the_same_bytes_and_async_ones_leave_the_loop_at_once(tmp_path, reference):
+    blocked = {}
+    for mode in ("sync", "async"):
+        flags = ["--sync"] if mode == "sync" else []
+        blocked[mode] = finished(run("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", "--write-delay", 0.5,
+                                     *flags))
+        assert_equal(load_file(str(tmp_path / f"{mode}.st")), reference(1))
+    names = [d.name for d in visible(tmp_path / "sync")]
+    assert names == [d.name for d in visible(tmp_path / "async")] and len(names) == 7
+    for name in names:
+        sync, async_ = tmp_path / "sync" / name, tmp_path / "async" / name
+        files = sorted(p.name for p in sync.iterdir())
+        assert files == sorted(p.name for p in async_.iterdir())
+        for f in files:
+            if f != "state.json":
+                assert (sync / f).read_bytes() == (async_ / f).read_bytes(), f"{name}/{f}"
+        states = [json.loads((d / "state.json").read_text()) for d in (sync, async_)]
+        for s in states:  # the Recorder's epoch times: wall-clock, the one thing two runs cannot share
+            for row in s["callbacks"]["recorder"]["values"]:
+                row.pop("time", None)
+        assert states[0] == states[1], name
+    assert (tmp_path / "sync" / "latest").read_text() == (tmp_path / "async" / "latest").read_text() == names[-1]
+    assert min(blocked["sync"]) >= 0.5                 # the loop waited for the slow disk at every save
+    assert blocked["async"][0] < 0.25                  # the first async save: only the copy to host memory
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_async_saves_killed_at_any_moment_leave_only_complete_checkpoints_and_resume_exactly(tmp_path, reference,
+                                                                                            nproc):
+    root, out = tmp_path / "ckpt", tmp_path / "run.st"
+    killed_mid_write = 0
+    moments = random.Random(nproc).sample(range(10, 60), 4)  # hundredths of a second into each (resumed) fit
+    for after in [m / 100 for m in moments]:  # 4 kills, each resumed; together less than the 7 saves' 2.8 s of writes
+        proc = run("--ckpt", root, "--out", out, "--write-delay", 0.4, "--kill-after", after, nproc=nproc)
+        assert proc.returncode != 0 and "STEPS" not in proc.stdout, proc.stdout + proc.stderr
+        assert proc.returncode == -signal.SIGKILL or nproc > 1, proc.stderr
+        killed_mid_write += any(p.name.startswith(".step-") for p in root.iterdir())
+        for d in visible(root):  # whatever is visible is complete and loads
+            assert missing_files(d) == [], d
+            read_state(d)
+            load_file(str(d / "model.safetensors"))
+        if (root / "latest").exists():
+            assert (root / (root / "latest").read_text()) in visible(root)
+    assert killed_mid_write >= 1  # some kill came while a save was in flight
+    finished(run("--ckpt", root, "--out", out, "--write-delay", 0.4, nproc=nproc))
+    assert_equal(load_file(str(out)), reference(nproc))
+
+
+def test_fsdp2_async_sharded_checkpoints_resume_exactly_after_kills(tmp_path):
+    """FSDP2 writes through torch's distributed checkpoint (its async save on a group of its own), every rank its
+    shards: a run killed twice mid-save and resumed ends with the weights of an uninterrupted synchronous one."""
+    fsdp = ("--strategy", "fsdp", "--write-delay", 0.3)
+    finished(run("--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st", "--sync", *fsdp, nproc=2))
+    root, out = tmp_path / "ckpt", tmp_path / "run.st"
+    for after in (1.3, 1.0):
+        proc = run("--ckpt", root, "--out", out, "--kill-after", after, *fsdp, nproc=2)
+        assert proc.returncode != 0 and "STEPS" not in proc.stdout, proc.stdout + proc.stderr
+        for d in visible(root):
+            assert missing_files(d) == [] and (d / "sharded" / ".metadata").is_file(), d
+    assert visible(root), "no checkpoint was committed before the kills"
+    finished(run("--ckpt", root, "--out", out, *fsdp, nproc=2))
+    assert_equal(load_file(str(out)), load_file(str(tmp_path / "ref.st")))
+
+
+def test_a_failed_background_write_stops_the_run_naming_the_checkpoint(tmp_path):
+    root = tmp_path / "ckpt"
+    proc = run("--ckpt", root, "--out", tmp_path / "run.st", "--fsize", 3000)  # the optimizer, RNG files are larger
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    error, step = proc.stdout.split("ERROR ", 1)[1].split("\nSTEP ")
+    assert error.startswith("OSError: ") and f"could not write the checkpoint {root}/step-00000004: " in error, error
+    assert 4 < int(step) < 8                           # noticed at a step after the save, before the next save
+    assert visible(root) == [] and not (root / "latest").exists()
+    assert [p.name for p in root.iterdir() if p.name.startswith(".step-")] == []   # its space is freed
+
+
+def test_sigterm_during_an_async_write_waits_for_it_and_exits_143(tmp_path, reference):
+    root, out = tmp_path / "ckpt", tmp_path / "run.st"
+    proc = run("--ckpt", root, "--out", out, "--write-delay", 1.0, "--sigterm-in-write", 1)
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    names = [d.name for d in visible(root)]
+    # the save in flight when SIGTERM came was finished (and is the preemption's checkpoint when the signal was
+    # seen at its own step), then the preemption's save, which `latest` names
+    assert names[0] == "step-00000004" and all(missing_files(root / n) == [] for n in names)
+    assert (root / "latest").read_text() == names[-1]
+    assert "SIGTERM received: saved" in proc.stdout
+    finished(run("--ckpt", root, "--out", out))
+    assert_equal(load_file(str(out)), reference(1))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"async_save": "yes"}, "async_save must be True or False, got 'yes'"),
+    ({"io_timeout": 0}, "io_timeout must be a positive number of seconds or None, got 0"),
+])
+def test_bad_arguments_are_refused_naming_them(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Checkpoint(**kwargs)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_slow_disk_is_named_with_the_time_and_fails_past_io_timeout(dls, tmp_path, monkeypatch, capsys, async_save):
+    import time
+
+    import cadence.callbacks.checkpoint.state as state
+    import cadence.callbacks.checkpoint.writer as writer
+    from fixtures import make_learner
+
+    monkeypatch.setattr(writer, "SLOW_NOTICE_S", 0.5)  # a minute in real runs
+    write = state.save_torch
+    monkeypatch.setattr(state, "save_torch", lambda obj, path: (time.sleep(3), write(obj, path)))  # a stuck disk
+    learn = make_learner(dls, tmp_path, [Checkpoint("ckpt", io_timeout=1.5, async_save=async_save)])
+    expected = rf"writing {tmp_path}/ckpt/step-\d+ took more than io_timeout=1.5 s \(\d s; rank\(s\) \[0\] not done\)"
+    with pytest.raises(TimeoutError, match=rf"Checkpoint: {expected}: the disk is too slow"):
+        learn.fit(1)
+    err = capsys.readouterr().err
+    assert f"Checkpoint: {tmp_path}/ckpt/step-" in err and "is still being written after 1 s" in err, err
+    assert visible(tmp_path / "ckpt") == []
+
+
+def test_accelerator_async_save_state_holds_the_state_of_its_step_and_is_finished_by_end_training(tmp_path,
+                                                                                                   monkeypatch):
+    import time
+
+    import cadence.accelerate.checkpointing as checkpointing
+    from cadence import Accelerator
+
+    torch.manual_seed(0)
+    acc = Accelerator()
+    net = torch.nn.Linear(64, 32)
+    model, opt = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=0.1))
+
+    def step():
+        acc.backward(model(torch.randn(8, 64)).square().mean())
+        opt.step()
+        opt.zero_grad()
+    step()
+    acc.save_state(tmp_path / "sync")
+    write = checkpointing.save_torch
+    monkeypatch.setattr(checkpointing, "save_torch", lambda obj, path: (time.sleep(0.5), write(obj, path)))  # slow disk
+    start = time.perf_counter()
+    acc.save_state(tmp_path / "async", async_save=True)
+    assert time.perf_counter() - start < 0.4 and not (tmp_path / "async").exists()  # the loop goes on at once
+    step()  # training goes on while it is written: the checkpoint keeps the state of its own step
+    acc.end_training()
+    files = sorted(p.name for p in (tmp_path / "sync").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "async").iterdir()) and "optimizer.pt" in files
+    for f in files:
+        assert (tmp_path / "sync" / f).read_bytes() == (tmp_path / "async" / f).read_bytes(), f

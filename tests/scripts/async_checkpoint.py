@@ -1,0 +1,107 @@
+"""Train as tests/scripts/resume.py does (GradAccum, dropout, AdamW, one-cycle; a checkpoint every 4 optimizer steps
+and every epoch end) with `Checkpoint(async_save=...)`; the same command line starts and continues the run.
+
+  async_checkpoint.py --ckpt DIR --out FILE [--sync] [--write-delay S] [--kill-after S] [--sigterm-in-write N]
+                      [--fsize BYTES] [--keep-last N] [--strategy NAME]
+--sync: Checkpoint(async_save=False) (the default here is async).
+--write-delay: every checkpoint's RNG files are written S seconds late (a slow disk: the write is in flight
+  for longer, while training goes on).
+--kill-after: every rank SIGKILLs itself S seconds after its training started (a kill at a moment the test picks).
+--sigterm-in-write: the N-th checkpoint's writer sends this process SIGTERM half-way (rank 0, the first run only:
+  a marker file in DIR remembers).
+--fsize: RLIMIT_FSIZE (SIGXFSZ ignored: a write past it fails as on a full disk), set before the fit.
+A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
+Prints `STEPS <n>` and `BLOCKED <seconds per save, json>` at the end; rank 0 writes the final weights to FILE.
+"""
+
+import argparse
+import json
+import os
+import random
+import resource
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from safetensors.torch import save_file
+from torch import nn
+
+import cadence.callbacks.checkpoint.state as state_module
+from cadence import Callback, Learner, accuracy
+from cadence.callbacks.accumulate import GradAccum
+from cadence.callbacks.checkpoint import Checkpoint
+from cadence.distributed.env import is_main_process, rank
+from resume import data_and_model
+
+
+def slow_rng_file(delay: float, sigterm_at: int | None, marker: Path):
+    """The writer of each rank's RNG file (every engine's checkpoint has one), `delay` seconds late; SIGTERM to this
+    process half-way through write `sigterm_at`."""
+    write, calls = state_module.save_torch, [0]
+
+    def slow(obj, path):
+        calls[0] += 1
+        if sigterm_at == calls[0] and not marker.exists():
+            marker.write_text("sent")
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(delay)
+        write(obj, path)
+    state_module.save_torch = slow
+
+
+class KillAfter(Callback):
+    """SIGKILL this process `seconds` after its training starts (after any resume)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def before_fit(self):
+        timer = threading.Timer(self.seconds, os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--sync", action="store_true")
+    p.add_argument("--write-delay", type=float, default=0.0)
+    p.add_argument("--kill-after", type=float)
+    p.add_argument("--sigterm-in-write", type=int)
+    p.add_argument("--fsize", type=int)
+    p.add_argument("--keep-last", type=int)
+    p.add_argument("--strategy", help="the engine under `cadence launch` (default: the launcher's, DDP)")
+    args = p.parse_args()
+    Path(args.ckpt).mkdir(parents=True, exist_ok=True)
+    if args.write_delay or args.sigterm_in_write:
+        slow_rng_file(args.write_delay, args.sigterm_in_write if rank() == 0 else None,
+                            Path(args.ckpt) / "sigterm-sent")
+
+    random.seed(0)  # the checkpoints hold these states: two runs write the same bytes
+    np.random.seed(0)
+    dls, model = data_and_model()
+    ckpt = Checkpoint(args.ckpt, every_n_steps=4, keep_last=args.keep_last, async_save=not args.sync)
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, cbs=[GradAccum(steps=2), ckpt])
+    learn.remove_cb(learn.progress)
+    if args.kill_after is not None:
+        learn.add_cb(KillAfter(args.kill_after))
+    if args.fsize:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, args.fsize))
+    try:
+        with learn.distrib_ctx(strategy=args.strategy):
+            learn.fit_one_cycle(3, lr_max=1e-2, resume="auto")
+    except Exception as e:
+        print(f"ERROR {type(e).__name__}: {e}\nSTEP {learn.step}", flush=True)
+        raise SystemExit(1)
+    if is_main_process():
+        save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
+        print(f"STEPS {learn.step}", flush=True)
+        print(f"BLOCKED {json.dumps([save['held_s'] for save in ckpt.saves])}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

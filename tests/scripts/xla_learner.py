@@ -1,0 +1,229 @@
+"""The Learner on torch_xla's CPU device (PJRT_DEVICE=CPU), run by tests/xla in the XLA environment.
+
+Each mode writes a JSON report to `--out`; references are computed here with the plain-CPU Learner
+(the same code path every other test checks against hand-written loops) or by hand:
+
+  equal    XLA vs plain CPU after 2 epochs, for SGD, AdamW, GradAccum, GradClip, bf16: max |weight diff|
+  counts   graphs compiled per epoch and executions per optimizer step on a ragged data set; the
+           validation loss next to a hand-computed mean over every validation sample
+  train    train with a Checkpoint every step, optionally SIGKILL itself at a step; resume="auto"
+  spmd     (CPU_NUM_DEVICES=N) data parallel, FSDPv2, 2-D meshes against the plain-CPU run; a bad mesh
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+import torch_xla  # the XLA device must exist before the first backward of the process (autograd sizes its queues)
+import torch_xla.runtime as xr
+
+if os.environ.get("CADENCE_XLA_SPMD") == "1":
+    xr.use_spmd()  # before any tensor is on the device
+torch_xla.device()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from cadence.callbacks.accumulate import GradAccum  # noqa: E402
+from cadence.callbacks.checkpoint import Checkpoint  # noqa: E402
+from cadence.callbacks.clip import GradClip  # noqa: E402
+from cadence.callbacks.precision import MixedPrecision  # noqa: E402
+from cadence.distributed.xla import XLA  # noqa: E402
+from cadence.trainer.callback import Callback  # noqa: E402
+from cadence.trainer.data import DataLoaders  # noqa: E402
+from cadence.trainer.learner import Learner  # noqa: E402
+
+N_TRAIN, N_VALID, BS = 70, 30, 16  # neither a multiple of the batch size: ragged last batches
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N_TRAIN + N_VALID, 8, generator=g)
+    y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).long()
+    return x, y
+
+
+def dls(shuffle=False):
+    x, y = data()
+    train = TensorDataset(x[:N_TRAIN], y[:N_TRAIN])
+    valid = TensorDataset(x[N_TRAIN:], y[N_TRAIN:])
+    return DataLoaders(DataLoader(train, batch_size=BS, shuffle=shuffle), DataLoader(valid, batch_size=BS))
+
+
+def model():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+
+
+OPTS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
+CASES = {  # name -> (optimizer, lr, callbacks)
+    "sgd": ("sgd", 0.1, lambda: []),
+    "adamw": ("adamw", 1e-2, lambda: []),
+    "accum": ("sgd", 0.1, lambda: [GradAccum(steps=2)]),
+    "clip": ("adamw", 1e-2, lambda: [GradClip(0.05)]),
+    "bf16": ("sgd", 0.1, lambda: [MixedPrecision("bf16")]),
+}
+
+
+def learner(case, **kw):
+    opt, lr, cbs = CASES[case]
+    return Learner(dls(**kw), model(), loss_func=F.cross_entropy, opt_func=OPTS[opt], lr=lr, cbs=cbs())
+
+
+def weights(learn):
+    return {k: v.detach().cpu().float() for k, v in learn.strategy.unwrap(learn.model).state_dict().items()}
+
+
+def max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+class Shardings(Callback):
+    """The XLA sharding of the first training batch's input and of the first weight (empty: not sharded)."""
+
+    def before_batch(self):
+        if not hasattr(self, "specs"):
+            spec = torch_xla._XLAC._get_xla_sharding_spec
+            self.specs = {"input": spec(self.learn.xb[0]), "weight": spec(next(self.learn.model.parameters()))}
+
+
+def fit_xla(case, epochs=2, **strategy_kwargs):
+    learn, shardings = learner(case), Shardings()
+    with learn.distrib_ctx(strategy="xla", **strategy_kwargs):
+        learn.fit(epochs, cbs=shardings)
+        out = weights(learn), learn.recorder.values, shardings.specs
+    return out
+
+
+def fit_cpu(case, epochs=2):
+    learn = learner(case)
+    learn.fit(epochs)
+    return weights(learn), learn.recorder.values
+
+
+def bf16_by_hand(epochs=2):
+    """The bf16 case as a hand-written torch_xla loop: autocast on the XLA device, a sync per step."""
+    device = torch_xla.device()
+    net = model().to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=CASES["bf16"][1])
+    for _ in range(epochs):
+        for xb, yb in dls().train:
+            with torch.autocast("xla", dtype=torch.bfloat16):
+                loss = F.cross_entropy(net(xb.to(device)), yb.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch_xla.sync()
+    return {k: v.detach().cpu().float() for k, v in net.state_dict().items()}
+
+
+def equal(args):
+    """fp32 cases against the plain-CPU Learner; bf16 against a hand-written torch_xla loop (bf16 rounds
+    differently on XLA and on the CPU backend: that difference is reported as bf16_vs_cpu)."""
+    report = {}
+    for case in CASES:
+        (wx, vx, _), (wc, vc) = fit_xla(case), fit_cpu(case)
+        report[case] = {"weights": max_diff(wx, wc),
+                        "valid_loss": max(abs(a["valid_loss"] - b["valid_loss"]) for a, b in zip(vx, vc))}
+        if case == "bf16":
+            report["bf16_vs_cpu"] = report.pop(case)
+            report[case] = {"weights": max_diff(wx, bf16_by_hand())}
+    return report
+
+
+class Counts(Callback):
+    """XLA.counts() at the end of every epoch and after every optimizer step."""
+
+    def before_fit(self):
+        self.epochs, self.steps, self.start = [], [], XLA.counts()
+
+    def after_step(self):
+        self.steps.append(XLA.counts())
+
+    def before_validate(self):
+        self.steps.append(("v", XLA.counts()))
+
+    def after_epoch(self):
+        self.epochs.append(XLA.counts())
+
+
+def counts(args):
+    learn = learner("clip", shuffle=True)  # AdamW and GradClip: the norm stays on the device, no extra execution
+    cb = Counts()
+    with learn.distrib_ctx(strategy="xla"):
+        learn.fit(3, cbs=cb)
+        # every validation sample once: the mean loss over all of them, computed by hand on the CPU
+        plain = learn.strategy.unwrap(learn.model)
+        w = {k: v.cpu() for k, v in plain.state_dict().items()}
+    ref = model()
+    ref.load_state_dict(w)
+    x, y = data()
+    with torch.no_grad():
+        by_hand = F.cross_entropy(ref(x[N_TRAIN:]), y[N_TRAIN:]).item()
+    return {"epochs": cb.epochs, "start": cb.start, "steps": cb.steps, "steps_per_epoch": len(learn.dls.train),
+            "valid_loss": learn.recorder.values[-1]["valid_loss"], "valid_by_hand": by_hand}
+
+
+class FirstStep(Callback):
+    """The optimizer step count when the first training batch starts (> 0 in a resumed fit)."""
+
+    def before_batch(self):
+        if self.learn.training and not hasattr(self, "first"):
+            self.first = self.learn.step
+
+
+class Die(Callback):
+    def __init__(self, step):
+        self.at = step
+
+    def after_step(self):
+        if self.learn.step == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def train(args):
+    learn = learner("adamw", shuffle=True)
+    learn.path = args.dir
+    first = FirstStep()
+    cbs = [Checkpoint(every_n_steps=1, every_epoch=False), first] + ([Die(args.kill_at)] if args.kill_at else [])
+    with learn.distrib_ctx(strategy="xla"):
+        learn.fit(2, cbs=cbs, resume="auto")
+        w = weights(learn)
+    torch.save(w, os.path.join(args.dir, "final.pt"))
+    return {"steps": learn.step, "first_step": first.first}
+
+
+def spmd(args):
+    n = xr.global_runtime_device_count()
+    report = {"devices": n}
+    ref = {case: fit_cpu(case)[0] for case in ("sgd", "adamw")}
+    meshes = {"dp": {}, "fsdp": {"fsdp": True}}
+    if n == 4:
+        meshes = {"dp": {}, "fsdp": {"fsdp": True}, "2x2": {"fsdp": True, "mesh_shape": (2, 2)}}
+    for name, kw in meshes.items():
+        for case in ("sgd", "adamw"):
+            w, _, specs = fit_xla(case, spmd=True, **kw)
+            report[f"{name}-{case}"] = {"diff": max_diff(w, ref[case]), **specs}
+    try:
+        XLA(spmd=True, mesh_shape=(n + 1,)).setup_environment()
+        report["bad_mesh"] = None
+    except ValueError as e:
+        report["bad_mesh"] = str(e)
+    return report
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["equal", "counts", "train", "spmd"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--dir", default=".")
+    p.add_argument("--kill-at", type=int, default=0)
+    a = p.parse_args()
+    result = globals()[a.mode](a)
+    with open(a.out, "w") as f:
+        json.dump(result, f)
+    sys.stdout.flush()
