@@ -132,10 +132,11 @@ class Config:
         Traceback (most recent call last):
         ValueError: fsdp_config: FSDP sharding_strategy 9 does not exist; ...
         """
+        from cadence.distributed.model_parallel import parallelism_sizes
         from cadence.distributed.registry import strategy_class
 
         if self.strategy is not None:
-            strategy_class(self.strategy).check_launcher_config(self)
+            strategy_class(self.strategy, parallelism_sizes(self.parallelism_config or {})).check_launcher_config(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict in field order, ready for YAML.

@@ -62,14 +62,6 @@ class ModelParallel(FSDP):
     name = "model_parallel"
     pp_size = 1
 
-    def __new__(cls, *args: Any, pp_size: int | None = None, **kwargs: Any):
-        """With `pp_size` > 1 (given, or from the launcher) the strategy is a `Pipeline` (pipeline.py)."""
-        if cls is ModelParallel and int(_launcher_sizes().get("pp_size", 1) if pp_size is None else pp_size) > 1:
-            from .pipeline import Pipeline
-
-            return super().__new__(Pipeline)
-        return super().__new__(cls)
-
     def __init__(self, device: torch.device | str | None = None, tp_size: int | None = None,
                  parallelize: Parallelize | None = None, loss_parallel: bool = False, cp_size: int | None = None,
                  dp_shard_size: int | None = None, dp_replicate_size: int | None = None, pp_size: int | None = None,

@@ -29,16 +29,34 @@ def _name(name: str | None) -> str:
     return name
 
 
-def strategy_class(name: str | Strategy | None = None) -> type[Strategy] | None:
-    """The class `get_strategy(name)` would build; None for a Strategy instance.
+def strategy_class(name: str | Strategy | None = None, options: dict | None = None) -> type[Strategy] | None:
+    """The class `get_strategy(name, **options)` would build; None for a Strategy instance. "model_parallel" with
+    `pp_size` > 1 (in `options`, else the launcher's parallelism_config) is its pipeline engine, `Pipeline`.
 
     >>> strategy_class("ddp").__name__
     'DDP'
     """
     if isinstance(name, Strategy):
         return None
-    module, cls = STRATEGIES[_name(name)].split(":")
+    if _name(name) == "model_parallel" and _pipelined(options or {}):
+        return _load(PIPELINE)
+    return _load(STRATEGIES[_name(name)])
+
+
+def _load(path: str) -> type[Strategy]:
+    module, cls = path.split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+# "model_parallel" with pp_size > 1 (given, or the launcher's parallelism_config) is its pipeline engine, a subclass
+PIPELINE = "cadence.distributed.pipeline:Pipeline"
+
+
+def _pipelined(options: dict) -> bool:
+    from .model_parallel import _launcher_sizes
+
+    pp_size = options.get("pp_size")
+    return int(_launcher_sizes().get("pp_size", 1) if pp_size is None else pp_size) > 1
 
 
 def get_strategy(name: str | Strategy | None = None, **kwargs) -> Strategy:
@@ -51,7 +69,7 @@ def get_strategy(name: str | Strategy | None = None, **kwargs) -> Strategy:
         if kwargs:
             raise ValueError(f"got a Strategy instance and options {sorted(kwargs)}: give the options to its constructor")
         return name
-    cls = strategy_class(name)
+    cls = strategy_class(name, kwargs)
     try:
         return cls(**kwargs)
     except TypeError as e:

@@ -43,9 +43,9 @@ def _sequential(tie_across: bool) -> nn.Sequential:
 
 
 def _pipeline(**options):
-    from cadence.distributed.model_parallel import ModelParallel
+    from cadence.distributed.registry import get_strategy
 
-    return ModelParallel(device="cpu", pp_size=2, **options)
+    return get_strategy("model_parallel", device="cpu", pp_size=2, **options)
 
 
 def test_weights_tied_across_stages_are_refused_and_a_tie_inside_a_stage_is_kept():
