@@ -110,7 +110,11 @@ def is_auto(value: Any) -> bool:
 
 
 def engine_config(config: dict, precision: str, micro_batch: int) -> dict:
-    """The config DeepSpeed is built with: "auto" batch sizes, accumulation, clipping and precision filled."""
+    """The config DeepSpeed is built with: "auto" batch sizes, accumulation, clipping and precision filled.
+
+    >>> engine_config(build_config(), "bf16", micro_batch=8)["bf16"]
+    {'enabled': True}
+    """
     cfg = copy.deepcopy(config)
     ga = 1 if is_auto(cfg["gradient_accumulation_steps"]) else int(cfg["gradient_accumulation_steps"])
     cfg["gradient_accumulation_steps"] = ga

@@ -51,7 +51,6 @@ class OptimizerMethods:
             set_hyper(opt, "wd", self.wd)
         return opt
 
-
     @staticmethod
     def _group_lrs(lr: float | slice | list, n_groups: int) -> np.ndarray:
         """One learning rate per parameter group: a float for all, a slice spread geometrically, or a list."""
