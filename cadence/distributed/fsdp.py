@@ -330,10 +330,8 @@ class FSDP(OwnsPrecision, Strategy):
         if self.state_dict_type == "FULL_STATE_DICT" or self._skeleton is None:
             return super().checkpoint_writer(directory, model, opt, copy)
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, opt_state = get_state_dict(model, opt)
-        state, target = {"model": model_state, "optimizer": opt_state}, Path(directory) / SHARDED_DIR
+        state, target = self._checkpoint_state(model, opt), Path(directory) / SHARDED_DIR
         if self._checkpoint_group is None:
             import torch.distributed as dist
 
@@ -347,11 +345,21 @@ class FSDP(OwnsPrecision, Strategy):
         if not (Path(directory) / SHARDED_DIR).is_dir():
             return super().load_checkpoint(directory, model, opt)
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        state = self._checkpoint_state(model, opt)
+        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
+        self._set_checkpoint_state(model, opt, state)
+
+    def _checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+        """What the sharded checkpoint holds: {"model": ..., "optimizer": ...}, torch's sharded state dicts."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, opt_state = get_state_dict(model, opt)
-        state = {"model": model_state, "optimizer": opt_state}
-        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
+        return {"model": model_state, "optimizer": opt_state}
+
+    def _set_checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 

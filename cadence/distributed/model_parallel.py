@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, ContextManager
 
 import torch
@@ -34,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from . import env
 from .data import DistributedDL
-from .fsdp import FSDP, SHARDED_DIR
+from .fsdp import FSDP
 from .precision import FullPrecision
 from .strategy import MakeOpt, meta_copy, retie, tied_names
 
@@ -159,35 +158,16 @@ class ModelParallel(FSDP):
         return model, opt
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    def _checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
         """FSDP's sharded format with the optimizer state flattened to one key per parameter, which every
         `model_parallel` mesh (pipelines included: torch's nested `param_groups` would be written once, by rank 0,
         for every stage) writes and reads: a checkpoint resumes on any pp x dp x tp mesh or in one process."""
-        if self.state_dict_type == "FULL_STATE_DICT" or self._skeleton is None:
-            return super().save_checkpoint(directory, model, opt)
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(self._checkpoint_state(model, opt), checkpoint_id=Path(directory) / SHARDED_DIR)
-
-    def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read a checkpoint of any `model_parallel` mesh (or a full one)."""
-        if not (Path(directory) / SHARDED_DIR).is_dir():
-            return super().load_checkpoint(directory, model, opt)
-        import torch.distributed.checkpoint as dcp
-
-        state = self._checkpoint_state(model, opt)
-        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
-        self._set_checkpoint_state(model, opt, state)
-
-    @staticmethod
-    def _checkpoint_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, opt_state = get_state_dict(model, opt, options=_flat_options())
         return {"model": model_state, "optimizer": opt_state}
 
-    @staticmethod
-    def _set_checkpoint_state(model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+    def _set_checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"],

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import env
-from .fsdp import FSDP, SHARDED_DIR
+from .fsdp import FSDP
 from .model_parallel import ModelParallel, _launcher_sizes, _retie_sliced
 from .pipeline_state import merged_optimizer_state, named_by_position, renamed_checkpoint, renamed_optimizer_state
 from .precision import FullPrecision
@@ -398,22 +397,13 @@ class Pipeline(OwnsStep, ModelParallel):
         held = renamed_optimizer_state(state, {v: k for k, v in self._names.items()})  # model names -> stage names
         set_optimizer_state_dict(model, opt, held, options=StateDictOptions(full_state_dict=True))
 
-    def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """ModelParallel's format (FSDP's sharded one, the optimizer state flattened to one key per parameter), keyed
-        by the model's own parameter names (a `split` function's stages may name them their own way): the checkpoint
-        resumes on any pp x dp x tp mesh, or in one process."""
-        import torch.distributed.checkpoint as dcp
+    def _checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+        """ModelParallel's format keyed by the model's own parameter names (a `split` function's stages may name
+        them their own way): the checkpoint resumes on any pp x dp x tp mesh, or in one process."""
+        return renamed_checkpoint(super()._checkpoint_state(model, opt), self._names)
 
-        dcp.save(renamed_checkpoint(self._checkpoint_state(model, opt), self._names),
-                 checkpoint_id=Path(directory) / SHARDED_DIR)
-
-    def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read what `save_checkpoint` (or ModelParallel's) wrote, on any pp x dp x tp mesh or in one process."""
-        import torch.distributed.checkpoint as dcp
-
-        state = renamed_checkpoint(self._checkpoint_state(model, opt), self._names)
-        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
-        self._set_checkpoint_state(model, opt, renamed_checkpoint(state, {v: k for k, v in self._names.items()}))
+    def _set_checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+        super()._set_checkpoint_state(model, opt, renamed_checkpoint(state, {v: k for k, v in self._names.items()}))
 
 
 class _Loss:
