@@ -30,6 +30,7 @@ from cadence.distributed import lifecycle, status
 from cadence.distributed.failure_report import (PREEMPTION_SIGNALS, all_preempted, report_failure, report_preemption,
                                                 report_signal)
 from cadence.distributed.config import Config
+from cadence.distributed import launch_xla
 
 # Config keys that are also `cadence launch` flags (besides --cpu for use_cpu).
 LAUNCH_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port",
@@ -72,6 +73,7 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     add_dynamo_options(parser)
     add_deepspeed_options(parser)
     add_parallelism_options(parser)
+    launch_xla.add_xla_options(parser)
 
 
 def add_accelerate_options(parser: argparse.ArgumentParser) -> None:
@@ -90,8 +92,8 @@ def add_accelerate_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--same_network", action="store_true",
                        help="accepted: machines reach machine 0 at --main_process_ip directly (cadence's default)")
     group.add_argument("--main_training_function", default=None,
-                       help="Accelerate's TPU launcher calls this function; cadence runs the script as __main__, "
-                            "as accelerate launch does off TPUs (a note is printed)")
+                       help="with --tpu, each worker imports the script and calls this function (Accelerate's TPU "
+                            "launcher); otherwise the script runs as __main__, as accelerate launch does off TPUs")
     group.add_argument("--log_dir", default=None, help="torchrun's log directory (with --tee: the workers' streams)")
     group.add_argument("--tee", default=None, help="torchrun's --tee: copy workers' streams to --log_dir (0-3)")
     group.add_argument("--role", default=None, help="torchrun's worker role name")
@@ -234,6 +236,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     changes.update(_dynamo_changes(args, base))
     changes.update(_deepspeed_changes(args, base))
     changes.update(_parallelism_changes(args, base))
+    changes.update(launch_xla.xla_changes(args))
     try:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
@@ -241,7 +244,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if getattr(args, "fsdp_version", None) not in (None, 2):
         raise ValueError(f"--fsdp_version {args.fsdp_version}: cadence's FSDP strategy is FSDP2 (fully_shard); "
                          f"leave the flag out or pass 2")
-    if getattr(args, "main_training_function", None):
+    if getattr(args, "main_training_function", None) and config.distributed_type != "XLA":
         print(f"cadence launch: --main_training_function {args.main_training_function} is for Accelerate's TPU "
               f"launcher; the script runs as __main__, as `accelerate launch` does off TPUs", file=sys.stderr)
     config.check_strategy_exists()
@@ -307,8 +310,8 @@ def torchrun_args(config: Config, args: argparse.Namespace) -> argparse.Namespac
     """
     from torch.distributed import run as torchrun
 
-    program, *arguments = _worker_command(args)
-    parsed = torchrun.parse_args([*_agent_argv(config, args), "--no_python", program])
+    program, *arguments = _worker_command(args, launch_xla.main_function_target(args, config.distributed_type))
+    parsed = torchrun.parse_args([*launch_xla.installed_torchrun_options(_agent_argv(config, args)), "--no_python", program])
     parsed.training_script_args = arguments
     return parsed
 
@@ -334,8 +337,10 @@ def _agent_argv(config: Config, args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _worker_command(args: argparse.Namespace) -> list[str]:
-    """The program each worker runs: the script under `run_worker`, or the program itself (--no_python)."""
+def _worker_command(args: argparse.Namespace, target: list[str] | None = None) -> list[str]:
+    """The program each worker runs: the script (or `target`) under `run_worker`, or the program itself (--no_python)."""
+    if target:
+        return [sys.executable, "-u", "-c", _WORKER_CODE, *target]
     if args.no_python:
         return [args.training_script, *args.training_script_args]
     module = ["-m"] if args.module else []

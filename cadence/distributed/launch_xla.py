@@ -1,0 +1,84 @@
+"""`cadence launch --tpu` and the torchrun of the XLA environment (torch 2.9, which torch_xla pins).
+
+`--tpu` (Accelerate's flag) sets `distributed_type: XLA`: the script's `distrib_ctx()` (or `Accelerator()`)
+then uses the "xla" strategy without naming it. With `--main_training_function main`, as Accelerate's TPU
+launcher does, each worker imports the script (its `if __name__ == "__main__"` block does not run) and
+calls `main()`. torchrun's options change between torch versions: the agent gets only those the installed
+torch knows (`installed_torchrun_options`).
+
+    cadence launch --tpu --num_processes 1 train.py --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from pathlib import Path
+
+
+def add_xla_options(parser: argparse.ArgumentParser) -> None:
+    """Add `--tpu`.
+
+    >>> p = argparse.ArgumentParser(); add_xla_options(p)
+    >>> p.parse_args(["--tpu"]).tpu
+    True
+    """
+    parser.add_argument("--tpu", action="store_true",
+                        help="train on XLA devices (distributed_type XLA: the script's distrib_ctx() uses the xla strategy)")
+
+
+def xla_changes(args: argparse.Namespace) -> dict:
+    """Config changes `--tpu` asks for.
+
+    >>> xla_changes(argparse.Namespace(tpu=True))
+    {'distributed_type': 'XLA'}
+    """
+    return {"distributed_type": "XLA"} if getattr(args, "tpu", False) else {}
+
+
+def main_function_target(args: argparse.Namespace, distributed_type: str) -> list[str] | None:
+    """`-m` target for the worker that calls `--main_training_function` of the script (on XLA only), else None.
+
+    >>> main_function_target(argparse.Namespace(main_training_function="main", training_script="t.py",
+    ...                                         training_script_args=["--lr", "1"], module=False, no_python=False), "XLA")
+    ['-m', 'cadence.distributed.launch_xla', 't.py', 'main', '--lr', '1']
+    """
+    name = getattr(args, "main_training_function", None)
+    if not name or distributed_type != "XLA":
+        return None
+    if args.module or args.no_python:
+        raise ValueError(f"--main_training_function {name} imports a script file: drop --module / --no_python")
+    return ["-m", __name__, args.training_script, name, *args.training_script_args]
+
+
+def installed_torchrun_options(argv: list[str]) -> list[str]:
+    """`argv` (option-value pairs for torch.distributed.run) without the options the installed torch lacks.
+
+    torch 2.9 (torch_xla's) has no `--shutdown_timeout` or `--signals_to_handle`: its agent then uses its
+    own defaults (SIGTERM reaches the workers; no grace period before SIGKILL).
+
+    >>> installed_torchrun_options(["--nnodes", "1", "--no_such_option", "3"])
+    ['--nnodes', '1']
+    """
+    from torch.distributed import run as torchrun
+
+    known = torchrun.get_args_parser()._option_string_actions
+    pairs = zip(argv[::2], argv[1::2])
+    return [item for option, value in pairs if option in known for item in (option, value)]
+
+
+def _call_main_function(script: str, name: str, script_args: list[str]) -> None:
+    """Import `script` (not as __main__) and call its function `name` with no arguments (Accelerate's TPU launcher)."""
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    namespace = runpy.run_path(script, run_name=Path(script).stem)
+    function = namespace.get(name)
+    if not callable(function):
+        raise ValueError(f"--main_training_function {name}: {script} defines no function {name!r}; name the "
+                         f"function that trains, or leave the flag out to run the script as __main__")
+    function()
+
+
+if __name__ == "__main__":
+    _call_main_function(sys.argv[1], sys.argv[2], sys.argv[3:])
