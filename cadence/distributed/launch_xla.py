@@ -12,9 +12,12 @@ torch knows (`installed_torchrun_options`).
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 
 def add_xla_options(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +81,57 @@ def _call_main_function(script: str, name: str, script_args: list[str]) -> None:
         raise ValueError(f"--main_training_function {name}: {script} defines no function {name!r}; name the "
                          f"function that trains, or leave the flag out to run the script as __main__")
     function()
+
+
+def notebook_launch(function: Callable, args: tuple, num_processes: int | None, mixed_precision: str) -> Any:
+    """`notebook_launcher` on XLA (`$PJRT_DEVICE` set): `function(*args)` with the "xla" strategy as the default.
+
+    One process (`num_processes=1`): run here, on this process's XLA device, and return the result.
+    Several (None: every device of the host): one process per device through `xmp.spawn` (fork, so a
+    function defined in a notebook works), as torch_xla documents for TPUs; returns None. That path
+    needs working XLA collectives (TPUs) and is untested here.
+
+    >>> notebook_launch(lambda: os.environ["CADENCE_STRATEGY"], (), 1, "no")    # doctest: +SKIP
+    'xla'
+    """
+    if num_processes is not None and (isinstance(num_processes, bool) or not isinstance(num_processes, int)
+                                      or num_processes < 1):
+        raise ValueError(f"num_processes must be a positive int (or None: every XLA device), got {num_processes!r}")
+    with _xla_variables(mixed_precision):
+        if num_processes == 1:
+            return function(*args)
+        import torch_xla.distributed.xla_multiprocessing as xmp
+
+        xmp.spawn(_spawned, args=(function, tuple(args), num_processes), start_method="fork")
+        return None
+
+
+@contextmanager
+def _xla_variables(mixed_precision: str) -> Iterator[None]:
+    """CADENCE_STRATEGY=xla and the precision, as `cadence launch --tpu` sets them, restored afterwards."""
+    wanted = {"CADENCE_STRATEGY": "xla", "CADENCE_MIXED_PRECISION": mixed_precision}
+    before = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def _spawned(index: int, function: Callable, args: tuple, num_processes: int | None) -> None:
+    """One xmp process: torchrun's variables from the XLA runtime (the strategy then joins the "xla" group)."""
+    import torch_xla.runtime as xr
+
+    world = xr.world_size()
+    if num_processes is not None and num_processes != world:
+        raise ValueError(f"notebook_launcher(num_processes={num_processes}) on XLA: xmp.spawn starts one process per "
+                         f"device and this host has {world}; pass num_processes=None (every device) or 1")
+    os.environ.update(RANK=str(xr.global_ordinal()), LOCAL_RANK=str(xr.local_ordinal()), WORLD_SIZE=str(world))
+    function(*args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""A script that names no strategy, run by `cadence launch --tpu` (tests/xla/test_xla_launch.py) in the XLA environment.
+"""A script that names no strategy, run by `cadence launch --tpu` (or plainly, with --notebook) (tests/xla/test_xla_launch.py) in the XLA environment.
 
 It trains a Learner inside `learn.distrib_ctx()` and the same Learner on the plain CPU, and writes to `--out`:
 the strategy the launcher's config chose, the device the model trained on, how the script was entered
-(`__main__`, or its `main()` called by --main_training_function) and the max |weight difference| to the CPU run.
+(`__main__`, its `main()` called by --main_training_function, or `notebook_launcher` with --notebook) and the max |weight difference| to the CPU run.
 """
 
 import argparse
@@ -32,10 +32,7 @@ def learner() -> Learner:
     return Learner(dls, model, loss_func=F.cross_entropy, lr=0.1, opt_func=torch.optim.SGD, cbs=[])
 
 
-def main(entered: str = "main_training_function") -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
-    out = parser.parse_args().out
+def train(entered: str) -> dict:
     learn = learner()
     with learn.distrib_ctx():                    # no strategy named: the launcher's config picks it
         strategy = type(learn.strategy).__name__
@@ -45,8 +42,22 @@ def main(entered: str = "main_training_function") -> None:
     reference.fit(2)
     diff = max((a.detach().cpu() - b.detach()).abs().max().item()
                for a, b in zip(learn.model.parameters(), reference.model.parameters()))
-    with open(out, "w") as f:
-        json.dump({"strategy": strategy, "device": device, "entered": entered, "diff": diff}, f)
+    return {"strategy": strategy, "device": device, "entered": entered, "diff": diff}
+
+
+def main(entered: str = "main_training_function") -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--notebook", action="store_true", help="train through notebook_launcher(num_processes=1)")
+    args = parser.parse_args()
+    if args.notebook:
+        from cadence.distributed.notebook import notebook_launcher
+
+        result = notebook_launcher(train, ("notebook_launcher",), num_processes=1)
+    else:
+        result = train(entered)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from xla_env import REPO, SCRIPTS
+from xla_env import REPO, SCRIPTS, run_xla
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # torch_xla subprocesses (compiles: minutes when loaded)
 
@@ -39,4 +39,15 @@ def test_distributed_type_xla_in_the_config_selects_the_xla_strategy(xla_python,
                       "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 1\ntpu_env: []\ntpu_use_cluster: false\n")
     r = launch(xla_python, tmp_path, "--config_file", str(config))
     assert (r["strategy"], r["device"], r["entered"]) == ("XLA", "xla:0", "__main__"), r
+    assert r["diff"] < 1e-5, r
+
+
+def test_notebook_launcher_with_one_process_trains_on_xla_in_this_process(xla_python, tmp_path):
+    """notebook_launcher(fn, num_processes=1) with PJRT_DEVICE set: fn runs in the calling process, its
+    distrib_ctx() picks the xla strategy. (Several processes go through xmp.spawn: TPUs only, untested here.)"""
+    out = tmp_path / "out.json"
+    proc = run_xla(xla_python, "xla_launched.py", "--notebook", "--out", str(out))
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    r = json.loads(out.read_text())
+    assert (r["strategy"], r["device"], r["entered"]) == ("XLA", "xla:0", "notebook_launcher"), r
     assert r["diff"] < 1e-5, r
