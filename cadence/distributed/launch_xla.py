@@ -45,14 +45,25 @@ def main_function_target(args: argparse.Namespace, distributed_type: str) -> lis
 
     >>> main_function_target(argparse.Namespace(main_training_function="main", training_script="t.py",
     ...                                         training_script_args=["--lr", "1"], module=False, no_python=False), "XLA")
-    ['-m', 'cadence.distributed.launch_xla', 't.py', 'main', '--lr', '1']
+    ['-m', 'cadence.distributed.xla_main', 't.py', 'main', '--lr', '1']
     """
     name = getattr(args, "main_training_function", None)
     if not name or distributed_type != "XLA":
         return None
     if args.module or args.no_python:
         raise ValueError(f"--main_training_function {name} imports a script file: drop --module / --no_python")
-    return ["-m", __name__, args.training_script, name, *args.training_script_args]
+    script = Path(args.training_script)
+    if script.is_file() and name not in _top_level_functions(script):
+        raise ValueError(f"--main_training_function {name}: {script} defines no function {name!r}; name the "
+                         f"function that trains, or leave the flag out to run the script as __main__")
+    return ["-m", "cadence.distributed.xla_main", args.training_script, name, *args.training_script_args]
+
+
+def _top_level_functions(script: Path) -> set[str]:
+    import ast
+
+    tree = ast.parse(script.read_text(), str(script))
+    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def installed_torchrun_options(argv: list[str]) -> list[str]:
@@ -71,7 +82,7 @@ def installed_torchrun_options(argv: list[str]) -> list[str]:
     return [item for option, value in pairs if option in known for item in (option, value)]
 
 
-def _call_main_function(script: str, name: str, script_args: list[str]) -> None:
+def call_main_function(script: str, name: str, script_args: list[str]) -> None:
     """Import `script` (not as __main__) and call its function `name` with no arguments (Accelerate's TPU launcher)."""
     sys.argv = [script, *script_args]
     sys.path.insert(0, str(Path(script).resolve().parent))
@@ -133,6 +144,3 @@ def _spawned(index: int, function: Callable, args: tuple, num_processes: int | N
     os.environ.update(RANK=str(xr.global_ordinal()), LOCAL_RANK=str(xr.local_ordinal()), WORLD_SIZE=str(world))
     function(*args)
 
-
-if __name__ == "__main__":
-    _call_main_function(sys.argv[1], sys.argv[2], sys.argv[3:])

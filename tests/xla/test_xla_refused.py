@@ -44,7 +44,7 @@ def test_launch_tpu_selects_the_xla_strategy_and_passes_torchrun_only_options_it
     config = launch_mod.resolve_config(args)
     assert config.distributed_type == "XLA" and launch_mod.launch_env(config)["CADENCE_STRATEGY"] == "xla"
     agent = launch_mod.torchrun_args(config, args)  # the worker imports train.py and calls main()
-    assert agent.training_script_args[-5:] == ["cadence.distributed.launch_xla", "train.py", "main", "--lr", "1"]
+    assert agent.training_script_args[-5:] == ["cadence.distributed.xla_main", "train.py", "main", "--lr", "1"]
     assert agent.signals_to_handle  # this torch (2.13) has the option: passed
     # an option the installed torchrun lacks (torch 2.9's has no --signals_to_handle) is left out, not passed:
     # a parser that knows only --nnodes stands in for an older torch's
@@ -53,3 +53,12 @@ def test_launch_tpu_selects_the_xla_strategy_and_passes_torchrun_only_options_it
     older.add_argument("--nnodes")
     monkeypatch.setattr(torchrun, "get_args_parser", lambda: older)
     assert installed_torchrun_options(["--nnodes", "1", "--signals_to_handle", "SIGTERM"]) == ["--nnodes", "1"]
+
+
+def test_a_main_training_function_the_script_lacks_is_refused_before_launching(tmp_path, capsys):
+    from cadence.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("def train():\n    pass\n")
+    assert main(["launch", "--tpu", "--main_training_function", "main", str(script)]) == 2
+    assert f"--main_training_function main: {script} defines no function 'main'" in capsys.readouterr().err
