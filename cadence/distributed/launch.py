@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from cadence.compile import dynamo_env
-from cadence.distributed import lifecycle, status
+from cadence.distributed import launch_xla, lifecycle, status
 from cadence.distributed.config import Config
 from cadence.distributed.failure_report import (PREEMPTION_SIGNALS, all_preempted, report_failure, report_preemption,
                                                 report_signal)
@@ -98,8 +98,8 @@ def torchrun_args(config: Config, args: argparse.Namespace) -> argparse.Namespac
     """
     from torch.distributed import run as torchrun
 
-    program, *arguments = _worker_command(args)
-    parsed = torchrun.parse_args([*_agent_argv(config, args), "--no_python", program])
+    program, *arguments = _worker_command(args, launch_xla.main_function_target(args, config.distributed_type))
+    parsed = torchrun.parse_args([*launch_xla.installed_torchrun_options(_agent_argv(config, args)), "--no_python", program])
     parsed.training_script_args = arguments
     return parsed
 
@@ -125,8 +125,10 @@ def _agent_argv(config: Config, args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _worker_command(args: argparse.Namespace) -> list[str]:
-    """The program each worker runs: the script under `run_worker`, or the program itself (--no_python)."""
+def _worker_command(args: argparse.Namespace, target: list[str] | None = None) -> list[str]:
+    """The program each worker runs: the script (or `target`) under `run_worker`, or the program itself (--no_python)."""
+    if target:
+        return [sys.executable, "-u", "-c", _WORKER_CODE, *target]
     if args.no_python:
         return [args.training_script, *args.training_script_args]
     module = ["-m"] if args.module else []

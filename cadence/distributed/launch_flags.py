@@ -16,6 +16,7 @@ import sys
 
 from cadence.compile import CONFIG_KEYS, check_backend
 from cadence.distributed import config as cfg_mod
+from cadence.distributed import launch_xla
 from cadence.distributed.config import Config
 
 # Config keys that are also `cadence launch` flags (besides --cpu for use_cpu).
@@ -56,6 +57,7 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     add_dynamo_options(parser)
     add_deepspeed_options(parser)
     add_parallelism_options(parser)
+    launch_xla.add_xla_options(parser)
 
 
 def add_accelerate_options(parser: argparse.ArgumentParser) -> None:
@@ -74,8 +76,8 @@ def add_accelerate_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--same_network", action="store_true",
                        help="accepted: machines reach machine 0 at --main_process_ip directly (cadence's default)")
     group.add_argument("--main_training_function", default=None,
-                       help="Accelerate's TPU launcher calls this function; cadence runs the script as __main__, "
-                            "as accelerate launch does off TPUs (a note is printed)")
+                       help="with --tpu, each worker imports the script and calls this function (Accelerate's TPU "
+                            "launcher); otherwise the script runs as __main__, as accelerate launch does off TPUs")
     group.add_argument("--log_dir", default=None, help="torchrun's log directory (with --tee: the workers' streams)")
     group.add_argument("--tee", default=None, help="torchrun's --tee: copy workers' streams to --log_dir (0-3)")
     group.add_argument("--role", default=None, help="torchrun's worker role name")
@@ -212,6 +214,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     changes.update(_dynamo_changes(args, base))
     changes.update(_deepspeed_changes(args, base))
     changes.update(_parallelism_changes(args, base))
+    changes.update(launch_xla.xla_changes(args))
     try:
         config = Config(**{**base.to_dict(), **changes})
     except ValueError as e:
@@ -219,7 +222,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     if getattr(args, "fsdp_version", None) not in (None, 2):
         raise ValueError(f"--fsdp_version {args.fsdp_version}: cadence's FSDP strategy is FSDP2 (fully_shard); "
                          f"leave the flag out or pass 2")
-    if getattr(args, "main_training_function", None):
+    if getattr(args, "main_training_function", None) and config.distributed_type != "XLA":
         print(f"cadence launch: --main_training_function {args.main_training_function} is for Accelerate's TPU "
               f"launcher; the script runs as __main__, as `accelerate launch` does off TPUs", file=sys.stderr)
     config.check_strategy_exists()

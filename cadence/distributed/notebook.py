@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import NoReturn
 
+from cadence.distributed import launch_xla
 from cadence.distributed.config import Config
 from cadence.distributed.lifecycle import SELF_EXITING_VAR, die_with_parent, exit_now
 from cadence.distributed.launch import free_port, is_peer_failure, launch_env, user_traceback
@@ -34,6 +35,8 @@ def notebook_launcher(function, args: tuple = (), num_processes: int | None = No
     >>> notebook_launcher(train, (1e-3,), num_processes=2)          # doctest: +SKIP
     'done'
     """
+    if os.environ.get("PJRT_DEVICE"):   # the XLA runtime was asked for (a TPU VM, or PJRT_DEVICE=CPU): launch_xla
+        return launch_xla.notebook_launch(function, args, num_processes, mixed_precision)
     if num_processes is None:
         import torch
         num_processes = torch.cuda.device_count() or 1

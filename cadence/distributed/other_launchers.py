@@ -19,7 +19,8 @@ _ON_EACH_MACHINE = ("cadence launch reads no hostfile and starts no remote proce
                     "machine with --num_machines N --machine_rank i --main_process_ip <machine 0>")
 _MODEL_PARALLEL = ("tensor, sequence and pipeline parallelism are cadence's model_parallel strategy "
                    "(`learn.distrib_ctx(strategy=\"model_parallel\", tp_size=...)`), launched with --num_processes as usual")
-_NO_TPU = "cadence launch does not start TPU jobs (no XLA strategy in this version)"
+_NO_TPU = ("cadence launch starts no jobs on other TPU VMs or pods: run `cadence launch --tpu` on each TPU VM "
+           "(bf16 on XLA: --mixed_precision bf16)")
 
 # flag -> (the cadence flag that means the same, a note where the meaning differs)
 RENAMED = {
@@ -56,7 +57,7 @@ REFUSED = {
     "--parallelism_config_sp_": ("not supported: sequence parallelism in cadence is part of the tensor-parallel plan "
                                  "(SequenceParallel in the parallelize function); use --parallelism_config_tp_size"),
     "--parallelism_config_cp_": "not supported: context parallelism is not in cadence; use --parallelism_config_cp_size 1",
-    "--tpu": _NO_TPU, "--tpu_": _NO_TPU, "--no_tpu_cluster": _NO_TPU, "--vm": _NO_TPU, "--env": _NO_TPU,
+    "--tpu_": _NO_TPU, "--no_tpu_cluster": _NO_TPU, "--vm": _NO_TPU, "--env": _NO_TPU,
     "--downcast_bf16": _NO_TPU,
     "--fp8_": "not supported: fp8 training is not in cadence; use --mixed_precision bf16",
     "--enable_cpu_affinity": ("not supported: cadence launch does not pin CPU affinity; start it under "
