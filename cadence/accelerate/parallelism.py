@@ -32,8 +32,9 @@ _NAMES = ("dp_replicate", "dp_shard", "tp", "cp")
 
 @dataclass
 class ParallelismConfig:
-    """How the processes divide the work (Accelerate's names): `dp_replicate_size x dp_shard_size x tp_size x cp_size`
-    must equal the number of processes. A size left out is the one `cadence launch --parallelism_config_<name>_size`
+    """How the processes divide the work between tensor and data parallelism, with Accelerate's names.
+
+    `dp_replicate_size x dp_shard_size x tp_size x cp_size` must equal the number of processes. A size left out is the one `cadence launch --parallelism_config_<name>_size`
     (or the config file's `parallelism_config` block) gave, else 1; `dp_shard_size` left out everywhere is the rest
     of the processes (cadence's reading: `tp_size=2` on 4 processes is 2 dp groups; Accelerate would refuse).
 
