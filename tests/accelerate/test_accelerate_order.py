@@ -77,8 +77,9 @@ def run(library: str, world: int, options: tuple[str, ...], out) -> list[list[di
     else:
         launch = ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(world),
                    "--main_process_port", str(free_port())] if world > 1 else [sys.executable])
-        subprocess.run([*launch, str(SCRIPT), "accelerate", str(prefix), *options], check=True, capture_output=True,
-                       timeout=240, env=cadence_env(), cwd=REPO)
+        proc = subprocess.run([*launch, str(SCRIPT), "accelerate", str(prefix), *options], capture_output=True,
+                              text=True, timeout=240, env=cadence_env(), cwd=REPO)
+        assert proc.returncode == 0, f"real Accelerate exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return [json.loads((out / f"{prefix.name}.{r}.json").read_text())["epochs"] for r in range(world)]
 
 

@@ -113,8 +113,10 @@ def test_fsdp2_async_sharded_checkpoints_resume_exactly_after_kills(tmp_path):
     fsdp = ("--strategy", "fsdp", "--write-delay", 0.3)
     finished(run("--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st", "--sync", *fsdp, nproc=2))
     root, out = tmp_path / "ckpt", tmp_path / "run.st"
-    for after in (1.3, 1.0):
-        proc = run("--ckpt", root, "--out", out, "--kill-after", after, *fsdp, nproc=2)
+    # saves every 4 steps, each 0.3 s late per rank: killed after step 5 (step-4's save in flight), then, resumed,
+    # after step 9 (step-8's in flight); a kill by step, not by time, so a fast machine cannot finish first
+    for step in (5, 9):
+        proc = run("--ckpt", root, "--out", out, "--kill-at-step", step, *fsdp, nproc=2)
         assert proc.returncode != 0 and "STEPS" not in proc.stdout, proc.stdout + proc.stderr
         for d in visible(root):
             assert missing_files(d) == [] and (d / "sharded" / ".metadata").is_file(), d

@@ -1,12 +1,13 @@
 """Train as tests/scripts/resume.py does (GradAccum, dropout, AdamW, one-cycle; a checkpoint every 4 optimizer steps
 and every epoch end) with `Checkpoint(async_save=...)`; the same command line starts and continues the run.
 
-  async_checkpoint.py --ckpt DIR --out FILE [--sync] [--write-delay S] [--kill-after S] [--sigterm-in-write N]
+  async_checkpoint.py --ckpt DIR --out FILE [--sync] [--write-delay S] [--kill-after S] [--kill-at-step N] [--sigterm-in-write N]
                       [--fsize BYTES] [--keep-last N] [--strategy NAME]
 --sync: Checkpoint(async_save=False) (the default here is async).
 --write-delay: every checkpoint's RNG files are written S seconds late (a slow disk: the write is in flight
   for longer, while training goes on).
 --kill-after: every rank SIGKILLs itself S seconds after its training started (a kill at a moment the test picks).
+--kill-at-step: every rank SIGKILLs itself right after optimizer step N (with --write-delay, mid-write of the save before).
 --sigterm-in-write: the N-th checkpoint's writer sends this process SIGTERM half-way (rank 0, the first run only:
   a marker file in DIR remembers).
 --fsize: RLIMIT_FSIZE (SIGXFSZ ignored: a write past it fails as on a full disk), set before the fit.
@@ -51,6 +52,17 @@ def slow_rng_file(delay: float, sigterm_at: int | None, marker: Path):
     state_module.save_torch = slow
 
 
+class KillAtStep(Callback):
+    """SIGKILL this process right after optimizer step `step` (every rank at the same point of training)."""
+
+    def __init__(self, step):
+        self.at = step
+
+    def after_step(self):
+        if self.learn.step == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 class KillAfter(Callback):
     """SIGKILL this process `seconds` after its training starts (after any resume)."""
 
@@ -70,6 +82,7 @@ def main():
     p.add_argument("--sync", action="store_true")
     p.add_argument("--write-delay", type=float, default=0.0)
     p.add_argument("--kill-after", type=float)
+    p.add_argument("--kill-at-step", type=int)
     p.add_argument("--sigterm-in-write", type=int)
     p.add_argument("--fsize", type=int)
     p.add_argument("--keep-last", type=int)
@@ -88,6 +101,8 @@ def main():
     learn.remove_cb(learn.progress)
     if args.kill_after is not None:
         learn.add_cb(KillAfter(args.kill_after))
+    if args.kill_at_step is not None:
+        learn.add_cb(KillAtStep(args.kill_at_step))
     if args.fsize:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, args.fsize))
