@@ -29,6 +29,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from cadence import Accelerator
 from cadence.utils import ParallelismConfig
 
+from model_parallel import data, lm_loss   # the same tokens and loss (VOCAB, SEQ as there)
+
 VOCAB, DIM, SEQ, N_TRAIN, N_VALID, BS, EPOCHS, LR, CLIP = 16, 8, 6, 32, 13, 4, 2, 0.5, 0.3
 
 
@@ -64,16 +66,6 @@ class PlannedLM(TinyLM):
 def make_model(cls=TinyLM):
     torch.manual_seed(0)
     return cls()
-
-
-def lm_loss(logits, targets):
-    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
-def data(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (n, SEQ + 1), generator=g)
-    return tokens[:, :-1], tokens[:, 1:]
 
 
 def reference(x, y, dp, accum):

@@ -33,6 +33,8 @@ from cadence.callbacks.tracking import Tracker
 from cadence.distributed.env import rank, world_size
 from cadence.trainer.metrics import SumMetric
 
+from model_parallel import data, lm_loss   # the same tokens and loss (VOCAB, SEQ as there)
+
 VOCAB, DIM, SEQ, N_TRAIN, N_VALID, BS, LR, CLIP, TP = 16, 8, 6, 32, 13, 4, 0.5, 0.3, 2
 WRITES: set[str] = set()
 
@@ -86,16 +88,6 @@ def parallelize(model, tp_mesh):
 def make_model():
     torch.manual_seed(0)
     return TinyLM()
-
-
-def lm_loss(logits, targets):
-    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-
-
-def data(n, seed):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (n, SEQ + 1), generator=g)
-    return tokens[:, :-1], tokens[:, 1:]
 
 
 def reference(x, y, xv, yv, dp, epochs, accum=1):
