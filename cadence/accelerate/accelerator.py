@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -30,32 +31,33 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..compile import check_compile_options, compile_model, options_from_env
+from ..compile import check_compile_options, options_from_env
 from ..distributed.precision import make_precision
 from . import sync
 from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, load_accelerator_state,
                             save_accelerator_state)
 from .clipping import clip_grad_norm
 from .collectives import ProcessHelpers
-from .handlers import (DistributedDataParallelKwargs, DummyOptim, DummyScheduler, GradScalerKwargs,
-                       InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
-from .parallelism import (ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine,
-                          refuse_presliced)
-from .loaders import shard_loader
+from .handlers import (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
+                       ProjectConfiguration)
+from .optional_features import OptionalFeatures
+from .parallelism import ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
-from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
-from .preparation import (autocast_forward, check_rng_types, choose_engine, fit_scheduler_to_groups, make_strategy,
-                          one_deepspeed_plugin, optimizes, owns_parameters, refuse_unsupported, restore_forward,
-                          retarget, sort_handlers, split_loader)
+from .prepare_methods import PrepareMethods
+from .prepared import PreparedDataLoader, PreparedOptimizer
+from .preparation import (check_rng_types, choose_engine, make_strategy, one_deepspeed_plugin, owns_parameters,
+                          refuse_unsupported, restore_forward, sort_handlers)
 from .properties import RunProperties
 from .saving import save_object
 from .state import GradientState, PartialState
+from .state_hooks import StateHooks
 from .trackers import TrackerSet
 
 __all__ = ["Accelerator"]
 
-class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
+class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProperties, StateHooks,
+                  OptionalFeatures):
     """Accelerate's `Accelerator`: prepare your objects, then write the training loop yourself.
 
     Args:
@@ -144,99 +146,10 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
         self._group_sizes: dict[int, list[int]] = {}   # id(optimizer) -> its groups' sizes as given to prepare
+        self._given_names: dict[int, dict[int, str]] = {}   # id(prepared model) -> {id(given parameter): name}
+        self._save_state_pre_hooks: OrderedDict[int, Any] = OrderedDict()   # weakly referenced by their handles
+        self._load_state_pre_hooks: OrderedDict[int, Any] = OrderedDict()
         self._trigger = False
-
-    # ------------------------------------------------------------------ prepare
-    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
-        """Return every argument ready for this run, in the same order (one object: that object).
-
-        Models are wrapped by the strategy before their optimizers are rebuilt over the wrapped
-        parameters (FSDP's rule), whatever the order given; loaders become this process's shard,
-        schedulers step with their optimizer.
-
-        >>> model, optimizer, train_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, scheduler)
-        """
-        if device_placement is not None and len(device_placement) != len(args):
-            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects")
-        placement = device_placement or [self.device_placement] * len(args)
-        out = list(args)
-        is_opt = [isinstance(a, (torch.optim.Optimizer, DummyOptim)) and not isinstance(a, PreparedOptimizer)
-                  for a in args]
-        opts = [a for a, o in zip(args, is_opt) if o]
-        prepared_opts: dict[int, PreparedOptimizer] = {}
-        for i, arg in enumerate(args):
-            if isinstance(arg, nn.Module):
-                mine = [o for o in opts if optimizes(o, arg)]
-                out[i] = self._prepare_model(arg, mine)
-                prepared_opts.update({id(o): PreparedOptimizer(o, self) for o in mine})
-                if mine:
-                    self._stepper[id(out[i])] = prepared_opts[id(mine[0])]
-        for i, arg in enumerate(args):
-            if is_opt[i]:
-                out[i] = prepared_opts.get(id(arg)) or PreparedOptimizer(self._refuse_dummy(arg), self)
-                self._optimizers.append(out[i])
-            elif isinstance(arg, DataLoader):
-                out[i] = self._prepare_loader(arg, placement[i])
-        for i, arg in enumerate(args):
-            if isinstance(arg, torch.optim.lr_scheduler.LRScheduler):
-                out[i] = self._prepare_scheduler(arg)
-            elif isinstance(arg, DummyScheduler):
-                out[i] = arg  # the engine that built the optimizer from its config steps this schedule itself
-        return out[0] if len(out) == 1 else tuple(out)
-
-    def _prepare_model(self, model: nn.Module, opts: list) -> nn.Module:
-        if any(model is m for m in self._models):
-            return model
-        refuse_presliced(model, self.parallelism_config)
-        if self.strategy.precision.name != "no":
-            autocast_forward(model, self.strategy.forward_context)
-        names = {id(p): n for n, p in model.named_parameters()}
-        self._group_sizes.update({id(o): [len(g["params"]) for g in o.param_groups] for o in opts
-                                  if not isinstance(o, DummyOptim)})
-
-        def make_opt(wrapped: nn.Module) -> Any:
-            params = dict(self.strategy.unwrap(wrapped).named_parameters())
-            for opt in opts:
-                retarget(opt, names, params)
-            return opts[0] if opts else None
-        wrapped, opt = self.strategy.setup(model, make_opt, self.strategy.precision)
-        self._refuse_dummy(opt)
-        wrapped = self._compile_model(wrapped)
-        sync.give_no_sync(self.strategy, wrapped)
-        self._models.append(wrapped)
-        self._model_opts.append(opt)
-        return wrapped
-
-    def _compile_model(self, model: nn.Module) -> nn.Module:
-        """torch.compile the module inside the engine's wrapper, in place (`cadence.compile.compile_model`)."""
-        if self.compile_options is not None:
-            compile_model(self.strategy.unwrap(model), **self.compile_options)
-        return model
-
-    def _refuse_dummy(self, opt: Any) -> Any:
-        if isinstance(opt, DummyOptim):
-            raise ValueError(f"DummyOptim stands for an optimizer a DeepSpeed config names, but strategy "
-                             f"{self.strategy.name!r} builds none from a config: pass a torch optimizer, or launch "
-                             f"with --use_deepspeed and a config that has an `optimizer` section")
-        return opt
-
-    def _prepare_loader(self, dl: DataLoader, placement: bool) -> PreparedDataLoader:
-        if self.split_batches:
-            dl = split_loader(dl, self.strategy.dp_size)   # the ranks of a tensor-parallel group share a batch
-        sharded = shard_loader(dl, self.strategy, self.dataloader_config)   # in Accelerate's order
-        sharded.device = self.device if placement else None
-        prepared = PreparedDataLoader(sharded, self.gradient_state, self.rng_types)
-        self._dataloaders.append(prepared)
-        return prepared
-
-    def _prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
-        mine = [o for o in self._optimizers if scheduler.optimizer in (o, o.optimizer)]  # built before or after prepare
-        for opt in mine:
-            if id(opt.optimizer) in self._group_sizes:
-                fit_scheduler_to_groups(scheduler, self._group_sizes[id(opt.optimizer)], opt.param_groups)
-        prepared = PreparedScheduler(scheduler, mine, self, self.step_scheduler_with_optimizer)
-        self._schedulers.append(prepared)
-        return prepared
 
     # ------------------------------------------------------------------ the step
     def backward(self, loss: torch.Tensor) -> None:
@@ -319,6 +232,17 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
             if opt is not None and owns_parameters(model, params, self.strategy):
                 return clip_grad_norm(self.strategy, model, opt, self._stepper.get(id(model)), max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide the fp16 loss scale out of the gradients of `optimizer` (one or a list; default: every prepared
+        one) before code of your own reads them; a no-op without fp16. `clip_grad_norm_` does it by itself.
+
+        >>> accelerator.backward(loss); accelerator.unscale_gradients(optimizer); print(grad_histogram(model))
+        """
+        opts = self._optimizers if optimizer is None else optimizer if isinstance(optimizer, (list, tuple)) \
+            else [optimizer]
+        for opt in opts:
+            self.strategy.precision.unscale(opt.optimizer if isinstance(opt, PreparedOptimizer) else opt)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Unscale (fp16), then clamp every gradient element of the owning prepared model to [-clip_value, clip_value]."""
@@ -424,13 +348,17 @@ class Accelerator(RunProperties, ProcessHelpers, ParallelismProperties):
         >>> model, optimizer = accelerator.free_memory(model, optimizer)
         """
         for registry in (self._models, self._model_opts, self._optimizers, self._schedulers, self._dataloaders,
-                         self._stepper, self._group_sizes):
+                         self._stepper, self._group_sizes, self._given_names):
             registry.clear()
         self.step = 0
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return [None] * len(objects)
+
+    def clear(self, *objects: Any) -> list[None]:
+        """`free_memory` under its other name."""
+        return self.free_memory(*objects)
 
     # ------------------------------------------------------------------ trackers
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:

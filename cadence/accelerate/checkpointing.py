@@ -6,6 +6,7 @@ Layout (the Learner's checkpoint files where they overlap)::
     model_<i>/                        every further model (and its optimizer) the same way
     scheduler_<i>.pt                  each prepared scheduler's state_dict
     custom_checkpoint_<i>.pt          each object given to register_for_checkpointing
+    optimizer_<i>.pt                  each prepared optimizer bound to no model (a model's second optimizer)
     precision.pt                      the fp16 GradScaler's state
     rng-rank<r>.pt                    every process's RNG states
     state.json                        loader positions, step counter; written last: marks a complete checkpoint
@@ -28,10 +29,12 @@ from typing import Any
 
 from ..callbacks.checkpoint import rng_state, set_rng_state
 from ..callbacks.checkpoint.writer import BackgroundWrite
-from ..distributed.strategy import host_copy
 from ..distributed import env
+from ..distributed.state_files import load_optimizer_file, save_optimizer_file
+from ..distributed.strategy import host_copy
 from ..serialization import (STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights, save_torch,
                              save_weights, sibling, staging_dir)
+from .state_hooks import run_load_hooks, run_save_hooks
 
 __all__ = ["save_accelerator_state", "load_accelerator_state", "automatic_checkpoint_dir", "latest_checkpoint_dir"]
 
@@ -80,13 +83,19 @@ def save_accelerator_state(acc: Any, directory: str | os.PathLike, async_save: b
     if main:
         staging_dir(directory)
     acc.wait_for_everyone()
+    skipped = run_save_hooks(acc, str(tmp))   # what they write in the staged folder is committed with the rest
     writers = []
     for i, (model, opt) in enumerate(acc._units()):
         unit = _unit_dir(tmp, i)
         if main:
             unit.mkdir(parents=True, exist_ok=True)
         acc.wait_for_everyone()
-        if opt is not None:
+        if i in skipped:   # a hook saved the weights its own way: the optimizer only
+            if opt is not None and main:
+                opt_state = acc.strategy.optimizer_state_dict(model, opt)
+                opt_state = host_copy(opt_state) if async_save else opt_state
+                writers.append(lambda opt_state=opt_state, unit=unit: save_optimizer_file(opt_state, unit))
+        elif opt is not None:
             writers.append(acc.strategy.checkpoint_writer(unit, model, opt, copy=async_save))
         else:
             weights = acc.strategy.model_state_dict(model)
@@ -98,6 +107,7 @@ def save_accelerator_state(acc: Any, directory: str | os.PathLike, async_save: b
     if main:
         files.update({f"scheduler_{i}.pt": sched.state_dict() for i, sched in enumerate(acc._schedulers)})
         files.update({f"custom_checkpoint_{i}.pt": obj.state_dict() for i, obj in enumerate(acc._custom_objects)})
+        files.update({f"optimizer_{i}.pt": _standalone_state(acc, opt) for i, opt in enumerate(_standalone(acc))})
         files["precision.pt"] = acc.strategy.precision.state_dict()
         files = host_copy(files) if async_save else files
         state = {"format": FORMAT, "models": len(acc._models), "step": acc.step,
@@ -138,9 +148,14 @@ def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, 
                          f"this Accelerator prepared {len(acc._models)}: prepare the same objects as the saving run")
     _check_counts(directory, "scheduler", len(acc._schedulers))
     _check_counts(directory, "custom_checkpoint", len(acc._custom_objects))
+    _check_counts(directory, "optimizer", len(_standalone(acc)))
+    skipped = run_load_hooks(acc, str(directory))
     for i, (model, opt) in enumerate(acc._units()):
         unit = _unit_dir(directory, i)
-        if opt is not None:
+        if i in skipped:   # a hook loaded the weights its own way: the optimizer only
+            if opt is not None:
+                acc.strategy.load_optimizer_state_dict(model, opt, load_optimizer_file(unit))
+        elif opt is not None:
             acc.strategy.load_checkpoint(unit, model, opt)
         else:
             weights = load_weights(unit / "model.safetensors")
@@ -150,6 +165,12 @@ def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, 
         sched.load_state_dict(load_torch(directory / f"scheduler_{i}.pt"))
     for i, obj in enumerate(acc._custom_objects):
         obj.load_state_dict(load_torch(directory / f"custom_checkpoint_{i}.pt"))
+    for i, opt in enumerate(_standalone(acc)):
+        owner, opt_state = _owner(acc, opt), load_torch(directory / f"optimizer_{i}.pt")
+        if owner is not None:
+            acc.strategy.load_optimizer_state_dict(owner, opt.optimizer, opt_state)
+        else:
+            opt.optimizer.load_state_dict(opt_state)
     acc.strategy.precision.load_state_dict(load_torch(directory / "precision.pt"))
     rng = directory / f"rng-rank{acc.process_index}.pt"
     if rng.is_file():
@@ -158,6 +179,24 @@ def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, 
         _restore_position(dl, dl_state)
     acc.step = state["step"]
     return state
+
+
+def _standalone(acc: Any) -> list:
+    """The prepared optimizers saved apart: those bound to no prepared model (a model's second optimizer, or one
+    over parameters of no prepared model)."""
+    bound = {id(opt) for opt in acc._stepper.values()}
+    return [opt for opt in acc._optimizers if id(opt) not in bound]
+
+
+def _owner(acc: Any, opt: Any) -> Any:
+    """The prepared model holding `opt`'s parameters, or None."""
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    return next((m for m in acc._models if held & {id(p) for p in acc.strategy.unwrap(m).parameters()}), None)
+
+
+def _standalone_state(acc: Any, opt: Any) -> dict:
+    owner = _owner(acc, opt)
+    return acc.strategy.optimizer_state_dict(owner, opt.optimizer) if owner is not None else opt.optimizer.state_dict()
 
 
 def _check_counts(directory: Path, prefix: str, expected: int) -> None:

@@ -97,8 +97,11 @@ class ProcessHelpers:
     def on_last_process(self, function: Callable) -> Callable:
         return self.state.on_last_process(function)
 
-    def on_process(self, function: Callable, process_index: int) -> Callable:
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
         return self.state.on_process(function, process_index)
+
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
+        return self.state.on_local_process(function, local_process_index)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` once, on the main process."""

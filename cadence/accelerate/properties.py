@@ -125,6 +125,31 @@ class RunProperties:
         return any(opt.step_was_skipped for opt in self._optimizers)
 
     @property
+    def save_iteration(self) -> int:
+        """The number the next automatically named `save_state` checkpoint gets."""
+        return self.project_configuration.iteration
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True under FSDP (cadence's FSDP is FSDP2, `fully_shard`)."""
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        return self.is_fsdp2
+
+    @property
+    def multi_device(self) -> bool:
+        """True on several processes with one accelerator device each (MULTI_GPU, ...; not MULTI_CPU)."""
+        kind = self.distributed_type
+        return self.use_distributed and kind.startswith("MULTI_") and kind != DistributedType.MULTI_CPU
+
+    @property
+    def should_save_model(self) -> bool:
+        """True: every process takes part in saving the model (`save_model` / `save_state` gather what they need)."""
+        return True
+
+    @property
     def project_dir(self) -> str | None:
         return self.project_configuration.project_dir
 

@@ -11,6 +11,7 @@ the process group when the launcher started several processes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -107,9 +108,27 @@ class PartialState:
         """Decorator: run `function` on the last process only."""
         return self.on_process(function, self.num_processes - 1)
 
-    def on_process(self, function: Callable[..., T], process_index: int) -> Callable[..., T | None]:
-        """Decorator: run `function` on process `process_index` only."""
+    def on_process(self, function: Callable[..., T] | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run `function` on process `process_index` only (`@state.on_process(process_index=1)`)."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        if process_index is None:
+            raise ValueError("on_process needs process_index, e.g. @accelerator.on_process(process_index=1)")
         return ops._only_if(lambda: self.process_index == process_index, function)
+
+    def on_local_process(self, function: Callable[..., T] | None = None, local_process_index: int | None = None
+                         ) -> Any:
+        """Decorator: run `function` on local process `local_process_index` of every machine only.
+
+        >>> @accelerator.on_local_process(local_process_index=1)
+        ... def print_once_per_machine(): print("here")
+        """
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        if local_process_index is None:
+            raise ValueError("on_local_process needs local_process_index, "
+                             "e.g. @accelerator.on_local_process(local_process_index=1)")
+        return ops._only_if(lambda: self.local_process_index == local_process_index, function)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on the main process only."""

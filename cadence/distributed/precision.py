@@ -65,21 +65,21 @@ class ScaledPrecision(AutocastPrecision):
         super().__init__(torch.float16, device_type)
         self.scaler = torch.amp.GradScaler(device_type, **scaler_kwargs)
         self.skipped_steps = 0
-        self._unscaled = False
+        self._unscaled: set[int] = set()   # optimizers whose gradients are unscaled since the last update
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
     def unscale(self, opt: torch.optim.Optimizer) -> None:
-        if not self._unscaled:
+        if id(opt) not in self._unscaled:
             self.scaler.unscale_(opt)
-            self._unscaled = True
+            self._unscaled.add(id(opt))
 
     def step(self, opt: torch.optim.Optimizer) -> bool:
         scale = self.scaler.get_scale()
         self.scaler.step(opt)
-        self.scaler.update()
-        self._unscaled = False
+        self.scaler.update()   # forgets every optimizer's unscaling
+        self._unscaled.clear()
         stepped = self.scaler.get_scale() >= scale  # the scale shrinks exactly when the step was skipped
         self.skipped_steps += not stepped
         return stepped

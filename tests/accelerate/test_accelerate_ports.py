@@ -28,7 +28,10 @@ def test_checkpointing_port_resumes_exactly_under_fsdp(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["together", "apart"])
 @pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
-def test_optimizer_prepared_before_its_model_steps_the_wrapped_parameters(flags):
-    proc = run_launch("accelerator_prepare_order.py", nproc=2, flags=flags, timeout=300)
-    assert proc.stdout.count("ORDER OK") == 1, proc.stdout
+def test_optimizer_built_over_the_plain_model_steps_the_wrapped_parameters_and_is_saved(tmp_path, flags, mode):
+    """prepare(optimizer, model), or prepare_model then prepare_optimizer: the optimizer trains the wrapped model
+    as one process would, and save_state/load_state bring its momentum back (the resumed steps match)."""
+    proc = run_launch("accelerator_prepare_order.py", mode, str(tmp_path / "ckpt"), nproc=2, flags=flags, timeout=300)
+    assert proc.stdout.count("ORDER OK") == 1, proc.stdout + proc.stderr

@@ -203,6 +203,10 @@ def run_one(ex: Example, engine: str, scripts: Path, env: dict[str, str], work: 
     fill = {"out": str(out), "pets": str(work.parent / "standins" / "pets")}
     run_env = cadence_env(**env, **{k: v.format(**fill) for k, v in ex.extra_env.items()})
     run_env["PYTHONPATH"] = os.pathsep.join([str(HERE / "standins" / ex.site), run_env["PYTHONPATH"]])
+    if library == "accelerate" and nproc > 1 and not flags:
+        # without a GPU, Accelerate's `--multi_gpu` processes each train alone (DistributedType.NO, one process)
+        # unless told to use the CPU: then they form one MULTI_CPU (gloo) run, the DDP cadence's runs are
+        run_env["ACCELERATE_USE_CPU"] = "true"
     start = time.time()
     for args, checks in ((ex.args, ex.checks), (ex.resume, ex.resume_checks)):
         if args is None:

@@ -76,6 +76,10 @@ class Dataset:
         return f"Dataset(features={self.column_names}, num_rows={self.num_rows})"
 
 
+class IterableDataset:
+    """The streaming kind, which the stand-in never builds (Accelerate's loaders check for it by type)."""
+
+
 class DatasetDict(dict):
     """Splits by name; map/filter/rename_column apply to each."""
 
