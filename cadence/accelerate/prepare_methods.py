@@ -113,6 +113,7 @@ class PrepareMethods:
         if any(model is m for m in self._models):
             return model
         refuse_presliced(model, self.parallelism_config)
+        self._refuse_engine_without_optimizer(opts)
         if self.strategy.precision.name != "no":
             autocast_forward(model, self.strategy.forward_context)
         names = {id(p): n for n, p in model.named_parameters()}
@@ -133,6 +134,16 @@ class PrepareMethods:
         self._given_names[id(wrapped)] = names
         return wrapped
 
+    def _refuse_engine_without_optimizer(self, opts: list) -> None:
+        """DeepSpeed ZeRO-1/2 engines partition the optimizer: they cannot be built from a model alone."""
+        if opts or self.distributed_type != DistributedType.DEEPSPEED:
+            return
+        stage = self.strategy.config.get("zero_optimization", {}).get("stage", 0)
+        if stage in (1, 2) and "optimizer" not in self.strategy.config:
+            raise ValueError(f"DeepSpeed ZeRO-{stage} builds its engine from the model and its optimizer together: "
+                             f"pass both to one call, accelerator.prepare(model, optimizer, ...) (a model only run "
+                             f"forward: prepare_model(model, evaluation_mode=True))")
+
     def _prepare_for_evaluation(self, model: nn.Module, placement: bool) -> nn.Module:
         if placement:
             model = model.to(self.device)
@@ -148,11 +159,13 @@ class PrepareMethods:
         for k, model in enumerate(self._models):
             names = self._given_names.get(id(model), {})
             current = dict(self.strategy.unwrap(model).named_parameters())
-            if self._model_opts[k] is not None or not held & (set(names) | {id(p) for p in current.values()}):
-                continue   # a second optimizer of one model stands alone (saved apart by save_state)
+            if not held & (set(names) | {id(p) for p in current.values()}):
+                continue
             if self.distributed_type == DistributedType.DEEPSPEED:
                 raise ValueError("DeepSpeed builds its engine from the model and its optimizer together: pass both "
                                  "to one call, accelerator.prepare(model, optimizer, ...)")
+            if self._model_opts[k] is not None:
+                continue   # a second optimizer of one model stands alone (saved apart by save_state)
             retarget(opt, names, current)
             prepared = PreparedOptimizer(opt, self)
             self._model_opts[k], self._stepper[id(model)] = opt, prepared

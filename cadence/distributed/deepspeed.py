@@ -97,10 +97,11 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         import torch.distributed as dist
 
         self.created_group = env.setup_distrib() or self.created_group
-        if not dist.is_initialized():  # one process: a group of one, and the variables DeepSpeed reads
+        if not dist.is_initialized() or dist.get_world_size() == 1:   # one process: the variables DeepSpeed reads
             for name in ("RANK", "LOCAL_RANK"):
                 os.environ.setdefault(name, "0")
             os.environ.setdefault("WORLD_SIZE", "1")
+        if not dist.is_initialized():  # and a group of one
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
             self.created_group = True
         deepspeed = import_deepspeed()

@@ -219,3 +219,17 @@ def test_process_decorators_facts_and_features_that_are_off(tmp_path, capsys):
     acc.save_state(tmp_path / "ckpt")
     assert acc.save_iteration == iteration + 1
     assert acc.clear(model, opt) == [None, None] and acc._models == []
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_refuses_a_model_and_its_optimizer_prepared_apart(stage):
+    """The engine is built from both: ZeRO-2 refuses the model alone, ZeRO-3 (inference-capable) the late optimizer."""
+    pytest.importorskip("deepspeed")
+    from cadence.utils import DeepSpeedPlugin
+
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="model and its optimizer together"):
+        acc.prepare_model(net)
+        acc.prepare_optimizer(opt)
