@@ -228,8 +228,11 @@ def test_deepspeed_refuses_a_model_and_its_optimizer_prepared_apart(stage):
     from cadence.utils import DeepSpeedPlugin
 
     acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))
-    net = _net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="model and its optimizer together"):
-        acc.prepare_model(net)
-        acc.prepare_optimizer(opt)
+    try:
+        net = _net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="model and its optimizer together"):
+            acc.prepare_model(net)
+            acc.prepare_optimizer(opt)
+    finally:
+        acc.strategy.teardown()   # the one-process group DeepSpeed needs must not outlive the test
