@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -187,10 +188,17 @@ def launch_command(library: str, nproc: int, flags: tuple[str, ...], script: Pat
         # starts one process, and `--multi_gpu` on a machine without GPUs starts N processes on gloo (MULTI_CPU)
         engine = [f for f in flags if f in ("--use_fsdp", "--use_deepspeed")]
         kind = () if engine else ("--multi_gpu",) if nproc > 1 else ("--cpu",)
-        return [sys.executable, "-m", "accelerate.commands.launch", *kind, "--num_processes", str(nproc), *flags,
-                str(script), *args]
+        port = ("--main_process_port", str(_free_port())) if nproc > 1 else ()   # runs side by side (--jobs)
+        return [sys.executable, "-m", "accelerate.commands.launch", *kind, "--num_processes", str(nproc), *port,
+                *flags, str(script), *args]
     return [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), *flags,
             str(script), *args]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_one(ex: Example, engine: str, scripts: Path, env: dict[str, str], work: Path, library: str = "cadence",
