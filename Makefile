@@ -53,7 +53,7 @@ test-fast: setup-dev
 # Accelerate's example scripts (imports swapped) x every engine through `cadence launch`, offline;
 # the table goes to examples-status.md (`make test` runs a slice: tests/accelerate/examples/test_accelerate_examples.py)
 test-examples: setup-dev
-	$(PY) tests/accelerate/examples/matrix.py --status examples-status.md
+	$(PY) tests/accelerate/examples/matrix.py --jobs 2 --status examples-status.md
 
 bench: setup
 	$(PY) bench/overhead.py

@@ -8,6 +8,8 @@ below chance), every evaluation sample counted once, checkpoints written and res
     python tests/accelerate/examples/matrix.py --status STATUS.md            # every script x engine
     python tests/accelerate/examples/matrix.py --only nlp_example --engines DDP FSDP
     python tests/accelerate/examples/matrix.py --library accelerate          # the same runs on real Accelerate
+
+Real Accelerate's runs go one at a time (`--jobs 1`): two of its 2-process CPU runs side by side hang.
 """
 
 from __future__ import annotations
