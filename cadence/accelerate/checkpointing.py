@@ -102,7 +102,7 @@ def save_accelerator_state(acc: Any, directory: str | os.PathLike, async_save: b
             if main:
                 weights = host_copy(weights) if async_save else weights
                 writers.append(lambda weights=weights, unit=unit: save_weights(weights, unit / "model.safetensors"))
-    files = {f"rng-rank{acc.process_index}.pt": rng_state()}
+    files = {f"rng-rank{acc.process_index}.pt": rng_state(acc.strategy)}
     state = None
     if main:
         files.update({f"scheduler_{i}.pt": sched.state_dict() for i, sched in enumerate(acc._schedulers)})
@@ -174,7 +174,7 @@ def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, 
     acc.strategy.precision.load_state_dict(load_torch(directory / "precision.pt"))
     rng = directory / f"rng-rank{acc.process_index}.pt"
     if rng.is_file():
-        set_rng_state(load_torch(rng))
+        set_rng_state(load_torch(rng), acc.strategy)
     for dl, dl_state in zip(acc._dataloaders, state["dataloaders"]):
         _restore_position(dl, dl_state)
     acc.step = state["step"]

@@ -202,6 +202,14 @@ class Strategy:
         """Unsharded weights on the CPU, for export (`save_model`); meaningful on the main process."""
         return {k: v.detach().cpu() for k, v in self.model_state_dict(model).items()}
 
+    def device_rng_state(self) -> dict[str, Any]:
+        """The random state of this engine's device where torch's CPU/CUDA states do not hold it (XLA's
+        generator); saved with every checkpoint's RNG states. None here."""
+        return {}
+
+    def set_device_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what `device_rng_state` returned."""
+
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Write model and optimizer into `directory` in this engine's format (every rank calls it).
 

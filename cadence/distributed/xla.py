@@ -65,6 +65,7 @@ class XlaDL(DistributedDL):
     def __iter__(self) -> Iterator[Any]:
         for batch in super().__iter__():
             self.strategy.sync_pending()  # what the last batch left (a validation forward, metric sums) runs now
+            self.strategy.seed_next_batch()
             yield self.strategy.place(batch)
 
 
@@ -97,6 +98,8 @@ class XLA(Strategy):
         self._device = torch.device(device) if device is not None else None
         self._sync_grads = True
         self._just_synced = False  # the optimizer step has just run its graph (XlaDL need not sync again)
+        self._rng_base: int | None = None   # see seed_next_batch
+        self._batches_served = 0
         self._params: list[nn.Parameter] = []  # what backward all-reduces with one process per device
         self.precision = FullPrecision()
 
@@ -292,6 +295,34 @@ class XLA(Strategy):
         self.xla.sync()
         return map_tensors(lambda t: t.detach().cpu(), opt.state_dict())
 
+    # ------------------------------------------------------------------ the device's random numbers
+    # Dropout on the device draws from XLA's generator, whose seed also moves at every graph execution (a
+    # checkpoint's or an evaluation's included), so its running value cannot be saved and given back at the
+    # same point of the run. Each batch therefore gets its own seed, from torch's initial seed (`set_seed`)
+    # and the number of batches served: a resumed run draws what the uninterrupted one drew.
+    def seed_next_batch(self) -> None:
+        """Seed XLA's generator for the batch about to run (called by `XlaDL` before each batch)."""
+        import torch_xla.core.xla_model as xm
+
+        if self._rng_base is None:
+            self._rng_base = torch.initial_seed()
+        self._batches_served += 1
+        xm.set_rng_state(_mix(self._rng_base, self._batches_served), self.device)
+
+    def device_rng_state(self) -> dict[str, Any]:
+        """The per-batch seeding's position, and XLA's running seed (for loops whose loaders are not `XlaDL`)."""
+        import torch_xla.core.xla_model as xm
+
+        return {"xla_base": self._rng_base, "xla_batches": self._batches_served,
+                "xla_seed": int(xm.get_rng_state(self.device))}
+
+    def set_device_rng_state(self, state: dict[str, Any]) -> None:
+        import torch_xla.core.xla_model as xm
+
+        self._rng_base, self._batches_served = state.get("xla_base"), state.get("xla_batches", 0)
+        if "xla_seed" in state:
+            xm.set_rng_state(int(state["xla_seed"]), self.device)
+
     # ------------------------------------------------------------------ what the runtime did
     @staticmethod
     def counts() -> dict[str, int]:
@@ -309,3 +340,11 @@ class XLA(Strategy):
             data = met.metric_data(name)
             return int(data[0]) if data else 0
         return {"compiles": count("CompileTime"), "executions": count("ExecuteTime") + count("ExecuteReplicatedTime")}
+
+
+def _mix(base: int, n: int) -> int:
+    """A 63-bit seed for batch `n` of a run seeded with `base` (splitmix64: neighbouring n give unrelated seeds)."""
+    z = (base + n * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1

@@ -54,9 +54,9 @@ def dls(shuffle=False):
     return DataLoaders(DataLoader(train, batch_size=BS, shuffle=shuffle), DataLoader(valid, batch_size=BS))
 
 
-def model():
+def model(dropout=0.0):
     torch.manual_seed(1)
-    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), *([nn.Dropout(dropout)] if dropout else []), nn.Linear(32, 2))
 
 
 OPTS = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
@@ -69,9 +69,9 @@ CASES = {  # name -> (optimizer, lr, callbacks)
 }
 
 
-def learner(case, **kw):
+def learner(case, dropout=0.0, **kw):
     opt, lr, cbs = CASES[case]
-    return Learner(dls(**kw), model(), loss_func=F.cross_entropy, opt_func=OPTS[opt], lr=lr, cbs=cbs())
+    return Learner(dls(**kw), model(dropout), loss_func=F.cross_entropy, opt_func=OPTS[opt], lr=lr, cbs=cbs())
 
 
 def weights(learn):
@@ -186,7 +186,7 @@ class Die(Callback):
 
 
 def train(args):
-    learn = learner("adamw", shuffle=True)
+    learn = learner("adamw", dropout=0.3, shuffle=True)   # dropout draws from XLA's generator: checkpointed too
     learn.path = args.dir
     first = FirstStep()
     cbs = [Checkpoint(every_n_steps=1, every_epoch=False), first] + ([Die(args.kill_at)] if args.kill_at else [])

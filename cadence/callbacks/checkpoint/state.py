@@ -122,7 +122,7 @@ def stage_state(learn: Any, directory: Path, epoch_complete: bool, copy: bool = 
         state = json.loads(json.dumps(state))  # the values of now: callbacks go on changing their own lists
         if copy:
             tensors = host_copy(tensors)
-    return StagedSave(directory, engine_write, rng_state(), state, tensors)
+    return StagedSave(directory, engine_write, rng_state(strategy), state, tensors)
 
 
 def _files(directory: Path) -> list[str]:
@@ -214,7 +214,7 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
         if cb.name in state["callbacks"] and callable(getattr(cb, "load_state_dict", None)):
             cb.load_state_dict(state["callbacks"][cb.name])
     if rng is not None:
-        set_rng_state(rng)
+        set_rng_state(rng, learn.strategy)
     _restore_position(learn, state)
     return state
 
