@@ -53,8 +53,10 @@ def test_config_update_rewrites_an_accelerate_file(tmp_path, capsys):
                     "main_training_function: main\nmixed_precision: 'no'\nnum_processes: 2\nuse_cpu: true\nfp16: false\n")
     assert main(["config", "update", "--config_file", str(path)]) == 0
     raw = yaml.safe_load(path.read_text())
-    assert "main_training_function" not in raw and "fp16" not in raw and raw["timeout"] == 600.0
-    assert load_config(path) == Config(num_processes=2, use_cpu=True, distributed_type="MULTI_CPU")
+    assert "downcast_bf16" not in raw and "fp16" not in raw and raw["timeout"] == 600.0
+    assert raw["main_training_function"] == "main"         # kept: XLA launches call it, as Accelerate's TPU launcher
+    assert load_config(path) == Config(num_processes=2, use_cpu=True, distributed_type="MULTI_CPU",
+                                       main_training_function="main")
 
 
 def test_config_asks_in_a_terminal(tmp_path, monkeypatch, capsys):

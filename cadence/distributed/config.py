@@ -28,7 +28,7 @@ RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 # Keys `accelerate config` writes (or wrote in older versions) that cadence does not use as such
 # (`fp16` and the top-level `dynamo_backend` are translated in `from_dict`).
 ACCELERATE_ONLY_KEYS = frozenset({
-    "same_network", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
+    "same_network", "enable_cpu_affinity", "downcast_bf16",
     "dynamo_backend", "fp16", "fp8_config", "tp_config", "megatron_lm_config",
     "ipex_config", "mpirun_config", "tpu_name", "tpu_zone", "tpu_use_cluster",
     "tpu_use_sudo", "tpu_vm", "tpu_env", "command_file", "commands",
@@ -74,6 +74,9 @@ class Config:
     preemption_grace_s: float = _key("seconds workers get to checkpoint after SIGTERM/SIGUSR1 before they are killed",
                                      60.0, minimum=0)
     debug: bool = _key("detailed distributed checks and launcher logs", False)
+    main_training_function: str | None = _key("on XLA, the function of the script each worker calls (Accelerate's "
+                                              "TPU launcher; `accelerate config` writes main); other engines run the "
+                                              "script as __main__", kind=str)
     fsdp_config: dict = _key("FSDP options (passed to the FSDP strategy)", kind=dict, default_factory=dict)
     deepspeed_config: dict = _key("DeepSpeed options (passed to the DeepSpeed strategy)", kind=dict, default_factory=dict)
     parallelism_config: dict = _key("tensor-parallel sizes (Accelerate's parallelism_config block: "

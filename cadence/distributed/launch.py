@@ -98,7 +98,7 @@ def torchrun_args(config: Config, args: argparse.Namespace) -> argparse.Namespac
     """
     from torch.distributed import run as torchrun
 
-    program, *arguments = _worker_command(args, launch_xla.main_function_target(args, config.distributed_type))
+    program, *arguments = _worker_command(args, launch_xla.main_function_target(args, config))
     parsed = torchrun.parse_args([*launch_xla.installed_torchrun_options(_agent_argv(config, args)), "--no_python", program])
     parsed.training_script_args = arguments
     return parsed

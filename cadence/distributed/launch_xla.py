@@ -40,15 +40,17 @@ def xla_changes(args: argparse.Namespace) -> dict:
     return {"distributed_type": "XLA"} if getattr(args, "tpu", False) else {}
 
 
-def main_function_target(args: argparse.Namespace, distributed_type: str) -> list[str] | None:
-    """`-m` target for the worker that calls `--main_training_function` of the script (on XLA only), else None.
+def main_function_target(args: argparse.Namespace, config: Any) -> list[str] | None:
+    """`-m` target for the worker that calls the config's `main_training_function` (the flag or the config file's
+    key) of the script, on XLA only; else None.
 
-    >>> main_function_target(argparse.Namespace(main_training_function="main", training_script="t.py",
-    ...                                         training_script_args=["--lr", "1"], module=False, no_python=False), "XLA")
+    >>> from cadence.distributed.config import Config
+    >>> main_function_target(argparse.Namespace(training_script="t.py", training_script_args=["--lr", "1"],
+    ...                      module=False, no_python=False), Config(distributed_type="XLA", main_training_function="main"))
     ['-m', 'cadence.distributed.xla_main', 't.py', 'main', '--lr', '1']
     """
-    name = getattr(args, "main_training_function", None)
-    if not name or distributed_type != "XLA":
+    name = config.main_training_function
+    if not name or config.distributed_type != "XLA":
         return None
     if args.module or args.no_python:
         raise ValueError(f"--main_training_function {name} imports a script file: drop --module / --no_python")

@@ -33,12 +33,17 @@ def test_launch_tpu_trains_on_xla_and_calls_the_main_training_function(xla_pytho
     assert r["diff"] < 1e-5, r  # 2 epochs of SGD: the same weights as the plain-CPU Learner
 
 
-def test_distributed_type_xla_in_the_config_selects_the_xla_strategy(xla_python, tmp_path):
+@pytest.mark.parametrize("function", ["main", None])
+def test_distributed_type_xla_in_the_config_selects_the_xla_strategy(xla_python, tmp_path, function):
+    """An `accelerate config` TPU file: its `main_training_function: main` is called, as Accelerate's TPU launcher
+    does; without the key the script runs as __main__."""
     config = tmp_path / "tpu.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: TPU\nmain_training_function: main\n"
+    key = f"main_training_function: {function}\n" if function else ""
+    config.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: TPU\n{key}"
                       "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 1\ntpu_env: []\ntpu_use_cluster: false\n")
     r = launch(xla_python, tmp_path, "--config_file", str(config))
-    assert (r["strategy"], r["device"], r["entered"]) == ("XLA", "xla:0", "__main__"), r
+    assert (r["strategy"], r["device"], r["entered"]) == ("XLA", "xla:0", "main_training_function" if function
+                                                          else "__main__"), r
     assert r["diff"] < 1e-5, r
 
 
