@@ -328,13 +328,14 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             state[name] = masters[id(param)]
         return state
 
-    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-        """Load full weights into the engine: the fp32 masters and the (possibly low-precision) working copies."""
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load full weights into the engine: the fp32 masters and the (possibly low-precision) working copies
+        (`strict=False`: those `state` has)."""
         import deepspeed
         from deepspeed.utils import safe_set_full_fp32_param
 
         module = self.unwrap(model)
-        params = dict(self._named_params(model))
+        params = {name: p for name, p in self._named_params(model) if strict or name in state}
         with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0,
                                                enabled=self.stage == 3 and self.engine is not None):
             for name, param in params.items():

@@ -299,13 +299,13 @@ class FSDP(OwnsPrecision, Strategy):
                 state[alias] = state[source]
         return state
 
-    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         """Load full weights (read by every rank) into the shards."""
         if self._skeleton is None:
-            return super().load_model_state_dict(model, state)
+            return super().load_model_state_dict(model, state, strict)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=strict))
 
     def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
         """Full optimizer state keyed by parameter names, on the CPU of rank 0."""

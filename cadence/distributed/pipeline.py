@@ -362,12 +362,12 @@ class Pipeline(OwnsStep, ModelParallel):
             return ModelParallel.model_state_dict(self, model)
         return self._gathered_state(model)
 
-    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
         """Load full weights: each stage takes its own names."""
         if not self._stages:
-            return ModelParallel.load_model_state_dict(self, model, state)
+            return ModelParallel.load_model_state_dict(self, model, state, strict)
         mine = {self._names.get(k, k): k for k in model.state_dict()}
-        ModelParallel.load_model_state_dict(self, model, {mine[k]: v for k, v in state.items() if k in mine})
+        ModelParallel.load_model_state_dict(self, model, {mine[k]: v for k, v in state.items() if k in mine}, strict)
 
     def state_template(self, model: nn.Module) -> nn.Module:
         """The whole model's skeleton: full weights hold every stage's, under the model's names."""

@@ -171,9 +171,10 @@ class Strategy:
         """Full (unsharded) state dict of the user's module; every rank must call it (a collective for sharded engines)."""
         return self.unwrap(model).state_dict()
 
-    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-        """Load a full state dict into the (possibly wrapped or sharded) model; every rank calls it."""
-        self.unwrap(model).load_state_dict(state)
+    def load_model_state_dict(self, model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load a full state dict into the (possibly wrapped or sharded) model; every rank calls it. `strict=False`:
+        `state` may hold only some of the model's names (the others keep their values)."""
+        self.unwrap(model).load_state_dict(state, strict=strict)
 
     def state_template(self, model: nn.Module) -> nn.Module:
         """The module whose state dict `model_state_dict`'s full weights match (what `learn.load` checks a file

@@ -69,9 +69,24 @@ def load(learn: Any, name: str | Path, with_opt: bool = True, strict: bool = Tru
         check_state_dict(strategy.state_template(learn.model), weights, source=str(weights_file))
         strategy.load_model_state_dict(learn.model, weights)
     else:
-        strategy.unwrap(learn.model).load_state_dict(weights, strict=False)
+        strategy.load_model_state_dict(learn.model, _matching(strategy.state_template(learn.model), weights,
+                                                              weights_file, strategy.is_main), strict=False)
     if opt_state is not None:
         strategy.load_optimizer_state_dict(learn.model, learn.opt, opt_state)
+
+
+def _matching(template: Any, weights: dict, source: Path, main: bool) -> dict:
+    """`learn.load(strict=False)`: the saved weights the model has a place for, the rest said once (fastai's
+    `load_state_dict(strict=False)`: a new head keeps its fresh weights). A shape that differs is still an error."""
+    names = template.state_dict()
+    kept = {k: v for k, v in weights.items() if k in names}
+    missing, unexpected = sorted(set(names) - set(kept)), sorted(set(weights) - set(kept))
+    if main and (missing or unexpected):
+        warnings.warn(f"learn.load(strict=False) from {source}: {len(missing)} of the model's weights not in the file "
+                      f"keep their values {missing[:8]}{'...' if len(missing) > 8 else ''}; {len(unexpected)} in the "
+                      f"file not in the model are ignored {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}",
+                      stacklevel=4)
+    return kept
 
 
 def _target(learn: Any, name: str | Path) -> Path:

@@ -178,3 +178,23 @@ def test_wd_bn_bias_false_keeps_norm_and_bias_parameters_from_decaying():
     torch_way, before = make()
     torch_way.fit(1)
     assert torch.allclose(torch_way.model[0].bias, before["0.bias"] * 0.95)   # the default decays every parameter
+
+
+def test_load_strict_false_takes_the_body_keeps_a_new_head_and_says_what_it_skipped(tmp_path):
+    """fastai's transfer habit: weights saved from a model, loaded into one with a different head."""
+    old = learner(path=tmp_path)
+    old.model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    old.fit(1, lr=0.1)
+    old.save("body", with_opt=False)
+    new = learner(path=tmp_path)
+    new.model = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+    new.model.add_module("head", nn.Linear(8, 5))                                      # a new head: 5 classes
+    head = {k: v.clone() for k, v in new.model.head.state_dict().items()}
+    with pytest.warns(UserWarning, match=r"2 of the model's weights not in the file keep their values.*"
+                                         r"2 in the file not in the model are ignored"):
+        new.load("body", with_opt=False, strict=False)
+    for k in ("weight", "bias"):
+        assert torch.equal(getattr(new.model[0], k), getattr(old.model[0], k))          # the body came
+        assert torch.equal(getattr(new.model.head, k), head[k])                        # the head kept its values
+    with pytest.raises(Exception, match="head|missing|2.weight"):
+        new.load("body", with_opt=False)                                              # strict: refused
