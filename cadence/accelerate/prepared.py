@@ -104,6 +104,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.accelerator.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
+            self.accelerator.strategy.end_of_step()
 
     def step(self, closure: Any = None) -> None:
         if closure is not None:

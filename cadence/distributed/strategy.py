@@ -123,6 +123,10 @@ class Strategy:
         """Drop the gradients (set to None) after a step."""
         opt.zero_grad(set_to_none=True)
 
+    def end_of_step(self) -> None:
+        """The step's gradients are gone (a hand-written loop zeroed them): an engine that runs lazily (XLA) runs
+        the step now. Nothing here."""
+
     def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
         """Unscale, then clip the gradients of the whole model to `max_norm`; returns the norm before clipping."""

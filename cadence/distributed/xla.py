@@ -98,6 +98,7 @@ class XLA(Strategy):
         self._device = torch.device(device) if device is not None else None
         self._sync_grads = True
         self._just_synced = False  # the optimizer step has just run its graph (XlaDL need not sync again)
+        self._step_pending = False  # an optimizer step traced, its graph not run yet (see `step`)
         self._rng_base: int | None = None   # see seed_next_batch
         self._batches_served = 0
         self._params: list[nn.Parameter] = []  # what backward all-reduces with one process per device
@@ -236,15 +237,27 @@ class XLA(Strategy):
             xm.all_reduce(xm.REDUCE_SUM, grads, scale=1.0 / dist.get_world_size())
 
     def step(self, opt: torch.optim.Optimizer) -> bool:
-        """Step the optimizer, then run the step's graph (`torch_xla.sync()`): one execution per step."""
+        """Step the optimizer; its graph runs once the gradients are dropped (`zero_grad` / `end_of_step`), so they
+        are not among the graph's outputs (a hand-written loop's zero_grad before its sync does the same)."""
         stepped = self.precision.step(opt)
-        self.xla.sync()
-        self._just_synced = True
+        self._step_pending = True
         return stepped
+
+    def zero_grad(self, opt: torch.optim.Optimizer) -> None:
+        super().zero_grad(opt)
+        self.end_of_step()
+
+    def end_of_step(self) -> None:
+        """Run the optimizer step's graph (`torch_xla.sync()`): one execution per step."""
+        if self._step_pending:
+            self.xla.sync()
+            self._step_pending, self._just_synced = False, True
 
     def sync_pending(self) -> None:
         """Run what was traced since the last sync; nothing when that was the optimizer step's (nothing new to run)."""
-        if not self._just_synced:
+        if self._step_pending:
+            self.end_of_step()
+        elif not self._just_synced:
             self.xla.sync()
         self._just_synced = False
 
@@ -326,8 +339,9 @@ class XLA(Strategy):
     # ------------------------------------------------------------------ what the runtime did
     @staticmethod
     def counts() -> dict[str, int]:
-        """Graphs compiled and graph executions so far in this process (torch_xla.debug.metrics), once the
-        device has finished what it was given (an execution is counted when it ends).
+        """Graphs compiled, graph executions and device buffers the executions returned (their outputs) so far in
+        this process (torch_xla.debug.metrics), once the device has finished what it was given (an execution is
+        counted when it ends).
 
         >>> before = XLA.counts(); learn.fit(1); XLA.counts()["compiles"] - before["compiles"]
         """
@@ -339,7 +353,8 @@ class XLA(Strategy):
         def count(name: str) -> int:
             data = met.metric_data(name)
             return int(data[0]) if data else 0
-        return {"compiles": count("CompileTime"), "executions": count("ExecuteTime") + count("ExecuteReplicatedTime")}
+        return {"compiles": count("CompileTime"), "executions": count("ExecuteTime") + count("ExecuteReplicatedTime"),
+                "outputs": int(met.counter_value("CreateDataHandles") or 0)}
 
 
 def _mix(base: int, n: int) -> int:

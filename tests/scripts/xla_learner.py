@@ -144,11 +144,35 @@ class Counts(Callback):
     def after_step(self):
         self.steps.append(XLA.counts())
 
-    def before_validate(self):
-        self.steps.append(("v", XLA.counts()))
-
     def after_epoch(self):
         self.epochs.append(XLA.counts())
+
+    def before_train(self):
+        self.train_start = XLA.counts()
+
+    def before_validate(self):
+        self.steps.append(("v", XLA.counts()))
+        end = self.steps[-1][1]                  # the last step's graph ran at its zero_grad
+        self.outputs_per_step = (end["outputs"] - self.train_start["outputs"]) / len(self.learn.dls.train)
+
+
+def hand_outputs_per_step():
+    """Device buffers per step of the hand-written torch_xla loop doing what the "clip" case does."""
+    import torch_xla
+
+    device = torch_xla.device()
+    net = model().to(device)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    batches = [(xb.to(device), yb.to(device)) for xb, yb in dls().train]
+    for epoch in range(2):                       # the first epoch compiles
+        start = XLA.counts()
+        for xb, yb in batches:
+            F.cross_entropy(net(xb), yb).backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 0.05)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch_xla.sync()
+    return (XLA.counts()["outputs"] - start["outputs"]) / len(batches)
 
 
 def counts(args):
@@ -156,6 +180,7 @@ def counts(args):
     cb = Counts()
     with learn.distrib_ctx(strategy="xla"):
         learn.fit(3, cbs=cb)
+        hand = hand_outputs_per_step()
         # every validation sample once: the mean loss over all of them, computed by hand on the CPU
         plain = learn.strategy.unwrap(learn.model)
         w = {k: v.cpu() for k, v in plain.state_dict().items()}
@@ -165,7 +190,8 @@ def counts(args):
     with torch.no_grad():
         by_hand = F.cross_entropy(ref(x[N_TRAIN:]), y[N_TRAIN:]).item()
     return {"epochs": cb.epochs, "start": cb.start, "steps": cb.steps, "steps_per_epoch": len(learn.dls.train),
-            "valid_loss": learn.recorder.values[-1]["valid_loss"], "valid_by_hand": by_hand}
+            "valid_loss": learn.recorder.values[-1]["valid_loss"], "valid_by_hand": by_hand,
+            "outputs_per_step": cb.outputs_per_step, "hand_outputs_per_step": hand}
 
 
 class FirstStep(Callback):
