@@ -147,13 +147,14 @@ class Counts(Callback):
     def after_epoch(self):
         self.epochs.append(XLA.counts())
 
-    def before_train(self):
-        self.train_start = XLA.counts()
+    def before_batch(self):
+        if self.learn.training and self.learn.iter == 1:   # the first step's graph (and the last epoch's leftovers) ran
+            self.second_step = XLA.counts()
 
     def before_validate(self):
         self.steps.append(("v", XLA.counts()))
         end = self.steps[-1][1]                  # the last step's graph ran at its zero_grad
-        self.outputs_per_step = (end["outputs"] - self.train_start["outputs"]) / len(self.learn.dls.train)
+        self.outputs_per_step = (end["outputs"] - self.second_step["outputs"]) / (len(self.learn.dls.train) - 1)
 
 
 def hand_outputs_per_step():
