@@ -26,6 +26,12 @@ def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_and_hsdp_equal_one_process_with_
 
 
 @pytest.mark.slow
+def test_hsdp_with_tp_inside_on_a_2x2x2_mesh_equals_one_process_with_the_global_batch():
+    """8 processes: tp 2 inside FSDP2 over (dp_replicate 2, dp_shard 2), with clipping and tied embeddings."""
+    assert_checks(run_launch("model_parallel.py", "0.5", "hsdp_tp", nproc=8, timeout=600).stdout, ("hsdp_tp",))
+
+
+@pytest.mark.slow
 def test_a_hugging_face_llama_with_tied_embeddings_is_sliced_by_its_own_plan_trains_like_one_process_and_exports(
         tmp_path):
     out = run_launch("model_parallel_hf.py", tmp_path / "export", nproc=2, timeout=300).stdout

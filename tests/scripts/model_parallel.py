@@ -142,7 +142,8 @@ def ok(variant, name):
 
 VARIANTS = {"tp": (parallelize, {}), "sp": (parallelize_sequence, {}),
             "loss_parallel": (parallelize_vocab_sliced, {"loss_parallel": True}), "bf16": (parallelize, {}),
-            "hsdp": (parallelize, {"dp_replicate_size": 2})}  # tp 1: FSDP2 over (dp_replicate 2, dp_shard world / 2)
+            "hsdp": (parallelize, {"dp_replicate_size": 2}),  # tp 1: FSDP2 over (dp_replicate 2, dp_shard world / 2)
+            "hsdp_tp": (parallelize, {"dp_replicate_size": 2})}  # tp 2 inside FSDP2 over (dp_replicate 2, dp_shard)
 
 
 def run(variant, clip, tp=2):
