@@ -36,6 +36,13 @@ def test_pipeline_inside_fsdp2_also_in_bf16_and_with_tp_inside_stages_on_4_proce
     assert "CHECK save_load+split:equals_one_process ok" in out, out       # stages named their own way, FSDP2 over dp
 
 
+@pytest.mark.slow
+def test_pipeline_with_hsdp_stages_on_8_processes_equals_one_process_with_the_global_batch():
+    """pp 2 x (dp_replicate 2 x dp_shard 2): each stage sharded within a group, replicated across the two."""
+    variants = ("1F1B/4+hsdp",)
+    assert_checks(run_launch("pipeline.py", "0.05", *variants, nproc=8, timeout=600).stdout, variants)
+
+
 def _sequential(tie_across: bool) -> nn.Sequential:
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     model[4 if tie_across else 2].weight = model[0].weight

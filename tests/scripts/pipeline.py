@@ -116,6 +116,8 @@ def run(variant, clip):
         learn.to_bf16()
     multi = schedule not in ("GPipe", "1F1B")
     cut = {"split": split} if extra == "split" else {"pp_split_points": SPLITS[2 * PP if multi else PP]}
+    if extra == "hsdp":                                   # the stages' FSDP2 over (dp_replicate 2, dp_shard)
+        cut["dp_replicate_size"] = 2
     with learn.distrib_ctx(strategy="model_parallel", pp_size=PP, pp_schedule=schedule, tp_size=tp,
                            parallelize=parallelize if tp > 1 else None, pp_microbatches=int(microbatches), **cut):
         dp = world_size() // (PP * tp)
