@@ -110,3 +110,33 @@ def test_deepspeed_on_two_processes(tmp_path):
     zero3 = floats(r"ZeRO-3 with CPU offload \[(.*?)\]", out)
     config = floats(r"ds_config.json \[(.*?)\]", out)
     assert zero3[-1] < zero3[0] and config[-1] < config[0] < zero3[0], out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_huggingface_fsdp_save_model_reloads(tmp_path):
+    out = launch("huggingface.py", tmp_path)
+    before, after = floats(r"valid loss: ([0-9.]+) before, ([0-9.]+) after", out.replace(" before, ", ","))
+    assert before != after, out                                                 # it trained
+    assert "from_pretrained('tuned') gives the trained model's logits: True" in out, out
+    assert (tmp_path / "tuned" / "config.json").is_file() and (tmp_path / "tuned" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tensor_parallel_on_two_processes(tmp_path):
+    out = launch("model_parallel.py", tmp_path)
+    for r in range(2):
+        mlp = floats(rf"rank {r}: MLP valid loss per epoch \[(.*?)\]", out)
+        llama = floats(rf"rank {r}: .*Llama train loss per epoch \[(.*?)\]", out)
+        assert mlp[-1] < 0.5 * mlp[0] and llama[-1] < llama[0], out
+    assert out.count("whole after the context True") == 2, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_pipeline_on_two_processes(tmp_path):
+    out = launch("pipeline.py", tmp_path)
+    named = floats(r"rank 0: train loss per epoch, cut at '5' \[(.*?)\]", out)
+    by_split = floats(r"cut by split \[(.*?)\]", out)
+    assert named[-1] < 0.5 * named[0] and by_split[-1] < by_split[0], out
