@@ -149,3 +149,13 @@ def test_accelerate_loop_on_two_processes(tmp_path):
     assert "processes 2: learning rate at the end 0.0" in out, out   # the schedule ends with the training
     assert "eval samples gathered: 10 of 10" in out, out                # each sample once
     assert (tmp_path / "checkpoints" / "checkpoint_0" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_accelerate_parallelism_on_four_processes(tmp_path):
+    out = launch("accelerate_parallelism.py", tmp_path, nproc=4)   # tp 2 x dp_shard 2, as the page launches it
+    first, last = floats(r"loss ([0-9.]+,[0-9.]+),", out.replace(" -> ", ","))
+    assert last < 0.7 * first, out
+    assert "eval samples gathered 100," in out, out                # each sample once
+    assert (tmp_path / "export" / "model.safetensors").is_file()
