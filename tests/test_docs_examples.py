@@ -35,8 +35,9 @@ def floats(pattern: str, text: str) -> list[float]:
     return [float(v) for v in re.search(pattern, text).group(1).split(",")]
 
 
-def test_every_example_is_run_here():
+def test_every_example_is_run_here_or_in_the_xla_lane():
     tested = set(re.findall(r'"(\w+\.py)"', Path(__file__).read_text()))
+    tested |= set(re.findall(r'"(\w+\.py)"', (REPO / "tests" / "xla" / "test_xla_docs_example.py").read_text()))
     assert {p.name for p in EXAMPLES.glob("*.py")} <= tested
 
 
