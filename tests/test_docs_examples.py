@@ -60,6 +60,8 @@ def test_training_page(tmp_path):
     assert (tmp_path / "export" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_notebook_launcher_runs_a_cell_on_two_processes(tmp_path):
     out = run_python("notebooks.py", tmp_path, as_cell=True)
     assert "rank 0 of 2 trained" in out and "rank 1 of 2 trained" in out, out
