@@ -20,16 +20,17 @@ def cadence_env(**extra: str) -> dict[str, str]:
 
 
 def run_launch(script: str | Path, *script_args: str, nproc: int = 2, flags: tuple[str, ...] = (),
-               timeout: float = 180, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+               timeout: float = 180, env: dict[str, str] | None = None, check: bool = True,
+               cwd: str | Path = REPO) -> subprocess.CompletedProcess:
     """Run `cadence launch --num_processes nproc [flags] script [args]` and return the finished process.
 
-    `script` is a path or a name under tests/scripts/. Raises AssertionError with both streams
+    `script` is a path or a name under tests/scripts/; it runs in `cwd` (the repository by default). Raises AssertionError with both streams
     when `check` and the run failed; subprocess.TimeoutExpired when it ran past `timeout`.
     """
     path = Path(script) if Path(script).exists() else SCRIPTS / script
     cmd = [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), *flags,
            str(path), *map(str, script_args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or cadence_env(), cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or cadence_env(), cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc
