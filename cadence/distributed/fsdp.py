@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from . import env
 from .data import DistributedDL
+from .pipeline_state import named_by_position
 from .precision import FullPrecision
 from .strategy import (MakeOpt, OwnsPrecision, Strategy, meta_copy, non_persistent_buffers, rebuild, set_buffers,
                        tied_names)
@@ -320,6 +321,10 @@ class FSDP(OwnsPrecision, Strategy):
             return super().load_optimizer_state_dict(model, opt, state)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+        if any(isinstance(i, int) for g in state.get("param_groups", []) for i in g["params"]):
+            # a plain optimizer's own state_dict (parameters by position: a one-process save, or the Learner's
+            # optimizer before this context): keyed by the parameters' names, as torch's loader reads it
+            state = named_by_position(state, opt, model)
         set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
 
     def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,

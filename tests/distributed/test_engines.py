@@ -56,6 +56,17 @@ def test_fsdp_trains_like_ddp_with_one_gradient_reduction_per_accumulation_windo
 
 
 @pytest.mark.slow
+def test_a_second_fsdp_context_carries_the_adam_state_like_ddp(tmp_path):
+    """fit in one distrib_ctx, leave it, fit in another: FSDP2 takes over the plain optimizer's Adam state (keyed by
+    position) as DDP does, and both end with the same weights and moments."""
+    ddp_w, _ = train(tmp_path, "ddp", "ddp", epochs=1, first_context_epochs=1)
+    fsdp_w, _ = train(tmp_path, "fsdp", "fsdp", epochs=1, first_context_epochs=1)
+    assert_weights_close(ddp_w, fsdp_w, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.load(tmp_path / "fsdp" / "exp_avg.pt"), torch.load(tmp_path / "ddp" / "exp_avg.pt"),
+                               rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
 def test_fsdp_bf16_trains_close_to_ddp_bf16(tmp_path):
     ddp_w, ddp = train(tmp_path, "ddp", "ddp", epochs=2, precision="bf16")
     fsdp_w, fsdp = train(tmp_path, "fsdp", "fsdp", epochs=2, precision="bf16", strategy_kwargs=BLOCKS)

@@ -4,7 +4,8 @@ argv: OUT_DIR STRATEGY [json options]. Options: "accum" (GradAccum steps), "clip
 "precision" ("bf16"), "epochs", "strategy_kwargs" (dict for distrib_ctx), "count_comms" (count the
 gradient collectives of each micro-step), "save_ckpt" / "load_ckpt" (the strategy's checkpoint methods),
 "checkpoint" (a Checkpoint callback's directory, every 5 steps), "kill_at" (rank 1 dies by SIGKILL after
-that step), "resume" (fit resumes from the Checkpoint's latest).
+that step), "resume" (fit resumes from the Checkpoint's latest), "first_context_epochs" (epochs trained in an
+earlier `distrib_ctx` of the same engine, left before the main one: the optimizer state crosses over).
 Rank 0 writes OUT_DIR/weights.safetensors (the full weights after training, via save_model) and
 OUT_DIR/result.json.
 """
@@ -119,6 +120,9 @@ def main():
     if rank() == 1 and opts.get("engine_instance"):
         print("RANK1_META", next(learn.model.parameters()).is_meta)
     counter = CountComms() if opts.get("count_comms") else None
+    if opts.get("first_context_epochs"):
+        with learn.distrib_ctx(strategy=strategy, **opts.get("strategy_kwargs", {})):
+            learn.fit(opts["first_context_epochs"])
     with learn.distrib_ctx(strategy=strategy, **opts.get("strategy_kwargs", {})):
         if counter:
             counter.wrap(learn)
