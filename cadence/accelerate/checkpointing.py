@@ -33,7 +33,7 @@ from ..distributed import env
 from ..distributed.state_files import load_optimizer_file, save_optimizer_file
 from ..distributed.strategy import host_copy
 from ..serialization import (STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights, save_torch,
-                             save_weights, sibling, staging_dir)
+                             save_weights, sibling, staging_dir, writing)
 from .state_hooks import run_load_hooks, run_save_hooks
 
 __all__ = ["save_accelerator_state", "load_accelerator_state", "automatic_checkpoint_dir", "latest_checkpoint_dir"]
@@ -126,10 +126,11 @@ class _StagedSave:
         self.directory, self.tmp, self.writers, self.files, self.state = directory, tmp, writers, files, state
 
     def write(self) -> None:
-        for write in self.writers:
-            write()
-        for name, obj in self.files.items():
-            save_torch(obj, self.tmp / name)
+        with writing(self.directory, "checkpoint", self.tmp):   # a full disk names the checkpoint, frees the staged copy
+            for write in self.writers:
+                write()
+            for name, obj in self.files.items():
+                save_torch(obj, self.tmp / name)
 
     def commit(self) -> None:
         with atomic_path(self.tmp / "state.json") as f:

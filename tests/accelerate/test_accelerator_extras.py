@@ -236,3 +236,39 @@ def test_deepspeed_refuses_a_model_and_its_optimizer_prepared_apart(stage):
             acc.prepare_optimizer(opt)
     finally:
         acc.strategy.teardown()   # the one-process group DeepSpeed needs must not outlive the test
+
+
+ASYNC_FAILURE = """
+import sys, torch
+from cadence import Accelerator
+acc = Accelerator()
+net = torch.nn.Linear(256, 256)
+model, opt = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=0.1))
+acc.backward(model(torch.randn(8, 256)).square().mean()); opt.step(); opt.zero_grad()
+acc.save_state(sys.argv[1], async_save=True)          # the files are larger than the process may write
+print("SAVE RETURNED", flush=True)
+acc.backward(model(torch.randn(8, 256)).square().mean()); opt.step(); opt.zero_grad()
+try:
+    acc.end_training()
+except OSError as e:
+    print("ERROR", type(e).__name__, e, flush=True)
+"""
+
+
+def test_a_failed_async_save_state_is_raised_by_the_next_wait_naming_the_checkpoint(tmp_path):
+    """A real write failure (the process's file size limit, as a full disk): save_state(async_save=True) returns,
+    end_training raises it naming the checkpoint, and neither the checkpoint nor its staged folder is left."""
+    import resource
+    import subprocess
+    import sys
+
+    from helpers import cadence_env
+
+    target = tmp_path / "ckpt"
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))  # noqa: E731 (256x256 fp32 = 256 KB)
+    proc = subprocess.run([sys.executable, "-c", ASYNC_FAILURE, str(target)], capture_output=True, text=True,
+                          timeout=120, env=cadence_env(), preexec_fn=limit)
+    assert "SAVE RETURNED" in proc.stdout, proc.stdout + proc.stderr
+    error = proc.stdout.split("ERROR ", 1)[1] if "ERROR " in proc.stdout else proc.stdout + proc.stderr
+    assert str(target) in error and "could not write" in error, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.iterdir())
