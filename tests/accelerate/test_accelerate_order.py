@@ -77,9 +77,16 @@ def run(library: str, world: int, options: tuple[str, ...], out) -> list[list[di
     else:
         launch = ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(world),
                    "--main_process_port", str(free_port())] if world > 1 else [sys.executable])
-        proc = subprocess.run([*launch, str(SCRIPT), "accelerate", str(prefix), *options], capture_output=True,
-                              text=True, timeout=240, env=cadence_env(), cwd=REPO)
-        assert proc.returncode == 0, f"real Accelerate exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        try:
+            proc = subprocess.run([*launch, str(SCRIPT), "accelerate", str(prefix), *options], capture_output=True,
+                                  text=True, timeout=180, env=cadence_env(), cwd=REPO)
+        except subprocess.TimeoutExpired:
+            # real Accelerate's 2-process CPU runs now and then hang at exit in ProcessGroupGloo's destructor (its
+            # workers end with the group alive; seen with py-spy): what they wrote before exiting still counts
+            if not all((out / f"{prefix.name}.{r}.json").is_file() for r in range(world)):
+                raise
+        else:
+            assert proc.returncode == 0, f"real Accelerate exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return [json.loads((out / f"{prefix.name}.{r}.json").read_text())["epochs"] for r in range(world)]
 
 
