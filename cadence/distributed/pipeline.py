@@ -34,6 +34,7 @@ from torch import nn
 from . import env
 from .fsdp import FSDP
 from .model_parallel import ModelParallel, _launcher_sizes, _retie_sliced
+from .pipeline_outputs import LastStageOutputs
 from .pipeline_state import merged_optimizer_state, named_by_position, renamed_checkpoint, renamed_optimizer_state
 from .precision import FullPrecision
 from .strategy import MakeOpt, OwnsStep, meta_copy, rebuild, tied_names
@@ -42,8 +43,6 @@ __all__ = ["Pipeline"]
 
 Split = Callable[[nn.Module, int, int], nn.Module]
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # rank r holds stages r and 2 * pp - 1 - r
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.bool)
-_MAX_DIMS = 8  # of the output broadcast from the last stage
 
 
 class Pipeline(OwnsStep, ModelParallel):
@@ -91,6 +90,7 @@ class Pipeline(OwnsStep, ModelParallel):
             raise ValueError("give pp_split_points or split, not both")
         self.split_points, self.split = list(pp_split_points or []), split
         self._schedules: dict[tuple, Any] = {}
+        self._outputs = LastStageOutputs()
         self._stages: list[tuple[int, nn.Module]] = []
         self._names: dict[str, str] = {}
 
@@ -251,7 +251,8 @@ class Pipeline(OwnsStep, ModelParallel):
             out = schedule.eval(*args, target=target, losses=losses, **kwargs)
         last = self._holds_last_stage()
         loss = torch.stack([l.detach() for l in losses]).sum().float() if last and losses else None
-        return self._from_last_stage(out[:n].detach() if last else None, loss)
+        kind = (training, bool(yb), *(tuple(t.shape) for t in (*args, *kwargs.values()) if torch.is_tensor(t)))
+        return self._from_last_stage(out[:n].detach() if last else None, loss, kind)
 
     def _schedule(self, per: int, training: bool, loss_fn: Callable):
         """A schedule (and its stages) for micro-batches of `per` samples: stages infer their shapes once."""
@@ -295,28 +296,12 @@ class Pipeline(OwnsStep, ModelParallel):
         """The pp-group rank of the process holding the last stage (rank 0 under V-shaped schedules)."""
         return 0 if self.v_shaped else self.pp_size - 1
 
-    def _from_last_stage(self, pred: torch.Tensor | None, loss: torch.Tensor | None
+    def _from_last_stage(self, pred: torch.Tensor | None, loss: torch.Tensor | None, kind: tuple
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The last stage's `pred` and `loss` on every rank of the pipeline: a header (the loss, pred's dtype and
-        shape), then pred; two broadcasts a step."""
+        """The last stage's `pred` and `loss` on every rank of the pipeline (`pipeline_outputs.LastStageOutputs`)."""
         group = self._pp_group()
-        src = dist.get_global_rank(group, self._last_rank())
-        header = torch.zeros(4 + _MAX_DIMS, dtype=torch.float64, device=self.device)
-        if pred is not None:
-            if pred.ndim > _MAX_DIMS or pred.dtype not in _DTYPES:
-                raise ValueError(f"the last stage's output ({pred.dtype}, {pred.ndim} dims) cannot be broadcast: a tensor "
-                                 f"of at most {_MAX_DIMS} dims and one of {_DTYPES}")
-            header[:4] = torch.tensor([loss is not None, 0.0 if loss is None else float(loss),
-                                       _DTYPES.index(pred.dtype), pred.ndim], dtype=torch.float64)
-            header[4:4 + pred.ndim] = torch.tensor(pred.shape, dtype=torch.float64)
-        dist.broadcast(header, src=src, group=group)
-        has_loss, value, dtype, ndim = header[:4].tolist()
-        if pred is None:
-            shape = [int(d) for d in header[4:4 + int(ndim)].tolist()]
-            pred = torch.empty(shape, dtype=_DTYPES[int(dtype)], device=self.device)
-            loss = torch.tensor(value, dtype=torch.float32, device=self.device) if has_loss else None
-        dist.broadcast(pred.contiguous(), src=src, group=group)
-        return pred, loss
+        return self._outputs.share(pred, loss, kind, dist.get_global_rank(group, self._last_rank()), group,
+                                   self.device)
 
     def backward(self, loss: torch.Tensor | None) -> None:
         """Nothing: the schedule ran the backward inside `forward_backward`."""

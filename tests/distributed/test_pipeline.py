@@ -43,6 +43,11 @@ def test_pipeline_with_hsdp_stages_on_8_processes_equals_one_process_with_the_gl
     assert_checks(run_launch("pipeline.py", "0.05", *variants, nproc=8, timeout=600).stdout, variants)
 
 
+@pytest.mark.slow
+def test_the_last_stages_output_reaches_every_rank_in_one_broadcast_once_its_layout_is_known_and_when_it_changes():
+    assert "OUTPUTS OK" in run_launch("pipeline_outputs.py", nproc=2, timeout=120).stdout
+
+
 def _sequential(tie_across: bool) -> nn.Sequential:
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     model[4 if tie_across else 2].weight = model[0].weight
