@@ -117,6 +117,7 @@ class FSDP(OwnsPrecision, Strategy):
         self.created_group = False
         self._skeleton: nn.Module | None = None
         self._checkpoint_group = None  # the gloo group torch's distributed checkpoint runs its collectives on
+        self._stager = None  # torch's stager of asynchronous saves, kept from one save to the next (its host memory)
 
     @classmethod
     def check_launcher_config(cls, config: Any) -> None:
@@ -350,24 +351,18 @@ class FSDP(OwnsPrecision, Strategy):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        on_device = self.device.type != "cpu"
-        stager = DefaultStager(StagingOptions(use_pinned_memory=on_device, use_shared_memory=False,
-                                              use_async_staging=True, use_non_blocking_copy=on_device))
+        if self._stager is None:  # kept: it reuses its host memory for the same shards at the next save
+            on_device = self.device.type != "cpu"
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_device, use_shared_memory=False,
+                                                        use_async_staging=True, use_non_blocking_copy=on_device))
         try:
             response = dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group,
-                                      async_stager=stager)
+                                      async_stager=self._stager)
         except BaseException:
-            stager.close()
             staging.done()
             raise
         response.staging_completion.add_done_callback(lambda _: staging.done())
-
-        def write() -> None:
-            try:
-                response.upload_completion.result()
-            finally:
-                stager.close()
-        return write
+        return response.upload_completion.result
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read a sharded or full checkpoint, written on any number of processes."""

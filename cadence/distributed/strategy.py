@@ -25,7 +25,7 @@ from torch import nn
 from ..compile import unwrap_compiled
 from . import env, ops
 from .precision import FullPrecision
-from .staging import Staging
+from .staging import HostBuffers, Staging
 from .state_files import load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
 
 T = TypeVar("T")
@@ -267,7 +267,10 @@ class Strategy:
             nonlocal model_state, opt_state
             if not staging.finished:
                 try:
-                    model_state, opt_state = host_copy((model_state, opt_state), only=staging.is_late)
+                    model_state, opt_state = host_copy((model_state, opt_state), only=staging.is_late,
+                                                       into=staging.buffers)
+                    if staging.buffers is not None:
+                        staging.buffers.settle()
                 finally:
                     staging.done()
             save_model_file(model_state, directory)
@@ -281,10 +284,11 @@ class Strategy:
         self.load_optimizer_state_dict(model, opt, opt_state)
 
 
-def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None) -> T:
+def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None, into: HostBuffers | None = None) -> T:
     """`state` (nested dicts and lists) with every tensor copied to host memory; tensors viewing the same memory
     (tied weights) stay one tensor, so a file written from the copy is the file written from `state`.
     `only`: copy just the tensors it says True for (views of one memory alike), leave the others as they are.
+    `into`: host memory kept from an earlier copy of the same tensors, reused.
 
     >>> weights, opt_state = host_copy((model.state_dict(), opt.state_dict()))
     """
@@ -296,7 +300,7 @@ def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None) -> T
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device) \
             if t.numel() else (id(t),)
         if key not in copies:
-            copies[key] = t.detach().to("cpu", copy=True)
+            copies[key] = t.detach().to("cpu", copy=True) if into is None else into.copy(t, key)
         return copies[key]
     return ops.map_tensors(one, state)
 

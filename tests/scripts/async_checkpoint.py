@@ -61,10 +61,10 @@ def slow_late_copy(delay: float):
     """The copy that the checkpoint writer's thread makes (the parameters and optimizer state) starts `delay` s late."""
     copy = strategy_module.host_copy
 
-    def slow(state, only=None):
+    def slow(state, only=None, into=None):
         if threading.current_thread() is not threading.main_thread():
             time.sleep(delay)
-        return copy(state, only)
+        return copy(state, only, into)
     strategy_module.host_copy = slow
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ...distributed.ops import main_print
-from ...distributed.staging import Staging
+from ...distributed.staging import HostBuffers, Staging
 from ...distributed.status import record_preempted
 from ...serialization import check_writable
 from ...trainer.callback import Callback, Order
@@ -91,6 +91,7 @@ class Checkpoint(Callback):
         self._watch: PreemptionWatch | None = None
         self._pending: BackgroundWrite | None = None  # the save being written in the background
         self._step_hook: tuple[Any, Any] | None = None  # (optimizer, handle): waits for a save's copy before a step
+        self._buffers: HostBuffers | None = None  # the host memory of the fit's async copies, reused save to save
         self.saves: list[dict[str, Any]] = []  # what each save of this fit cost (`BackgroundWrite.stats`), in order
 
     @property
@@ -114,7 +115,7 @@ class Checkpoint(Callback):
                         self._pending.join_local(self.io_timeout)
                     raise
         finally:
-            self._pending = self.learn.strategy.staging = None
+            self._pending = self.learn.strategy.staging = self._buffers = None
             if self._step_hook is not None:
                 self._step_hook[1].remove()
                 self._step_hook = None
@@ -270,7 +271,9 @@ class Checkpoint(Callback):
         self.history.append(name)
         doomed = self._beyond_keep_last()
         self.history = [n for n in self.history if n not in doomed]  # what state.json records: the run after pruning
-        staging = Staging(self.learn.model, self.learn.opt) if self.async_save else None
+        if self.async_save and self._buffers is None:
+            self._buffers = HostBuffers()
+        staging = Staging(self.learn.model, self.learn.opt, self._buffers) if self.async_save else None
         try:
             staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save, staging=staging)
             if self.async_save and staged.engine_write is None and not self.saves and self._pending is None:
