@@ -26,6 +26,13 @@ import torch
 from torch import nn
 
 
+def layout_key(t: torch.Tensor) -> tuple:
+    """What identifies a tensor's memory and layout: views of one memory with one layout are one tensor."""
+    if not t.numel():
+        return (id(t),)
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device)
+
+
 def storage_key(t: torch.Tensor) -> int:
     """The address of the memory `t` views (a DTensor: its local shard's)."""
     local = getattr(t, "_local_tensor", t)
@@ -73,6 +80,25 @@ class HostBuffers:
     def __init__(self):
         self._by_key: dict[tuple, torch.Tensor] = {}
         self._used: dict[tuple, torch.Tensor] = {}
+        self._reserving: threading.Thread | None = None
+
+    def reserve(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
+        """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a
+        thread, so that the first save finds it ready; `ready` waits for it."""
+        tensors = [t for t in _step_written_tensors(model, opt) if t.numel() and t.is_contiguous()
+                   and getattr(t, "_local_tensor", None) is None]
+
+        def allocate() -> None:
+            for t in tensors:
+                self._by_key[layout_key(t)] = torch.zeros(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        self._reserving = threading.Thread(target=allocate, name="checkpoint host memory", daemon=True)
+        self._reserving.start()
+
+    def ready(self) -> None:
+        """Wait until the memory `reserve` allocates is there."""
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
 
     def copy(self, t: torch.Tensor, key: tuple) -> torch.Tensor:
         """A host copy of `t` (`key`: what identifies its memory and layout), in the buffer of the last save's."""
@@ -92,9 +118,13 @@ class HostBuffers:
 
 def step_written(model: nn.Module, opt: torch.optim.Optimizer | None) -> set[int]:
     """The memory of what only the optimizer step writes: `model`'s parameters and `opt`'s per-parameter state."""
+    return {storage_key(t) for t in _step_written_tensors(model, opt) if t.numel()}
+
+
+def _step_written_tensors(model: nn.Module, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
     tensors = [*model.parameters()]
     per_param = getattr(opt, "state", None)  # an engine's own optimizer may keep it elsewhere: then copied at once
     if isinstance(per_param, Mapping):
         tensors += [v for state in per_param.values() if isinstance(state, Mapping)
                     for v in state.values() if isinstance(v, torch.Tensor)]
-    return {storage_key(t) for t in tensors if t.numel()}
+    return tensors

@@ -25,7 +25,7 @@ from torch import nn
 from ..compile import unwrap_compiled
 from . import env, ops
 from .precision import FullPrecision
-from .staging import HostBuffers, Staging
+from .staging import HostBuffers, Staging, layout_key
 from .state_files import load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
 
 T = TypeVar("T")
@@ -297,8 +297,7 @@ def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None, into
     def one(t: torch.Tensor) -> torch.Tensor:
         if only is not None and not only(t):
             return t
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device) \
-            if t.numel() else (id(t),)
+        key = layout_key(t)
         if key not in copies:
             copies[key] = t.detach().to("cpu", copy=True) if into is None else into.copy(t, key)
         return copies[key]

@@ -219,6 +219,9 @@ class Checkpoint(Callback):
         if not learn.training or learn.step == self._last_checked_step:
             return  # not at an optimizer step: accumulation goes on, or the step was skipped
         self._last_checked_step = learn.step
+        if self.async_save and self._buffers is None:  # the optimizer's state exists now: its host copy's memory
+            self._buffers = HostBuffers()
+            self._buffers.reserve(learn.model, learn.opt)
         if self._pending is not None and self._pending.poll():
             self.saves.append(self._pending.stats)
             self._pending = None
@@ -273,6 +276,8 @@ class Checkpoint(Callback):
         self.history = [n for n in self.history if n not in doomed]  # what state.json records: the run after pruning
         if self.async_save and self._buffers is None:
             self._buffers = HostBuffers()
+        if self._buffers is not None:
+            self._buffers.ready()
         staging = Staging(self.learn.model, self.learn.opt, self._buffers) if self.async_save else None
         try:
             staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save, staging=staging)
