@@ -50,10 +50,11 @@ class Checkpoint(Callback):
 
     `async_save=True`: the saving step takes the small state (buffers, RNG, callbacks, position) and
     training goes on; a thread of every rank copies the parameters and optimizer state to host memory
-    while the next step's forward and backward run (the loop waits for that copy before the optimizer
-    step, a load, a change of what trains, or the end of the training phase) and writes, and the
-    checkpoint becomes visible (renamed into place, `latest` moved) once every rank's part is written. One save at a time: the next waits for it,
-    as do preemption and the end of the fit. A failed background write fails the run at the next
+    (kept for the fit, reserved at its first step) while the next step's forward and backward run (the
+    loop waits for that copy before the optimizer step, a load, a change of what trains, or the end of
+    the training phase), then writes; the checkpoint becomes visible (renamed into place, `latest`
+    moved) once every rank's part is written. One save at a time: the next waits for it, as do
+    preemption and the end of the fit. A failed background write fails the run at the next
     step, naming the checkpoint. `io_timeout` (seconds, None for none): a save that takes longer
     fails, naming the checkpoint and the time; a slow one is said in the log every minute.
 
@@ -221,7 +222,8 @@ class Checkpoint(Callback):
         self._last_checked_step = learn.step
         if self.async_save and self._buffers is None:  # the optimizer's state exists now: its host copy's memory
             self._buffers = HostBuffers()
-            self._buffers.reserve(learn.model, learn.opt)
+            if learn.strategy.checkpoint_state_is_own_memory():
+                self._buffers.reserve(learn.model, learn.opt)
         if self._pending is not None and self._pending.poll():
             self.saves.append(self._pending.stats)
             self._pending = None
@@ -236,6 +238,10 @@ class Checkpoint(Callback):
                        f"{128 + sig} so the job can be requeued. Run it again with fit(resume=\"auto\") to continue.")
             record_preempted(sig.name, learn.step, received=self._watch.received is not None)
             raise SystemExit(128 + sig)
+
+    def before_step(self):
+        if self._step_hook is None:  # an optimizer without step hooks: wait for a save's copy here
+            self.learn.strategy.wait_for_staging()
 
     def before_epoch(self):
         self._epoch_ran = False
