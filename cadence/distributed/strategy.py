@@ -278,11 +278,10 @@ class Strategy:
         return write
 
     def checkpoint_state_is_own_memory(self) -> bool:
-        """Whether the state `checkpoint_writer` takes is the model's and optimizer's own memory (one process,
-        DDP): an asynchronous save may then reserve the host memory of its copy ahead (`HostBuffers.reserve`)."""
-        base = Strategy
-        return all(getattr(type(self), m) is getattr(base, m) for m in
-                   ("checkpoint_writer", "save_checkpoint", "model_state_dict", "optimizer_state_dict"))
+        """Whether this rank's `checkpoint_writer` writes the model's and optimizer's own memory (one process, DDP's
+        main process): an asynchronous save may then reserve the host memory of its copy ahead (`HostBuffers`)."""
+        return self.is_main and all(getattr(type(self), m) is getattr(Strategy, m) for m in
+                                    ("checkpoint_writer", "save_checkpoint", "model_state_dict", "optimizer_state_dict"))
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded."""
