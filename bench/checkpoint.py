@@ -8,9 +8,10 @@ For each it measures, in the same run:
 - write throughput: checkpoint bytes / the synchronous save's time (the loop held, from taking the state to the
   checkpoint in place; the best of the fit's saves, its slowest rank), against the disk's own sequential write of
   the same number of bytes with fsync (8 MiB blocks, rank 0, into the checkpoint directory);
-- held: the time the training loop is held per async save (the copy to host memory; the worst save), against the
-  synchronous save's; "async waits" is the longest a save waited for the one before it (saves every 3 steps
-  here, more often than this disk writes them);
+- held: the time the training loop is held per async save (taking the state at the save point, plus the wait
+  before the next optimizer step for the copy of the parameters and optimizer state that overlaps its forward and
+  backward; the worst save), against the synchronous save's; "async waits" is the longest a save waited for the
+  one before it (saves every 3 steps here, more often than this disk writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
   reads (safetensors `load_file` with each tensor read once, `torch.load`, or a read of the bytes of torch's
   sharded .distcp files);
@@ -147,7 +148,7 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     size, disk = ranks[0]["size"], ranks[0]["disk"]
     held_sync = min(max(s["held_s"] for s in saves) for saves in zip(*sync))  # the best save, its slowest rank
     sync_s = held_sync  # a synchronous save holds the loop from taking the state to the commit: all of it
-    held_async = max(max(s["held_s"] - s["waited_s"] for s in saves) for saves in zip(*async_))
+    held_async = max(max(s["held_s"] - s["waited_s"] for s in saves) for saves in zip(*async_))  # the copy's wait in
     waited = max(max(s["waited_s"] for s in saves) for saves in zip(*async_))
     resume, plain = max(r["resume"] for r in ranks), max(r["plain"] for r in ranks)
 

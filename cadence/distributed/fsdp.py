@@ -28,8 +28,9 @@ from . import env
 from .data import DistributedDL
 from .pipeline_state import named_by_position
 from .precision import FullPrecision
-from .strategy import (MakeOpt, OwnsPrecision, Strategy, meta_copy, non_persistent_buffers, rebuild, set_buffers,
-                       tied_names)
+from .staging import Staging
+from .strategy import (MakeOpt, OwnsPrecision, Strategy, host_copy, meta_copy, non_persistent_buffers, rebuild,
+                       set_buffers, tied_names)
 
 __all__ = ["FSDP", "SHARDING_STRATEGIES", "AUTO_WRAP_POLICIES"]
 
@@ -117,6 +118,7 @@ class FSDP(OwnsPrecision, Strategy):
         self.created_group = False
         self._skeleton: nn.Module | None = None
         self._checkpoint_group = None  # the gloo group torch's distributed checkpoint runs its collectives on
+        self._stager = None  # torch's stager of asynchronous saves, kept from one save to the next (its host memory)
 
     @classmethod
     def check_launcher_config(cls, config: Any) -> None:
@@ -328,12 +330,14 @@ class FSDP(OwnsPrecision, Strategy):
         set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
 
     def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,
-                          copy: bool = False) -> Callable[[], None] | None:
+                          copy: bool = False, staging: Staging | None = None) -> Callable[[], None] | None:
         """SHARDED_STATE_DICT: every rank writes its shards in parallel under `directory/sharded/` (torch's
-        distributed checkpoint; `copy`: its async save, the shards copied to host memory now). Its collectives
-        run on a group of their own, so a write in the background never meets the training's collectives."""
+        distributed checkpoint; `copy`: its async save, the shards copied to host memory now, or with `staging`
+        by torch's stager in a thread of its own, `staging.done()` said once they are; the tensors outside
+        `staging.late` are copied now). Its collectives run on a group of their own, so a write in the
+        background never meets the training's collectives."""
         if self.state_dict_type == "FULL_STATE_DICT" or self._skeleton is None:
-            return super().checkpoint_writer(directory, model, opt, copy)
+            return super().checkpoint_writer(directory, model, opt, copy, staging)
         import torch.distributed.checkpoint as dcp
 
         state, target = self._checkpoint_state(model, opt), Path(directory) / SHARDED_DIR
@@ -341,9 +345,29 @@ class FSDP(OwnsPrecision, Strategy):
             import torch.distributed as dist
 
             self._checkpoint_group = dist.new_group(backend="gloo", timeout=CHECKPOINT_GROUP_TIMEOUT)
+        if copy and staging is not None:
+            return self._staged_async_save(host_copy(state, only=lambda t: not staging.is_late(t)), target, staging)
         if copy:
             return dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group).result
         return lambda: dcp.save(state, checkpoint_id=target, process_group=self._checkpoint_group)
+
+    def _staged_async_save(self, state: dict, target: Path, staging: Staging) -> Callable[[], None]:
+        """torch's async save with its stager copying in a thread (`use_async_staging`), overlapping the next step."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:  # kept: it reuses its host memory for the same shards at the next save
+            on_device = self.device.type != "cpu"
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_device, use_shared_memory=False,
+                                                        use_async_staging=True, use_non_blocking_copy=on_device))
+        try:
+            response = dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group,
+                                      async_stager=self._stager)
+        except BaseException:
+            staging.done()
+            raise
+        response.staging_completion.add_done_callback(lambda _: staging.done())
+        return response.upload_completion.result
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read a sharded or full checkpoint, written on any number of processes."""

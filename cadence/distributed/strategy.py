@@ -25,6 +25,7 @@ from torch import nn
 from ..compile import unwrap_compiled
 from . import env, ops
 from .precision import FullPrecision
+from .staging import HostBuffers, Staging, layout_key
 from .state_files import load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
 
 T = TypeVar("T")
@@ -36,6 +37,7 @@ class Strategy:
 
     name = "single"
     _skeleton: nn.Module | None = None  # a sharding engine's meta copy of the user's module, taken before it wraps
+    staging: Staging | None = None  # an asynchronous save still copying the parameters and optimizer state
 
     def __init__(self, device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else env.default_device()
@@ -81,6 +83,16 @@ class Strategy:
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside whatever `setup` returned (and inside a `torch.compile` wrapper)."""
         return unwrap_compiled(model)
+
+    def wait_for_staging(self) -> None:
+        """Before anything but a forward and backward writes the parameters or the optimizer state (an optimizer
+        step, a load, a change of what trains): an asynchronous save's copy of them (`staging`) finishes first.
+
+        >>> learn.strategy.wait_for_staging(); learn.strategy.load_model_state_dict(learn.model, weights)
+        """
+        staging, self.staging = self.staging, None
+        if staging is not None:
+            staging.wait()
 
     def trainable_changed(self, model: nn.Module, opt: torch.optim.Optimizer
                           ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -225,30 +237,55 @@ class Strategy:
             write()
 
     def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,
-                          copy: bool = False) -> Callable[[], None] | None:
+                          copy: bool = False, staging: Staging | None = None) -> Callable[[], None] | None:
         """Take the state `save_checkpoint` writes now (every rank: the collectives of a sharded engine happen
         here) and return what writes it: callable from any thread, with no collective on the training's group.
 
         `copy`: the state is copied to host memory first, so training may go on while it is written;
         otherwise the writer streams from the model's own memory (one tensor at a time), the loop waiting.
-        An engine whose own `save_checkpoint` has no such split (DeepSpeed's engine saves with collectives)
-        writes at once and returns None.
+        `staging` (with `copy`): the tensors in `staging.late` (parameters, optimizer state) are copied by the
+        writer, first, and `staging.done()` said after; the rest now. The caller waits (`staging.wait()`)
+        before anything writes them. An engine whose own `save_checkpoint` has no such split (DeepSpeed's
+        engine saves with collectives) writes at once and returns None (`staging.done()` said).
 
         >>> write = strategy.checkpoint_writer(staged, model, opt, copy=True); threading.Thread(target=write).start()
         """
         if type(self).save_checkpoint is not Strategy.save_checkpoint:
             self.save_checkpoint(directory, model, opt)
+            if staging is not None:
+                staging.done()
             return None
         model_state, opt_state = self.model_state_dict(model), self.optimizer_state_dict(model, opt)
         if not self.is_main:
+            if staging is not None:
+                staging.done()
             return lambda: None
         if copy:
-            model_state, opt_state = host_copy((model_state, opt_state))
+            model_state, opt_state = host_copy((model_state, opt_state),
+                                               only=None if staging is None else lambda t: not staging.is_late(t))
+        if staging is None:
+            staging = Staging()
+            staging.done()
 
         def write() -> None:
+            nonlocal model_state, opt_state
+            if not staging.finished:
+                try:
+                    model_state, opt_state = host_copy((model_state, opt_state), only=staging.is_late,
+                                                       into=staging.buffers)
+                    if staging.buffers is not None:
+                        staging.buffers.settle()
+                finally:
+                    staging.done()
             save_model_file(model_state, directory)
             save_optimizer_file(opt_state, directory)
         return write
+
+    def checkpoint_state_is_own_memory(self) -> bool:
+        """Whether this rank's `checkpoint_writer` writes the model's and optimizer's own memory (one process, DDP's
+        main process): an asynchronous save may then reserve the host memory of its copy ahead (`HostBuffers`)."""
+        return self.is_main and all(getattr(type(self), m) is getattr(Strategy, m) for m in
+                                    ("checkpoint_writer", "save_checkpoint", "model_state_dict", "optimizer_state_dict"))
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded."""
@@ -257,19 +294,22 @@ class Strategy:
         self.load_optimizer_state_dict(model, opt, opt_state)
 
 
-def host_copy(state: T) -> T:
+def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None, into: HostBuffers | None = None) -> T:
     """`state` (nested dicts and lists) with every tensor copied to host memory; tensors viewing the same memory
     (tied weights) stay one tensor, so a file written from the copy is the file written from `state`.
+    `only`: copy just the tensors it says True for (views of one memory alike), leave the others as they are.
+    `into`: host memory kept from an earlier copy of the same tensors, reused.
 
     >>> weights, opt_state = host_copy((model.state_dict(), opt.state_dict()))
     """
     copies: dict[tuple, torch.Tensor] = {}
 
     def one(t: torch.Tensor) -> torch.Tensor:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device) \
-            if t.numel() else (id(t),)
+        if only is not None and not only(t):
+            return t
+        key = layout_key(t)
         if key not in copies:
-            copies[key] = t.detach().to("cpu", copy=True)
+            copies[key] = t.detach().to("cpu", copy=True) if into is None else into.copy(t, key)
         return copies[key]
     return ops.map_tensors(one, state)
 

@@ -65,6 +65,7 @@ def load(learn: Any, name: str | Path, with_opt: bool = True, strict: bool = Tru
     elif with_opt:
         warnings.warn(f"no optimizer state at {opt_file} (saved with with_opt=False?); the optimizer starts fresh; "
                       f"pass with_opt=False to load only the weights", stacklevel=3)
+    strategy.wait_for_staging()  # an asynchronous save still copying the weights (SaveModel loads in after_fit)
     if strict:
         check_state_dict(strategy.state_template(learn.model), weights, source=str(weights_file))
         strategy.load_model_state_dict(learn.model, weights)

@@ -2,7 +2,7 @@
 and every epoch end) with `Checkpoint(async_save=...)`; the same command line starts and continues the run.
 
   async_checkpoint.py --ckpt DIR --out FILE [--sync] [--write-delay S] [--kill-after S] [--kill-at-step N] [--sigterm-in-write N]
-                      [--fsize BYTES] [--keep-last N] [--strategy NAME]
+                      [--fsize BYTES] [--keep-last N] [--strategy NAME] [--batchnorm] [--copy-delay S]
 --sync: Checkpoint(async_save=False) (the default here is async).
 --write-delay: every checkpoint's RNG files are written S seconds late (a slow disk: the write is in flight
   for longer, while training goes on).
@@ -11,8 +11,12 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
 --sigterm-in-write: the N-th checkpoint's writer sends this process SIGTERM half-way (rank 0, the first run only:
   a marker file in DIR remembers).
 --fsize: RLIMIT_FSIZE (SIGXFSZ ignored: a write past it fails as on a full disk), set before the fit.
+--batchnorm: a BatchNorm1d after the first layer (running statistics that every forward changes).
+--copy-delay: the writer's copy of the parameters and optimizer state starts S seconds late (a slow copy: the
+  next micro-batches' forward and backward run meanwhile, and the loop waits for it before the step).
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
-Prints `STEPS <n>` and `BLOCKED <seconds per save, json>` at the end; rank 0 writes the final weights to FILE.
+Prints `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
+the end; rank 0 writes the final weights to FILE.
 """
 
 import argparse
@@ -30,6 +34,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import cadence.callbacks.checkpoint.state as state_module
+import cadence.distributed.strategy as strategy_module
 from cadence import Callback, Learner, accuracy
 from cadence.callbacks.accumulate import GradAccum
 from cadence.callbacks.checkpoint import Checkpoint
@@ -50,6 +55,17 @@ def slow_rng_file(delay: float, sigterm_at: int | None, marker: Path):
         time.sleep(delay)
         write(obj, path)
     state_module.save_torch = slow
+
+
+def slow_late_copy(delay: float):
+    """The copy that the checkpoint writer's thread makes (the parameters and optimizer state) starts `delay` s late."""
+    copy = strategy_module.host_copy
+
+    def slow(state, only=None, into=None):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(delay)
+        return copy(state, only, into)
+    strategy_module.host_copy = slow
 
 
 class KillAtStep(Callback):
@@ -87,6 +103,8 @@ def main():
     p.add_argument("--fsize", type=int)
     p.add_argument("--keep-last", type=int)
     p.add_argument("--strategy", help="the engine under `cadence launch` (default: the launcher's, DDP)")
+    p.add_argument("--batchnorm", action="store_true")
+    p.add_argument("--copy-delay", type=float, default=0.0)
     args = p.parse_args()
     Path(args.ckpt).mkdir(parents=True, exist_ok=True)
     if args.write_delay or args.sigterm_in_write:
@@ -95,7 +113,11 @@ def main():
 
     random.seed(0)  # the checkpoints hold these states: two runs write the same bytes
     np.random.seed(0)
+    if args.copy_delay:
+        slow_late_copy(args.copy_delay)
     dls, model = data_and_model()
+    if args.batchnorm:
+        model.insert(1, nn.BatchNorm1d(model[0].out_features))
     ckpt = Checkpoint(args.ckpt, every_n_steps=4, keep_last=args.keep_last, async_save=not args.sync)
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, cbs=[GradAccum(steps=2), ckpt])
     learn.remove_cb(learn.progress)
@@ -116,6 +138,7 @@ def main():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
         print(f"BLOCKED {json.dumps([save['held_s'] for save in ckpt.saves])}", flush=True)
+        print(f"COPYWAIT {json.dumps([save.get('copy_wait_s', 0.0) for save in ckpt.saves])}", flush=True)
 
 
 if __name__ == "__main__":

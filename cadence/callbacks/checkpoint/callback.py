@@ -17,6 +17,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from ...distributed.ops import main_print
+from ...distributed.staging import HostBuffers, Staging
 from ...distributed.status import record_preempted
 from ...serialization import check_writable
 from ...trainer.callback import Callback, Order
@@ -47,10 +48,13 @@ class Checkpoint(Callback):
     at the next optimizer step and the process exits with 128 + the signal (143 for SIGTERM), the
     status a scheduler requeues on; the same command with `resume="auto"` then continues.
 
-    `async_save=True`: the saving step only copies the state to host memory; a thread of every rank
-    writes it while training goes on, and the checkpoint becomes visible (renamed into place,
-    `latest` moved) once every rank's part is written. One save at a time: the next waits for it,
-    as do preemption and the end of the fit. A failed background write fails the run at the next
+    `async_save=True`: the saving step takes the small state (buffers, RNG, callbacks, position) and
+    training goes on; a thread of every rank copies the parameters and optimizer state to host memory
+    (kept for the fit, reserved at its first step) while the next step's forward and backward run (the
+    loop waits for that copy before the optimizer step, a load, a change of what trains, or the end of
+    the training phase), then writes; the checkpoint becomes visible (renamed into place, `latest`
+    moved) once every rank's part is written. One save at a time: the next waits for it, as do
+    preemption and the end of the fit. A failed background write fails the run at the next
     step, naming the checkpoint. `io_timeout` (seconds, None for none): a save that takes longer
     fails, naming the checkpoint and the time; a slow one is said in the log every minute.
 
@@ -87,6 +91,8 @@ class Checkpoint(Callback):
         self._epoch_ran = False  # training and validation of the current epoch are done
         self._watch: PreemptionWatch | None = None
         self._pending: BackgroundWrite | None = None  # the save being written in the background
+        self._step_hook: tuple[Any, Any] | None = None  # (optimizer, handle): waits for a save's copy before a step
+        self._buffers: HostBuffers | None = None  # the host memory of the fit's async copies, reused save to save
         self.saves: list[dict[str, Any]] = []  # what each save of this fit cost (`BackgroundWrite.stats`), in order
 
     @property
@@ -110,7 +116,10 @@ class Checkpoint(Callback):
                         self._pending.join_local(self.io_timeout)
                     raise
         finally:
-            self._pending = None
+            self._pending = self.learn.strategy.staging = self._buffers = None
+            if self._step_hook is not None:
+                self._step_hook[1].remove()
+                self._step_hook = None
             if self._replaced is not None:
                 self.learn.dls.train, self._replaced = self._replaced, None
             self.resumed_from = None
@@ -211,6 +220,10 @@ class Checkpoint(Callback):
         if not learn.training or learn.step == self._last_checked_step:
             return  # not at an optimizer step: accumulation goes on, or the step was skipped
         self._last_checked_step = learn.step
+        if self.async_save and self._buffers is None:  # the optimizer's state exists now: its host copy's memory
+            self._buffers = HostBuffers()
+            if learn.strategy.checkpoint_state_is_own_memory():
+                self._buffers.reserve(learn.model, learn.opt)
         if self._pending is not None and self._pending.poll():
             self.saves.append(self._pending.stats)
             self._pending = None
@@ -226,10 +239,15 @@ class Checkpoint(Callback):
             record_preempted(sig.name, learn.step, received=self._watch.received is not None)
             raise SystemExit(128 + sig)
 
+    def before_step(self):
+        if self._step_hook is None:  # an optimizer without step hooks: wait for a save's copy here
+            self.learn.strategy.wait_for_staging()
+
     def before_epoch(self):
         self._epoch_ran = False
 
     def after_train(self):
+        self.learn.strategy.wait_for_staging()  # validation may swap weights in (EMA-like callbacks)
         self._epoch_ran = self.learn.dls.valid is None
 
     def after_validate(self):
@@ -262,15 +280,22 @@ class Checkpoint(Callback):
         self.history.append(name)
         doomed = self._beyond_keep_last()
         self.history = [n for n in self.history if n not in doomed]  # what state.json records: the run after pruning
+        if self.async_save and self._buffers is None:
+            self._buffers = HostBuffers()
+        if self._buffers is not None:
+            self._buffers.ready()
+        staging = Staging(self.learn.model, self.learn.opt, self._buffers) if self.async_save else None
         try:
-            staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save)
+            staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save, staging=staging)
             if self.async_save and staged.engine_write is None and not self.saves and self._pending is None:
                 main_print(f"Checkpoint(async_save=True): the {strategy.name} engine saves its state with collectives "
                            f"of its own, so that part is written before training goes on; the rest in the background")
             write = BackgroundWrite(staged, strategy, self.io_timeout, self.root / name,
                                     on_commit=lambda: self._point_and_prune(store, name, doomed), report=True,
                                     blocking=not self.async_save, since=started, memory=memory,
-                                    waited_s=waited).start()
+                                    waited_s=waited, staging=staging).start()
+            if staging is not None:
+                self._guard(staging)
             if not self.async_save:
                 write.wait()
                 self.saves.append(write.stats)
@@ -291,8 +316,20 @@ class Checkpoint(Callback):
             if old not in (store.pointed(LATEST), store.pointed(BEST)):
                 store.remove(old)
 
+    def _guard(self, staging: Staging) -> None:
+        """Until the save's copy of the parameters and optimizer state is made, whatever writes them waits for it:
+        the optimizer's step (a hook on it, whoever steps), loads and `trainable_changed` (`wait_for_staging`)."""
+        strategy, opt = self.learn.strategy, self.learn.opt
+        strategy.staging = staging
+        if self._step_hook is not None and self._step_hook[0] is not opt:
+            self._step_hook[1].remove()
+            self._step_hook = None
+        if self._step_hook is None and callable(getattr(opt, "register_step_pre_hook", None)):
+            self._step_hook = (opt, opt.register_step_pre_hook(lambda *_: strategy.wait_for_staging()))
+
     def _finish_pending(self) -> None:
         """Wait (every rank) until the save in the background is written and visible."""
+        self.learn.strategy.wait_for_staging()  # counted as the loop held by that save
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.wait()

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 
 from ...version import __version__
 from ...distributed.data import DistributedDL
+from ...distributed.staging import Staging
 from ...distributed.env import rank, world_size
 from ...distributed.strategy import host_copy
 from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
@@ -105,16 +106,20 @@ class StagedSave:
             commit_dir(self.staged, self.directory)
 
 
-def stage_state(learn: Any, directory: Path, epoch_complete: bool, copy: bool = False) -> StagedSave:
+def stage_state(learn: Any, directory: Path, epoch_complete: bool, copy: bool = False,
+                staging: Staging | None = None) -> StagedSave:
     """Every rank, at the step it saves: the staged directory made, the state taken (the engine's collectives
-    included). `copy`: tensors copied to host memory, so training may go on while the save is written."""
+    included). `copy`: tensors copied to host memory, so training may go on while the save is written; with
+    `staging`, the parameters and optimizer state by the writer, the caller waiting (`staging.wait()`) before
+    anything writes them (`Strategy.checkpoint_writer`); callback states, RNG and position are taken now."""
     strategy = learn.strategy
     with writing(directory, "checkpoint", sibling(directory, STAGED)):
         if strategy.is_main:
             recover_dir(directory)
             staging_dir(directory)
         strategy.barrier()
-        engine_write = strategy.checkpoint_writer(sibling(directory, STAGED), learn.model, learn.opt, copy=copy)
+        engine_write = strategy.checkpoint_writer(sibling(directory, STAGED), learn.model, learn.opt, copy=copy,
+                                                  staging=staging)
     state, tensors = None, {}
     if strategy.is_main:
         state = _train_state(learn, epoch_complete)
@@ -209,6 +214,7 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
     directory = Path(directory)
     state = read_state(directory)
     rng = _read_rng(directory, state)
+    learn.strategy.wait_for_staging()
     learn.strategy.load_checkpoint(directory, learn.model, learn.opt)
     for cb in learn.cbs:
         if cb.name in state["callbacks"] and callable(getattr(cb, "load_state_dict", None)):

@@ -40,13 +40,15 @@ class BackgroundWrite:
 
     def __init__(self, staged: Any, strategy: Any, io_timeout: float | None, directory: Path,
                  on_commit: Callable[[], None] | None = None, report: bool = False, blocking: bool = True,
-                 since: float | None = None, memory: PeakMemory | None = None, waited_s: float = 0.0):
+                 since: float | None = None, memory: PeakMemory | None = None, waited_s: float = 0.0,
+                 staging: Any = None):
         self.staged, self.strategy, self.io_timeout, self.directory = staged, strategy, io_timeout, directory
         self.on_commit, self.report, self.blocking = on_commit, report, blocking
         self.since = time.perf_counter() if since is None else since  # when the loop stopped for this save
         self.memory = memory      # sampling this process's host memory since the save began
         self.held_s = 0.0         # how long the training loop was held: until `start` (async) or the commit
         self.waited_s = waited_s  # of which waiting for the save before this one
+        self.staging = staging    # the copy the loop waits for before the next step (`Staging`); its wait is held
         self.stats: dict[str, Any] = {}  # once committed: `_measure`, and on the main process "bytes"
         self.error: BaseException | None = None
         self.committed = False
@@ -141,7 +143,9 @@ class BackgroundWrite:
         and the resident host memory before the save (bytes; None where the system does not say)."""
         if self.blocking:
             self.held_s = time.perf_counter() - self.since
-        return {"name": self.directory.name, "seconds": self.elapsed, "held_s": self.held_s, "waited_s": self.waited_s,
+        copy_wait = self.staging.waited_s if self.staging is not None else 0.0
+        return {"name": self.directory.name, "seconds": self.elapsed, "held_s": self.held_s + copy_wait,
+                "waited_s": self.waited_s, "copy_wait_s": copy_wait,
                 "peak": self.memory.stop() if self.memory else None,
                 "resident": self.memory.resident if self.memory else None}
 
@@ -151,7 +155,9 @@ class BackgroundWrite:
         m, size = self.stats, self.stats["bytes"]
         line = (f"Checkpoint: {m['name']} written: {format_size(size)} in {m['seconds']:.2f} s "
                 f"({format_size(int(size / max(m['seconds'], 1e-9)))}/s), the loop held {m['held_s']:.2f} s" +
-                (f" ({m['waited_s']:.2f} s of it for the save before)" if m["waited_s"] >= 0.005 else ""))
+                (f" ({m['waited_s']:.2f} s of it for the save before)" if m["waited_s"] >= 0.005 else "") +
+                (f" ({m['copy_wait_s']:.2f} s of it for the copy, before the next step)"
+                 if m["copy_wait_s"] >= 0.005 else ""))
         if m["peak"] is not None and m["resident"]:
             line += (f"; peak host memory {format_size(m['peak'])}, {m['peak'] / m['resident']:.2f}x the "
                      f"{format_size(m['resident'])} before the save")

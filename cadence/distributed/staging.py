@@ -1,0 +1,130 @@
+"""A save's copy to host memory that overlaps the next step: what only the optimizer step writes is copied later.
+
+An asynchronous save must copy the state it writes, since training goes on. Most of that state
+(the parameters and the optimizer's per-parameter state) is written by nothing but the optimizer
+step: the next batch's data loading, forward and backward read it and leave it as it is. So those
+tensors are copied by the writer's thread while the next step computes, and the training loop
+waits for the copy (`Staging.wait`) only before the next optimizer step or whatever else could write
+them. Everything else (buffers the forward updates, such as BatchNorm's running statistics,
+tensors of other objects) is copied at once, at the save point. The late copy goes into host memory
+kept from the save before (`HostBuffers`): allocating it anew costs page faults that, on a CPU host,
+take ten times the copy itself.
+
+>>> staging = Staging(model, opt)
+>>> write = strategy.checkpoint_writer(staged_dir, model, opt, copy=True, staging=staging)  # copies the rest now
+>>> threading.Thread(target=write).start()            # copies the parameters and optimizer state, then writes
+>>> staging.wait()                                    # the loop, before the optimizer step
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+
+def layout_key(t: torch.Tensor) -> tuple:
+    """What identifies a tensor's memory and layout: views of one memory with one layout are one tensor."""
+    if not t.numel():
+        return (id(t),)
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device)
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """The address of the memory `t` views (a DTensor: its local shard's)."""
+    local = getattr(t, "_local_tensor", t)
+    return local.untyped_storage().data_ptr()
+
+
+class Staging:
+    """Where a save's late copy stands: `late` holds the memory of the tensors only the optimizer step writes
+    (`step_written`); the writer's thread copies them and calls `done`; the loop `wait`s before it writes them.
+    `waited_s`: how long the loop waited (counted as held by the save)."""
+
+    def __init__(self, model: nn.Module | None = None, opt: torch.optim.Optimizer | None = None,
+                 buffers: HostBuffers | None = None):
+        self.late = step_written(model, opt) if model is not None else set()
+        self.buffers = buffers  # where the late copy goes (None: fresh memory)
+        self.waited_s = 0.0
+        self._done = threading.Event()
+
+    def is_late(self, t: torch.Tensor) -> bool:
+        return t.numel() > 0 and storage_key(t) in self.late
+
+    def done(self) -> None:
+        """The late copy is made (or failed: the writer reports that); the loop may write the tensors."""
+        self._done.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        """Block until the late copy is made; the time is added to `waited_s`."""
+        if not self._done.is_set():
+            start = time.perf_counter()
+            self._done.wait()
+            self.waited_s += time.perf_counter() - start
+
+
+class HostBuffers:
+    """Host memory for the late copies of one fit's saves, reused from one save to the next (one save at a time:
+    the next copy starts after the last write ended). A buffer not used by a save is dropped after it.
+
+    >>> buffers = HostBuffers(); copy = buffers.copy(weight, key)   # the same memory at the next save
+    """
+
+    def __init__(self):
+        self._by_key: dict[tuple, torch.Tensor] = {}
+        self._used: dict[tuple, torch.Tensor] = {}
+        self._reserving: threading.Thread | None = None
+
+    def reserve(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
+        """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a
+        thread, so that the first save finds it ready; `ready` waits for it."""
+        tensors = [t for t in _step_written_tensors(model, opt) if t.numel() and t.is_contiguous()
+                   and getattr(t, "_local_tensor", None) is None]
+
+        def allocate() -> None:
+            for t in tensors:
+                self._by_key[layout_key(t)] = torch.zeros(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        self._reserving = threading.Thread(target=allocate, name="checkpoint host memory", daemon=True)
+        self._reserving.start()
+
+    def ready(self) -> None:
+        """Wait until the memory `reserve` allocates is there."""
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
+
+    def copy(self, t: torch.Tensor, key: tuple) -> torch.Tensor:
+        """A host copy of `t` (`key`: what identifies its memory and layout), in the buffer of the last save's."""
+        if not t.is_contiguous() or getattr(t, "_local_tensor", None) is not None:
+            return t.detach().to("cpu", copy=True)
+        buf = self._by_key.get(key)
+        if buf is None:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        buf.copy_(t.detach())
+        self._used[key] = buf
+        return buf
+
+    def settle(self) -> None:
+        """After a save's late copy: keep only the buffers it used."""
+        self._by_key, self._used = self._used, {}
+
+
+def step_written(model: nn.Module, opt: torch.optim.Optimizer | None) -> set[int]:
+    """The memory of what only the optimizer step writes: `model`'s parameters and `opt`'s per-parameter state."""
+    return {storage_key(t) for t in _step_written_tensors(model, opt) if t.numel()}
+
+
+def _step_written_tensors(model: nn.Module, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    tensors = [*model.parameters()]
+    per_param = getattr(opt, "state", None)  # an engine's own optimizer may keep it elsewhere: then copied at once
+    if isinstance(per_param, Mapping):
+        tensors += [v for state in per_param.values() if isinstance(state, Mapping)
+                    for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensors
