@@ -37,6 +37,11 @@ def main() -> None:
                        "rand": torch.rand(1).item()})
     with open(f"{out}.{accelerator.process_index}.json", "w") as f:
         json.dump({"rank": accelerator.process_index, "epochs": epochs}, f)
+    if library == "accelerate" and torch.distributed.is_initialized():
+        # real Accelerate leaves its gloo group alive at exit, where its destructor now and then aborts or hangs
+        # (SIGABRT "terminate called without an active exception", or a hang in ~ProcessGroupGloo): end it here
+        accelerator.wait_for_everyone()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
