@@ -29,7 +29,6 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
 from ..compile import check_compile_options, options_from_env
 from ..distributed.precision import make_precision
@@ -45,7 +44,7 @@ from .parallelism import ParallelismConfig, ParallelismProperties, launched_para
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
 from .prepare_methods import PrepareMethods
-from .prepared import PreparedDataLoader, PreparedOptimizer
+from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
 from .preparation import (check_rng_types, choose_engine, make_strategy, one_deepspeed_plugin, owns_parameters,
                           refuse_unsupported, restore_forward, sort_handlers)
 from .properties import RunProperties

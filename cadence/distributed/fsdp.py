@@ -26,11 +26,10 @@ from torch.utils.data import DataLoader
 
 from . import env
 from .data import DistributedDL
-from .pipeline_state import named_by_position
 from .precision import FullPrecision
 from .staging import Staging
-from .strategy import (MakeOpt, OwnsPrecision, Strategy, host_copy, meta_copy, non_persistent_buffers, rebuild,
-                       set_buffers, tied_names)
+from .strategy import (MakeOpt, OwnsPrecision, Strategy, host_copy, meta_copy, named_by_position,
+                       non_persistent_buffers, rebuild, set_buffers, tied_names)
 
 __all__ = ["FSDP", "SHARDING_STRATEGIES", "AUTO_WRAP_POLICIES"]
 

@@ -35,9 +35,9 @@ from . import env
 from .fsdp import FSDP
 from .model_parallel import ModelParallel, _launcher_sizes, _retie_sliced
 from .pipeline_outputs import LastStageOutputs
-from .pipeline_state import merged_optimizer_state, named_by_position, renamed_checkpoint, renamed_optimizer_state
+from .pipeline_state import merged_optimizer_state, renamed_checkpoint, renamed_optimizer_state
 from .precision import FullPrecision
-from .strategy import MakeOpt, OwnsStep, meta_copy, rebuild, tied_names
+from .strategy import MakeOpt, OwnsStep, meta_copy, named_by_position, rebuild, tied_names
 
 __all__ = ["Pipeline"]
 

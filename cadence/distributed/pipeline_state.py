@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["merged_optimizer_state", "named_by_position", "renamed_checkpoint", "renamed_optimizer_state"]
+__all__ = ["merged_optimizer_state", "renamed_checkpoint", "renamed_optimizer_state"]
 
 
 def renamed_optimizer_state(state: dict, names: dict[str, str]) -> dict:
@@ -37,21 +37,6 @@ def merged_optimizer_state(parts: list[dict], skeleton: nn.Module) -> dict:
     groups = [{**g, "params": sorted({p for part in parts for p in part["param_groups"][i]["params"] if p in order},
                                      key=order.__getitem__)} for i, g in enumerate(parts[0]["param_groups"])]
     return {"state": {k: v for part in parts for k, v in part["state"].items() if k in order}, "param_groups": groups}
-
-
-def named_by_position(state: dict, whole: torch.optim.Optimizer, skeleton: nn.Module) -> dict:
-    """One process's `opt.state_dict()` (parameters by position) keyed by the model's names; `whole` is the optimizer
-    that process had (the same groups over `skeleton`, the whole model)."""
-    shape = [len(g["params"]) for g in whole.param_groups]
-    saved = [len(g["params"]) for g in state["param_groups"]]
-    if saved != shape:
-        raise ValueError(f"the optimizer state has parameter groups of {saved} parameters, this model's optimizer "
-                         f"{shape}: it was saved for another model or optimizer setup; load with with_opt=False")
-    names = {id(p): n for n, p in skeleton.named_parameters()}
-    name = dict(zip((i for g in state["param_groups"] for i in g["params"]),
-                    (names[id(p)] for g in whole.param_groups for p in g["params"])))
-    return {"state": {name[i]: s for i, s in state["state"].items()},
-            "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in state["param_groups"]]}
 
 
 def renamed_checkpoint(state: dict, names: dict[str, str]) -> dict:

@@ -314,6 +314,21 @@ def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None, into
     return ops.map_tensors(one, state)
 
 
+def named_by_position(state: dict, whole: torch.optim.Optimizer, skeleton: nn.Module) -> dict:
+    """One process's `opt.state_dict()` (parameters by position) keyed by the model's names; `whole` is the optimizer
+    that process had (the same groups over `skeleton`, the whole model)."""
+    shape = [len(g["params"]) for g in whole.param_groups]
+    saved = [len(g["params"]) for g in state["param_groups"]]
+    if saved != shape:
+        raise ValueError(f"the optimizer state has parameter groups of {saved} parameters, this model's optimizer "
+                         f"{shape}: it was saved for another model or optimizer setup; load with with_opt=False")
+    names = {id(p): n for n, p in skeleton.named_parameters()}
+    name = dict(zip((i for g in state["param_groups"] for i in g["params"]),
+                    (names[id(p)] for g in whole.param_groups for p in g["params"])))
+    return {"state": {name[i]: s for i, s in state["state"].items()},
+            "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in state["param_groups"]]}
+
+
 def meta_copy(model: nn.Module) -> nn.Module:
     """A copy of `model` on the meta device: the skeleton a sharding engine rebuilds the plain module from.
 

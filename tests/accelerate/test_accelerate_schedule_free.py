@@ -30,12 +30,11 @@ def model_and_opt() -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, schedulefree.AdamWScheduleFree(model.parameters(), lr=0.1, warmup_steps=0)
 
 
-def by_hand() -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's output on PROBE in eval mode, then back in train mode."""
-    model, opt = model_and_opt()
+def train_and_probe(model: nn.Module, opt, backward) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train on the batches in the optimizer's train mode; the model's output on PROBE in eval mode, then in train."""
     opt.train()
     for x in batches():
-        model(x).pow(2).sum().backward()
+        backward(model(x).pow(2).sum())
         opt.step()
         opt.zero_grad()
     with torch.no_grad():
@@ -46,6 +45,11 @@ def by_hand() -> tuple[torch.Tensor, torch.Tensor]:
     return at_eval, at_train
 
 
+def by_hand() -> tuple[torch.Tensor, torch.Tensor]:
+    model, opt = model_and_opt()
+    return train_and_probe(model, opt, torch.Tensor.backward)
+
+
 @pytest.mark.parametrize("stage", [None, 0, 2, 3])
 def test_eval_and_train_switch_the_weights_the_model_runs_with(stage):
     model, opt = model_and_opt()
@@ -53,16 +57,7 @@ def test_eval_and_train_switch_the_weights_the_model_runs_with(stage):
     accelerator = Accelerator(cpu=True, **plugin)
     try:
         model, opt = accelerator.prepare(model, opt)
-        opt.train()
-        for x in batches():
-            accelerator.backward(model(x).pow(2).sum())
-            opt.step()
-            opt.zero_grad()
-        with torch.no_grad():
-            opt.eval()
-            at_eval = model(PROBE)
-            opt.train()
-            at_train = model(PROBE)
+        at_eval, at_train = train_and_probe(model, opt, accelerator.backward)
     finally:
         accelerator.strategy.teardown()
     expected_eval, expected_train = by_hand()

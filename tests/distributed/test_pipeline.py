@@ -205,7 +205,8 @@ def test_a_config_files_parallelism_block_carries_the_pp_keys_to_the_workers(tmp
 
 
 def test_an_optimizer_state_that_does_not_fit_the_whole_model_is_refused_naming_what_to_do():
-    from cadence.distributed.pipeline_state import merged_optimizer_state, named_by_position
+    from cadence.distributed.pipeline_state import merged_optimizer_state
+    from cadence.distributed.strategy import named_by_position
 
     model = _sequential(tie_across=False)
     saved = torch.optim.SGD(model[0].parameters(), lr=0.1).state_dict()   # 2 parameters; the model has 5 (a tie)

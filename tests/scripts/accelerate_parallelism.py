@@ -23,37 +23,15 @@ import sys
 from pathlib import Path
 
 import torch
-from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import Accelerator
 from cadence.utils import ParallelismConfig
 
 from model_parallel import data, lm_loss   # the same tokens and loss (VOCAB, SEQ as there)
+from model_parallel_2d import TinyLM, parallelize   # the same model and tensor-parallel plan as the Learner's 2-D test
 
 VOCAB, DIM, SEQ, N_TRAIN, N_VALID, BS, EPOCHS, LR, CLIP = 16, 8, 6, 32, 13, 4, 2, 0.5, 0.3
-
-
-class TinyLM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, DIM)
-        self.norm, self.fc1, self.fc2 = nn.LayerNorm(DIM), nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-        self.head = nn.Linear(DIM, VOCAB)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        x = x + self.fc2(torch.relu(self.fc1(self.norm(x))))
-        return self.head(x)
-
-
-def parallelize(model, tp_mesh):
-    """The MLP column- then row-wise, the output layer column-wise (logits made whole); the norm stays plain."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    parallelize_module(model, tp_mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel(),
-                                        "head": ColwiseParallel(output_layouts=Replicate())})
 
 
 class PlannedLM(TinyLM):

@@ -99,21 +99,22 @@ def data(n, seed):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def global_batches(x, y, dp):
+def global_batches(x, y, dp, bs=BS):
     """The one-process batches equal to step k of `dp` groups, each taking its contiguous share of the data."""
     share = len(x) // dp
-    for k in range(share // BS):
-        idx = torch.cat([torch.arange(g * share + k * BS, g * share + (k + 1) * BS) for g in range(dp)])
+    for k in range(share // bs):
+        idx = torch.cat([torch.arange(g * share + k * bs, g * share + (k + 1) * bs) for g in range(dp)])
         yield x[idx], y[idx]
 
 
-def reference(x, y, dp, clip):
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+def reference(x, y, dp, clip, make=None, loss_func=lm_loss, bs=BS, epochs=EPOCHS, lr=LR):
+    """Plain SGD in one process on the global batches, clipped: (model, losses, norms before clipping)."""
+    model = (make or make_model)()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses, norms = [], []
-    for _ in range(EPOCHS):
-        for xb, yb in global_batches(x, y, dp):
-            loss = lm_loss(model(xb), yb)
+    for _ in range(epochs):
+        for xb, yb in global_batches(x, y, dp, bs):
+            loss = loss_func(model(xb), yb)
             loss.backward()
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
             opt.step()

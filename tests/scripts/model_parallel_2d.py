@@ -78,6 +78,7 @@ class TinyLM(nn.Module):
 
 
 def parallelize(model, tp_mesh):
+    """The MLP column- then row-wise, the output layer column-wise (logits made whole); the norm stays plain."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 

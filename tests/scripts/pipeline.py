@@ -25,6 +25,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from cadence import Callback, DataLoaders, GradClip, Learner, accuracy
 from cadence.distributed.env import rank, world_size
 
+import model_parallel   # the one-process reference loop on the global batches
+
 DIM, CLASSES, N_TRAIN, N_VALID, BS, EPOCHS, LR, PP = 16, 4, 32, 20, 8, 2, 0.3, 2
 SPLITS = {2: ["4"], 4: ["4", "6", "8"]}  # stages: [0..3] [4..8] or [0..3] [4,5] [6,7] [8]
 
@@ -43,25 +45,11 @@ def data(n, seed):
 
 
 def global_batches(x, y, dp):
-    share = len(x) // dp
-    for k in range(share // BS):
-        idx = torch.cat([torch.arange(g * share + k * BS, g * share + (k + 1) * BS) for g in range(dp)])
-        yield x[idx], y[idx]
+    return model_parallel.global_batches(x, y, dp, BS)
 
 
 def reference(x, y, dp, clip):
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses, norms = [], []
-    for _ in range(EPOCHS):
-        for xb, yb in global_batches(x, y, dp):
-            loss = nn.functional.cross_entropy(model(xb), yb)
-            loss.backward()
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-    return model, losses, norms
+    return model_parallel.reference(x, y, dp, clip, make_model, nn.functional.cross_entropy, BS, EPOCHS, LR)
 
 
 class Record(Callback):

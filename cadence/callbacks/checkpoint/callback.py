@@ -239,10 +239,6 @@ class Checkpoint(Callback):
             record_preempted(sig.name, learn.step, received=self._watch.received is not None)
             raise SystemExit(128 + sig)
 
-    def before_step(self):
-        if self._step_hook is None:  # an optimizer without step hooks: wait for a save's copy here
-            self.learn.strategy.wait_for_staging()
-
     def before_epoch(self):
         self._epoch_ran = False
 
@@ -326,6 +322,8 @@ class Checkpoint(Callback):
             self._step_hook = None
         if self._step_hook is None and callable(getattr(opt, "register_step_pre_hook", None)):
             self._step_hook = (opt, opt.register_step_pre_hook(lambda *_: strategy.wait_for_staging()))
+        elif self._step_hook is None:  # an optimizer without step hooks: no overlap, the copy is waited for now
+            strategy.wait_for_staging()
 
     def _finish_pending(self) -> None:
         """Wait (every rank) until the save in the background is written and visible."""
