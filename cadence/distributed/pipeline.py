@@ -35,7 +35,7 @@ from . import env
 from .fsdp import FSDP
 from .model_parallel import ModelParallel, _launcher_sizes, _retie_sliced
 from .pipeline_outputs import LastStageOutputs
-from .pipeline_state import merged_optimizer_state, renamed_checkpoint, renamed_optimizer_state
+from .pipeline_state import merged_optimizer_state, merged_weights, renamed_checkpoint, renamed_optimizer_state
 from .precision import FullPrecision
 from .strategy import MakeOpt, OwnsStep, meta_copy, named_by_position, rebuild, tied_names
 
@@ -335,11 +335,7 @@ class Pipeline(OwnsStep, ModelParallel):
 
         local = {self._names.get(k, k): (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
                  for k, v in model.state_dict().items()}  # full_tensor: a collective over dp and tp
-        parts = [None] * self.pp_size
-        dist.all_gather_object(parts, local, group=self._pp_group())  # every pp group: one per dp rank
-        if not (everywhere or env.rank() == 0):
-            return {}
-        return {k: v for part in parts for k, v in part.items()}
+        return merged_weights(local, self._pp_group(), everywhere)  # every pp group: one per dp rank
 
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full weights of every stage on rank 0 (others get {}); every rank must call it."""

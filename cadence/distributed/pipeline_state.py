@@ -7,14 +7,55 @@ maps each of its names that differs to the model's. The optimizer state of the w
 plain `opt.load_state_dict` in one process takes it by position.
 
 >>> whole = merged_optimizer_state([renamed_optimizer_state(s, names) for s in per_rank], skeleton)
+>>> weights = merged_weights(local_weights, pp_group, everywhere=True)
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
-__all__ = ["merged_optimizer_state", "renamed_checkpoint", "renamed_optimizer_state"]
+__all__ = ["merged_optimizer_state", "merged_weights", "renamed_checkpoint", "renamed_optimizer_state"]
+
+_ALIGN = 16  # bytes: each tensor starts at an offset its dtype can be viewed at
+
+
+def merged_weights(local: dict[str, torch.Tensor], group: Any, everywhere: bool) -> dict[str, torch.Tensor]:
+    """Every rank of `group`'s `local` CPU weights merged: on each rank (`everywhere`), else on the group's rank 0
+    when that is global rank 0 (others get {}). Names, dtypes and shapes travel as one small object gather; the
+    bytes as one flat buffer per rank (a broadcast, or a send to rank 0), never pickled."""
+    if not everywhere and dist.get_global_rank(group, 0) != 0:
+        return {}
+    me, size = dist.get_rank(group), dist.get_world_size(group)
+    layouts: list[Any] = [None] * size
+    dist.all_gather_object(layouts, [(k, v.dtype, tuple(v.shape), v.numel() * v.element_size())
+                                     for k, v in local.items()], group=group)
+    merged: dict[str, torch.Tensor] = {}
+    for r, layout in enumerate(layouts):
+        ends = [0]
+        for *_, nbytes in layout:
+            ends.append(ends[-1] + -(-nbytes // _ALIGN) * _ALIGN)
+        if not (everywhere or me in (0, r)):
+            continue
+        flat = torch.empty(ends[-1], dtype=torch.uint8)
+        if r == me:
+            for (k, *_), start in zip(layout, ends):
+                t = local[k].detach().contiguous().reshape(-1)
+                flat[start:start + t.numel() * t.element_size()] = t.view(torch.uint8)
+        src = dist.get_global_rank(group, r)
+        if everywhere:
+            dist.broadcast(flat, src=src, group=group)
+        elif r != me:  # rank 0
+            dist.recv(flat, src=src, group=group)
+        elif me != 0:
+            dist.send(flat, dst=dist.get_global_rank(group, 0), group=group)
+        if everywhere or me == 0:
+            merged.update({k: flat[start:start + nbytes].view(dtype).reshape(shape).clone()
+                           for (k, dtype, shape, nbytes), start in zip(layout, ends)})
+    return merged if everywhere or me == 0 else {}
 
 
 def renamed_optimizer_state(state: dict, names: dict[str, str]) -> dict:
