@@ -245,14 +245,17 @@ class Pipeline(OwnsStep, ModelParallel):
         schedule = self._schedule(per, training, loss_fn)
         losses: list[torch.Tensor] = []
         target = torch.arange(padded, device=self.device) if yb else None
+        kind = (training, bool(yb), *(tuple(t.shape) for t in (*args, *kwargs.values()) if torch.is_tensor(t)))
+        group = self._pp_group()
+        src = dist.get_global_rank(group, self._last_rank())
+        self._outputs.expect(kind, src, group, self.device)  # the outputs' receive runs alongside the step
         if training:
             out = schedule.step(*args, target=target, losses=losses, **kwargs)
         else:
             out = schedule.eval(*args, target=target, losses=losses, **kwargs)
         last = self._holds_last_stage()
         loss = torch.stack([l.detach() for l in losses]).sum().float() if last and losses else None
-        kind = (training, bool(yb), *(tuple(t.shape) for t in (*args, *kwargs.values()) if torch.is_tensor(t)))
-        return self._from_last_stage(out[:n].detach() if last else None, loss, kind)
+        return self._outputs.share(out[:n].detach() if last else None, loss, kind, src, group, self.device)
 
     def _schedule(self, per: int, training: bool, loss_fn: Callable):
         """A schedule (and its stages) for micro-batches of `per` samples: stages infer their shapes once."""
@@ -295,13 +298,6 @@ class Pipeline(OwnsStep, ModelParallel):
     def _last_rank(self) -> int:
         """The pp-group rank of the process holding the last stage (rank 0 under V-shaped schedules)."""
         return 0 if self.v_shaped else self.pp_size - 1
-
-    def _from_last_stage(self, pred: torch.Tensor | None, loss: torch.Tensor | None, kind: tuple
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The last stage's `pred` and `loss` on every rank of the pipeline (`pipeline_outputs.LastStageOutputs`)."""
-        group = self._pp_group()
-        return self._outputs.share(pred, loss, kind, dist.get_global_rank(group, self._last_rank()), group,
-                                   self.device)
 
     def backward(self, loss: torch.Tensor | None) -> None:
         """Nothing: the schedule ran the backward inside `forward_backward`."""

@@ -8,6 +8,11 @@ float32, which holds bf16 and fp16 exactly) in one broadcast. An output that doe
 layout (a model whose output shape depends on the values) clears the flag, and that batch is sent the
 first way on every rank.
 
+The other ranks post their receive of that one broadcast before the step (`expect`), so it completes in the
+background while the schedule runs: the rank that finishes the step last (the first stage, under 1F1B) finds its
+copy there instead of waiting for a round trip on the step's critical path.
+
+>>> outputs.expect(kind, src=last_stage_rank, group=pp_group, device=device)   # before the step
 >>> pred, loss = outputs.share(pred, loss, kind, src=last_stage_rank, group=pp_group, device=device)
 """
 
@@ -31,13 +36,25 @@ class LastStageOutputs:
 
     def __init__(self) -> None:
         self.layouts: dict[tuple, tuple] = {}   # kind -> (dtype, shape, has_loss)
+        self._posted: tuple | None = None       # (kind, buffer, work) of a receive posted by `expect`
+
+    def expect(self, kind: Any, src: int, group: Any, device: torch.device) -> None:
+        """Before the step of a batch of `kind`: on ranks other than `src`, post the receive of its outputs when
+        their layout is known (the broadcast runs while the step does; `share` waits for it)."""
+        known = self.layouts.get(kind)
+        if known is not None and dist.get_rank() != src:
+            packed = torch.empty(math.prod(known[1]) + 2, dtype=torch.float32, device=device)
+            self._posted = (kind, packed, dist.broadcast(packed, src=src, group=group, async_op=True))
 
     def share(self, pred: torch.Tensor | None, loss: torch.Tensor | None, kind: tuple, src: int, group: Any,
               device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`pred` and `loss` of global rank `src` (None elsewhere) on every rank of `group`."""
         known = self.layouts.get(kind)
         if known is not None:
-            got = _packed(pred, loss, known, src, group, device)
+            posted, self._posted = self._posted, None
+            if posted is not None and posted[0] != kind:
+                raise RuntimeError(f"outputs of a {posted[0]!r} batch were expected, not of a {kind!r} one")
+            got = _packed(pred, loss, known, src, group, device, posted)
             if got is not None:
                 return got
         pred, loss = _with_header(pred, loss, src, group, device)
@@ -68,17 +85,21 @@ def _with_header(pred: torch.Tensor | None, loss: torch.Tensor | None, src: int,
 
 
 def _packed(pred: torch.Tensor | None, loss: torch.Tensor | None, layout: tuple, src: int, group: Any,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """[matches, loss, pred as float32] in one broadcast; None on every rank when the output lacks `layout`."""
+            device: torch.device, posted: tuple | None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """[matches, loss, pred as float32] in one broadcast (already posted by a receiver's `expect`); None on every
+    rank when the output lacks `layout`."""
     dtype, shape, has_loss = layout
-    size = math.prod(shape)
-    packed = torch.zeros(size + 2, dtype=torch.float32, device=device)
-    if pred is not None and tuple(pred.shape) == shape and pred.dtype == dtype and (loss is not None) == has_loss:
-        packed[0] = 1.0
-        if has_loss:
-            packed[1] = loss
-        packed[2:] = pred.reshape(-1)
-    dist.broadcast(packed, src=src, group=group)
+    if posted is not None:
+        _, packed, work = posted
+        work.wait()
+    else:
+        packed = torch.zeros(math.prod(shape) + 2, dtype=torch.float32, device=device)
+        if pred is not None and tuple(pred.shape) == shape and pred.dtype == dtype and (loss is not None) == has_loss:
+            packed[0] = 1.0
+            if has_loss:
+                packed[1] = loss
+            packed[2:] = pred.reshape(-1)
+        dist.broadcast(packed, src=src, group=group)
     if not packed[0]:
         return None
     if pred is None:
