@@ -93,6 +93,7 @@ class Pipeline(OwnsStep, ModelParallel):
         self._outputs = LastStageOutputs()
         self._stages: list[tuple[int, nn.Module]] = []
         self._names: dict[str, str] = {}
+        self._pp_process_group = None
 
     # ------------------------------------------------------------------ the mesh
     def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
@@ -113,8 +114,10 @@ class Pipeline(OwnsStep, ModelParallel):
         return ("pp", *ModelParallel._mesh_names(self))
 
     def _pp_group(self):
-        self._mesh()
-        return self.device_mesh.get_group("pp")
+        if self._pp_process_group is None:  # asked every step: a mesh lookup slices the mesh each time
+            self._mesh()
+            self._pp_process_group = self.device_mesh.get_group("pp")
+        return self._pp_process_group
 
     def _pp_rank(self) -> int:
         return env.rank() // (env.world_size() // self.pp_size)  # ranks laid out (pp, dp, tp)
@@ -163,8 +166,9 @@ class Pipeline(OwnsStep, ModelParallel):
         model = model.to(self.device)
         self._mesh()
         self._stages = [(s, stages[s]) for s in self._my_stages()]
-        for _, stage in self._stages:
-            stage.register_forward_hook(_full_precision_between_stages)
+        if precision is not None and precision.name != "no":  # fixed from here on (`_precision_fixed`)
+            for _, stage in self._stages:
+                stage.register_forward_hook(_full_precision_between_stages)
         held = self._holder([m for _, m in self._stages])
         self._names = _model_names(held, model)  # before slicing and sharding replace the tensors
         if self.tp_size > 1:  # each stage sliced over tp, then sharded over dp
@@ -235,16 +239,25 @@ class Pipeline(OwnsStep, ModelParallel):
             args = tuple(_rows(a, take) for a in args)
             kwargs = {k: _rows(v, take) for k, v in kwargs.items()}
 
-        def loss_fn(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            start = int(rows[0])  # a micro-batch is the batch's rows [start, start + per)
-            real = max(0, min(n, start + len(rows)) - start)
-            if not real:
-                return out.sum() * 0.0
-            return loss_func(out[:real], *(y[start:start + real] for y in yb)) * (real / n)
+        last = self._holds_last_stage()
+        if padded == n and len(yb) == 1 and isinstance(yb[0], torch.Tensor) and yb[0].shape[:1] == (n,):
+            # the schedule splits the one target tensor as it splits the inputs
+            share = 1 / self.microbatches
+
+            def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                return loss_func(out, y) * share
+            target = yb[0] if last else None
+        else:  # the target is the row index into the batch: any number of targets, padding rows left out
+            def loss_fn(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+                start = int(rows[0])  # a micro-batch is the batch's rows [start, start + per)
+                real = max(0, min(n, start + len(rows)) - start)
+                if not real:
+                    return out.sum() * 0.0
+                return loss_func(out[:real], *(y[start:start + real] for y in yb)) * (real / n)
+            target = torch.arange(padded, device=self.device) if yb and last else None
 
         schedule = self._schedule(per, training, loss_fn)
         losses: list[torch.Tensor] = []
-        target = torch.arange(padded, device=self.device) if yb else None
         kind = (training, bool(yb), *(tuple(t.shape) for t in (*args, *kwargs.values()) if torch.is_tensor(t)))
         group = self._pp_group()
         src = dist.get_global_rank(group, self._last_rank())
@@ -253,7 +266,6 @@ class Pipeline(OwnsStep, ModelParallel):
             out = schedule.step(*args, target=target, losses=losses, **kwargs)
         else:
             out = schedule.eval(*args, target=target, losses=losses, **kwargs)
-        last = self._holds_last_stage()
         loss = torch.stack([l.detach() for l in losses]).sum().float() if last and losses else None
         return self._outputs.share(out[:n].detach() if last else None, loss, kind, src, group, self.device)
 
