@@ -12,8 +12,9 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
   a marker file in DIR remembers).
 --fsize: RLIMIT_FSIZE (SIGXFSZ ignored: a write past it fails as on a full disk), set before the fit.
 --batchnorm: a BatchNorm1d after the first layer (running statistics that every forward changes).
---copy-delay: the writer's copy of the parameters and optimizer state starts S seconds late (a slow copy: the
-  next micro-batches' forward and backward run meanwhile, and the loop waits for it before the step).
+--copy-delay: the writer's copy of the parameters and optimizer state (FSDP2: torch's stager's copy of the shards)
+  starts S seconds late (a slow copy: the next micro-batches' forward and backward run meanwhile, and the loop
+  waits for it before the step).
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
 Prints `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
 the end; rank 0 writes the final weights to FILE.
@@ -58,8 +59,16 @@ def slow_rng_file(delay: float, sigterm_at: int | None, marker: Path):
 
 
 def slow_late_copy(delay: float):
-    """The copy that the checkpoint writer's thread makes (the parameters and optimizer state) starts `delay` s late."""
-    copy = strategy_module.host_copy
+    """The copy that the checkpoint writer's thread makes (the parameters and optimizer state) starts `delay` s late;
+    under FSDP2 the copy of the shards that torch's stager makes in its own thread."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    copy, stage = strategy_module.host_copy, DefaultStager._stage
+
+    def slow_stage(self, state_dict, **kwargs):
+        time.sleep(delay)
+        return stage(self, state_dict, **kwargs)
+    DefaultStager._stage = slow_stage
 
     def slow(state, only=None, into=None):
         if threading.current_thread() is not threading.main_thread():
