@@ -18,6 +18,7 @@ take ten times the copy itself.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -80,7 +81,14 @@ class HostBuffers:
     def __init__(self):
         self._by_key: dict[tuple, torch.Tensor] = {}
         self._used: dict[tuple, torch.Tensor] = {}
+        self._files: dict[str, HostFile] = {}
         self._reserving: threading.Thread | None = None
+
+    def file(self, name: str) -> HostFile:
+        """An empty in-memory file for `name` (a file of the checkpoint), in the memory of the last save's `name`."""
+        f = self._files.setdefault(name, HostFile())
+        f.size = 0
+        return f
 
     def reserve(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
         """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a
@@ -114,6 +122,35 @@ class HostBuffers:
     def settle(self) -> None:
         """After a save's late copy: keep only the buffers it used."""
         self._by_key, self._used = self._used, {}
+
+
+class HostFile:
+    """A file serialized into host memory (what `torch.save` writes into), written to disk later; its memory is kept
+    for the next save of the same file (`HostBuffers.file`), so later saves fault in no fresh pages.
+
+    >>> f = HostFile(); torch.save(state, f); ...; f.write_to(path)   # the bytes torch.save(state, open(path, "wb")) writes
+    """
+
+    def __init__(self):
+        self._memory = bytearray()
+        self.size = 0
+
+    def write(self, data) -> int:
+        with memoryview(data) as view, view.cast("B") as chunk:
+            end = self.size + chunk.nbytes
+            self._memory[self.size:end] = chunk
+        self.size, written = end, end - self.size
+        return written
+
+    def flush(self) -> None:
+        """Nothing to flush: the bytes are in memory until `write_to`."""
+
+    def write_to(self, path: str | os.PathLike) -> None:
+        """The bytes written so far into `path`, on disk (fsync) when it returns."""
+        with open(path, "wb") as f, memoryview(self._memory) as view, view[:self.size] as data:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def step_written(model: nn.Module, opt: torch.optim.Optimizer | None) -> set[int]:

@@ -2,7 +2,8 @@
 and every epoch end) with `Checkpoint(async_save=...)`; the same command line starts and continues the run.
 
   async_checkpoint.py --ckpt DIR --out FILE [--sync] [--write-delay S] [--kill-after S] [--kill-at-step N] [--sigterm-in-write N]
-                      [--fsize BYTES] [--keep-last N] [--strategy NAME] [--batchnorm] [--copy-delay S]
+                      [--fsize BYTES] [--keep-last N] [--strategy NAME [--zero-stage N]] [--batchnorm] [--copy-delay S]
+                      [--classes N] [--disk-delay S]
 --sync: Checkpoint(async_save=False) (the default here is async).
 --write-delay: every checkpoint's RNG files are written S seconds late (a slow disk: the write is in flight
   for longer, while training goes on).
@@ -15,6 +16,10 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
 --copy-delay: the writer's copy of the parameters and optimizer state (FSDP2: torch's stager's copy of the shards)
   starts S seconds late (a slow copy: the next micro-batches' forward and backward run meanwhile, and the loop
   waits for it before the step).
+--disk-delay: every file that `torch.save` writes to disk (DeepSpeed's engine files among them) and every file
+  serialized in memory first (`HostFile.write_to`) reaches the disk S seconds late; a save into memory is not delayed.
+--classes: the number of classes (3; 4 gives every parameter an even size: DeepSpeed pads no partition on 2
+  processes, and its padding holds whatever memory it was given).
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
 Prints `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
 the end; rank 0 writes the final weights to FILE.
@@ -77,6 +82,25 @@ def slow_late_copy(delay: float):
     strategy_module.host_copy = slow
 
 
+def slow_disk(delay: float):
+    """torch.save to a path or an open file, and HostFile.write_to, `delay` seconds late (torch.save into memory not)."""
+    import torch
+
+    from cadence.distributed.staging import HostFile
+
+    save, write_to = torch.save, HostFile.write_to
+
+    def slow_save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) or hasattr(f, "fileno"):
+            time.sleep(delay)
+        return save(obj, f, *args, **kwargs)
+
+    def slow_write_to(self, path):
+        time.sleep(delay)
+        return write_to(self, path)
+    torch.save, HostFile.write_to = slow_save, slow_write_to
+
+
 class KillAtStep(Callback):
     """SIGKILL this process right after optimizer step `step` (every rank at the same point of training)."""
 
@@ -112,7 +136,10 @@ def main():
     p.add_argument("--fsize", type=int)
     p.add_argument("--keep-last", type=int)
     p.add_argument("--strategy", help="the engine under `cadence launch` (default: the launcher's, DDP)")
+    p.add_argument("--zero-stage", type=int, help="DeepSpeed's ZeRO stage (with --strategy deepspeed)")
     p.add_argument("--batchnorm", action="store_true")
+    p.add_argument("--classes", type=int, default=3)
+    p.add_argument("--disk-delay", type=float, default=0.0)
     p.add_argument("--copy-delay", type=float, default=0.0)
     args = p.parse_args()
     Path(args.ckpt).mkdir(parents=True, exist_ok=True)
@@ -124,7 +151,9 @@ def main():
     np.random.seed(0)
     if args.copy_delay:
         slow_late_copy(args.copy_delay)
-    dls, model = data_and_model()
+    if args.disk_delay:
+        slow_disk(args.disk_delay)
+    dls, model = data_and_model(classes=args.classes)
     if args.batchnorm:
         model.insert(1, nn.BatchNorm1d(model[0].out_features))
     ckpt = Checkpoint(args.ckpt, every_n_steps=4, keep_last=args.keep_last, async_save=not args.sync)
@@ -138,7 +167,8 @@ def main():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, args.fsize))
     try:
-        with learn.distrib_ctx(strategy=args.strategy):
+        options = {} if args.zero_stage is None else {"zero_stage": args.zero_stage}
+        with learn.distrib_ctx(strategy=args.strategy, **options):
             learn.fit_one_cycle(3, lr_max=1e-2, resume="auto")
     except Exception as e:
         print(f"ERROR {type(e).__name__}: {e}\nSTEP {learn.step}", flush=True)
