@@ -20,6 +20,7 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
   serialized in memory first (`HostFile.write_to`) reaches the disk S seconds late; a save into memory is not delayed.
 --classes: the number of classes (3; 4 gives every parameter an even size: DeepSpeed pads no partition on 2
   processes, and its padding holds whatever memory it was given).
+Every rank prints `LOAD_COLLECTIVES <n>`: the collectives (torch.distributed calls) its resume (`load_state`) made.
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
 Prints `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
 the end; rank 0 writes the final weights to FILE.
@@ -124,6 +125,32 @@ class KillAfter(Callback):
         timer.start()
 
 
+def count_load_collectives() -> list[int]:
+    """Count the torch.distributed collectives called while the Checkpoint callback's `load_state` runs."""
+    import torch.distributed as dist
+
+    import cadence.callbacks.checkpoint.callback as callback_module
+
+    count, loading = [0], [False]
+    for name in ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
+                 "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list", "broadcast",
+                 "broadcast_object_list", "barrier", "all_to_all", "monitored_barrier"):
+        def counted(*args, _call=getattr(dist, name), **kwargs):
+            count[0] += loading[0]
+            return _call(*args, **kwargs)
+        setattr(dist, name, counted)
+    load = callback_module.load_state
+
+    def load_state(*args, **kwargs):
+        loading[0] = True
+        try:
+            return load(*args, **kwargs)
+        finally:
+            loading[0] = False
+    callback_module.load_state = load_state
+    return count
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt", required=True)
@@ -153,6 +180,7 @@ def main():
         slow_late_copy(args.copy_delay)
     if args.disk_delay:
         slow_disk(args.disk_delay)
+    load_collectives = count_load_collectives()
     dls, model = data_and_model(classes=args.classes)
     if args.batchnorm:
         model.insert(1, nn.BatchNorm1d(model[0].out_features))
@@ -173,6 +201,7 @@ def main():
     except Exception as e:
         print(f"ERROR {type(e).__name__}: {e}\nSTEP {learn.step}", flush=True)
         raise SystemExit(1)
+    print(f"LOAD_COLLECTIVES {load_collectives[0]}", flush=True)
     if is_main_process():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
