@@ -350,6 +350,11 @@ class FSDP(OwnsPrecision, Strategy):
             return dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group).result
         return lambda: dcp.save(state, checkpoint_id=target, process_group=self._checkpoint_group)
 
+    def checkpoint_state_is_own_memory(self) -> bool:
+        """On one process nothing is sharded: the base format, written from the model's and optimizer's own memory,
+        so an asynchronous save's host copy may be reserved ahead (its page faults cost more than the copy)."""
+        return self._skeleton is None and self.is_main
+
     def _staged_async_save(self, state: dict, target: Path, staging: Staging) -> Callable[[], None]:
         """torch's async save with its stager copying in a thread (`use_async_staging`), overlapping the next step."""
         import torch.distributed.checkpoint as dcp
