@@ -144,7 +144,8 @@ def StopAfter(n):  # noqa: N802 - reads as the callback it builds
 def run(engine: str, nproc: int, layers: int, width: int, workdir: Path, profile: str | None) -> dict | str:
     out = workdir / f"{engine}-{nproc}.json"
     cmd = [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), __file__,
-           "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out), *(["--profile", profile] if profile else [])]
+           "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out),
+           *(["--profile", profile] if profile else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
     if proc.returncode != 0:

@@ -9,9 +9,9 @@ loads through its `load_universal` path and which is removed afterwards. The che
 
 The engine's files go through its checkpoint engine's `save(state, path)`; for DeepSpeed's torch engine (the
 default) cadence stands in for it during the save (`_Files`): each file `torch.save`d into an open file and
-fsync'd, or, for an asynchronous save, serialized into host memory at the save point and written to disk by the
-returned callable in the background. The bytes are the same either way, and `torch.load` (resume, DeepSpeed's
-`zero_to_fp32.py`) reads them as it reads the engine's own.
+fsync'd, or, for an asynchronous save, its state copied to host memory at the save point (`HostBuffers.snapshot`)
+and written by the returned callable in the background. The bytes are the same either way, and `torch.load`
+(resume, DeepSpeed's `zero_to_fp32.py`) reads them as it reads the engine's own.
 
 >>> save(engine, Path("ckpt/step-00000200"), world_size=2, stage=3, is_main=True)
 >>> write = save(engine, staged, world_size=2, stage=3, is_main=True, host=HostBuffers()); write()  # any thread
@@ -66,8 +66,8 @@ def _is_torch_engine(checkpoint_engine: Any) -> bool:
 
 
 class _Files:
-    """DeepSpeed's torch checkpoint engine, its `save` cadence's: into an open file, fsync'd (`host` None), or into
-    host memory, each file's bytes kept until `write` puts them on disk. Everything else is the engine's."""
+    """DeepSpeed's torch checkpoint engine, its `save` cadence's: into an open file, fsync'd (`host` None), or a host
+    copy of each file's state kept until `write` puts it on disk. Everything else is the engine's."""
 
     def __init__(self, engine: Any, host: HostBuffers | None):
         self._engine, self._host = engine, host
@@ -77,21 +77,27 @@ class _Files:
         return getattr(self._engine, name)
 
     def save(self, state_dict: Any, path: str) -> None:
-        zipfile = self._engine.zipfile_serialization  # the engine's choice of torch.save format
         if self._host is None:
-            with open(path, "wb") as f:
-                torch.save(state_dict, f, _use_new_zipfile_serialization=zipfile)
-                f.flush()
-                os.fsync(f.fileno())
-            return
-        memory = self._host.file(Path(path).name)
-        torch.save(state_dict, memory, _use_new_zipfile_serialization=zipfile)
-        self._pending.append((path, memory))
+            return self._write(state_dict, path)
+        snapshot = self._host.snapshot(state_dict, Path(path).name)
+        if snapshot is None:  # tensors off the CPU: serialized now (torch.save copies them to the host)
+            snapshot = self._host.file(Path(path).name)
+            torch.save(state_dict, snapshot, _use_new_zipfile_serialization=self._engine.zipfile_serialization)
+        self._pending.append((path, snapshot))
 
     def write(self) -> None:
-        """Every file `save` serialized, to disk (fsync'd)."""
-        for path, memory in self._pending:
-            memory.write_to(path)
+        """Every file `save` took, to disk (fsync'd)."""
+        for path, taken in self._pending:
+            if isinstance(taken, HostFile):
+                taken.write_to(path)
+            else:
+                self._write(taken, path)
+
+    def _write(self, state: Any, path: str) -> None:
+        with open(path, "wb") as f:
+            torch.save(state, f, _use_new_zipfile_serialization=self._engine.zipfile_serialization)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def is_engine_checkpoint(directory: Path) -> bool:

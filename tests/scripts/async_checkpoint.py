@@ -84,7 +84,7 @@ def slow_late_copy(delay: float):
 
 
 def slow_disk(delay: float):
-    """torch.save to a path or an open file, and HostFile.write_to, `delay` seconds late (torch.save into memory not)."""
+    """torch.save to a path or an open file, and HostFile.write_to, `delay` seconds late (into memory: not late)."""
     import torch
 
     from cadence.distributed.staging import HostFile
