@@ -325,3 +325,12 @@ def test_one_process_async_saves_reserve_their_host_memory_at_the_first_step(dls
     with learn.distrib_ctx(strategy=strategy):
         learn.fit(1)
     assert reserved == [True] and len(ckpt.saves) >= 2
+
+
+def test_accelerator_async_save_state_under_deepspeed_writes_the_synchronous_bytes(tmp_path):
+    """`save_state(async_save=True)` under ZeRO-3 (2 processes): the engine's files are taken at the call and written
+    behind; the step after it does not reach them, and the checkpoint is the synchronous one byte for byte."""
+    proc = run_launch("accelerator_async_deepspeed.py", tmp_path, 3, nproc=2, timeout=240)
+    files = json.loads(proc.stdout.split("FILES ", 1)[1].splitlines()[0])
+    assert sum("zero_pp_rank_" in f and f.endswith("optim_states.pt") for f in files) == 2, files
+    assert json.loads(proc.stdout.split("DIFFERENT ", 1)[1].splitlines()[0]) == []
