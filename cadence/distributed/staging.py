@@ -97,7 +97,8 @@ class HostBuffers:
         """A deep copy of `state` (a file's worth of nested dicts and lists, `name` its file) whose tensors' memory is
         host memory kept for the next snapshot of `name`: each storage copied once, so views, shared tensors and
         whole storages stay as they were and `torch.save` of the copy writes the bytes it writes of `state`.
-        None where that cannot hold (a tensor off the CPU, a subclass, one with autograd history).
+        None where that cannot hold (a tensor off the CPU, a subclass, one with autograd history, an object that
+        cannot be deep-copied): the caller serializes `state` at once instead.
 
         >>> copy = buffers.snapshot(optimizer_state, "optim.pt"); ...training goes on...; torch.save(copy, f)
         """
@@ -117,7 +118,10 @@ class HostBuffers:
             used.append(copied)
             storages[storage._cdata] = copied
         self._snapshots[name] = used
-        return copy.deepcopy(state, {"torch": storages})  # tensors' deepcopy takes their storage from memo["torch"]
+        try:
+            return copy.deepcopy(state, {"torch": storages})  # a tensor's deepcopy takes its storage from memo["torch"]
+        except Exception:  # an object whose deepcopy fails (torch.save may still pickle it)
+            return None
 
     def reserve(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
         """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a
