@@ -16,8 +16,9 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
 --copy-delay: the writer's copy of the parameters and optimizer state (FSDP2: torch's stager's copy of the shards)
   starts S seconds late (a slow copy: the next micro-batches' forward and backward run meanwhile, and the loop
   waits for it before the step).
---disk-delay: every file that `torch.save` writes to disk (DeepSpeed's engine files among them) and every file
-  serialized in memory first (`HostFile.write_to`) reaches the disk S seconds late; a save into memory is not delayed.
+--disk-delay: every file that `torch.save` writes to disk (DeepSpeed's engine files among them, whichever thread
+  writes them) and every file serialized in memory first (`HostFile.write_to`) reaches the disk S seconds late;
+  a save into memory is not delayed.
 --classes: the number of classes (3; 4 gives every parameter an even size: DeepSpeed pads no partition on 2
   processes, and its padding holds whatever memory it was given).
 Every rank prints `LOAD_COLLECTIVES <n>`: the collectives (torch.distributed calls) its resume (`load_state`) made.
