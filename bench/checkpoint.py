@@ -14,11 +14,12 @@ For each it measures, in the same run:
   one before it (saves every 3 steps here, more often than this disk writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
   reads (safetensors `load_file` with each tensor read once, `torch.load`, or a read of the bytes of torch's
-  sharded .distcp files);
+  sharded .distcp files); each 3 times, alternating, the best of each;
 - memory: the peak host memory (sampled every 5 ms) over the resident memory before the save, worst rank.
 
     .venv/bin/python bench/checkpoint.py                            # 1, 2, 4 processes x ddp, fsdp, zero3
     .venv/bin/python bench/checkpoint.py --procs 1 2 --engines ddp --layers 3
+    .venv/bin/python bench/checkpoint.py --procs 4 --engines fsdp --profile /tmp/prof   # where a resume's time goes
 
 The page cache is warm for the loads (the files were just written). Figures are for the machine it runs on.
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ENGINES = {"ddp": ("ddp", {}), "fsdp": ("fsdp", {}), "zero3": ("deepspeed", {"zero_stage": 3})}
 CHUNK = 8 << 20
+RESUMES = 3  # resumes and plain loads measured, alternating; the best of each is reported
 
 
 # ---------------------------------------------------------------------------- the launched part
@@ -79,14 +81,14 @@ def plain_load(directory: Path, rank: int) -> float:
     return time.perf_counter() - start
 
 
-def worker(engine: str, layers: int, width: int, out: Path) -> None:
+def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None = None) -> None:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     from cadence import DataLoaders, Learner
     from cadence.callbacks.checkpoint import Checkpoint
-    from cadence.distributed.env import rank
+    from cadence.distributed.env import rank, world_size
     from cadence.distributed.ops import gather_object
 
     torch.manual_seed(0)
@@ -106,10 +108,22 @@ def worker(engine: str, layers: int, width: int, out: Path) -> None:
             learn.fit(1, cbs=[ckpt, *([] if n_batches <= 9 else [StopAfter(9)])])
             result[mode] = ckpt.saves
         last = root / "sync" / (root / "sync" / "latest").read_text()
-        start = time.perf_counter()
-        learn.load_state(last)
-        resume = time.perf_counter() - start
-        plain = plain_load(last, rank())
+        resume, plain = [], []
+        for attempt in range(RESUMES):  # alternating, the best of each: single loads of 0.1 s are mostly noise here
+            profiler = None
+            if profile is not None and attempt == 0:
+                import cProfile
+
+                profiler = cProfile.Profile()
+                profiler.enable()
+            start = time.perf_counter()
+            learn.load_state(last)
+            resume.append(time.perf_counter() - start)
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(profile / f"resume-{engine}-{world_size()}-rank{rank()}.prof")
+            plain.append(plain_load(last, rank()))
+        resume, plain = min(resume), min(plain)
         size = sum(p.stat().st_size for p in last.rglob("*") if p.is_file())
         disk = disk_write(root / "disk-probe", size) if rank() == 0 else None
         everyone = gather_object({"saves": result, "resume": resume, "plain": plain, "disk": disk, "size": size})
@@ -131,10 +145,11 @@ def StopAfter(n):  # noqa: N802 - reads as the callback it builds
 
 
 # ---------------------------------------------------------------------------- the driver
-def run(engine: str, nproc: int, layers: int, width: int, workdir: Path) -> dict | str:
+def run(engine: str, nproc: int, layers: int, width: int, workdir: Path, profile: str | None) -> dict | str:
     out = workdir / f"{engine}-{nproc}.json"
     cmd = [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), __file__,
-           "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out)]
+           "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out),
+           *(["--profile", profile] if profile else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
     if proc.returncode != 0:
@@ -173,11 +188,13 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--dir", help="where the checkpoints go (default: a temporary directory on the disk of /tmp)")
+    p.add_argument("--profile", help="a directory: each rank's resume (learn.load_state) profiled with cProfile into "
+                                     "resume-<engine>-<procs>-rank<r>.prof there")
     p.add_argument("--worker", choices=list(ENGINES), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker(args.worker, args.layers, args.width, Path(args.out))
+        return worker(args.worker, args.layers, args.width, Path(args.out), args.profile and Path(args.profile))
     params = args.layers * (args.width * args.width + args.width)
     print(f"model: {args.layers} x Linear({args.width}, {args.width}): {params / 1e6:.1f}M parameters, "
           f"{params * 4 / 1e6:.0f} MB of weights, {params * 12 / 1e6:.0f} MB with AdamW's state")
@@ -185,7 +202,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for nproc in args.procs:
             for engine in args.engines:
-                result = run(engine, nproc, args.layers, args.width, Path(tmp))
+                result = run(engine, nproc, args.layers, args.width, Path(tmp),
+                             args.profile and str(Path(args.profile).resolve()))
                 print(row(engine, nproc, result) if isinstance(result, list) else f"| {engine} | {nproc} | {result} |",
                       flush=True)
                 for leftover in Path(tmp).glob("ckpt-*"):

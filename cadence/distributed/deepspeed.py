@@ -24,6 +24,7 @@ import contextlib
 import copy
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ContextManager
 
@@ -38,6 +39,7 @@ from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimi
 from .deepspeed_install import build_ops, import_deepspeed
 from .deepspeed_state import full_fp32, materialize_state, set_zero3_partition
 from .precision import AutocastPrecision, FullPrecision
+from .staging import HostBuffers, Staging
 from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
                        rebuild)
 
@@ -404,6 +406,18 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """DeepSpeed's own files under `directory/deepspeed/`, every rank writing its partition in parallel."""
         deepspeed_checkpoint.save(self.engine, directory, self.dp_size, self.stage, self.is_main)
+
+    def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,
+                          copy: bool = False, staging: Staging | None = None) -> Callable[[], None] | None:
+        """The engine's save runs now (its collectives); `copy`: its files are serialized into host memory (that of
+        `staging.buffers`, kept from save to save, when given) and the returned callable writes them; otherwise
+        they are written now and None is returned. Nothing is copied late: `staging.done()` is said at once."""
+        if staging is not None:
+            staging.done()
+        host = None
+        if copy:
+            host = staging.buffers if staging is not None and staging.buffers is not None else HostBuffers()
+        return deepspeed_checkpoint.save(self.engine, directory, self.dp_size, self.stage, self.is_main, host)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote, on any number of processes (a ZeRO checkpoint on another number is

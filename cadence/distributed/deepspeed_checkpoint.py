@@ -7,7 +7,14 @@ another world size it is converted to DeepSpeed's universal format (`deepspeed.c
 one file per parameter and state) in a hidden `.<checkpoint>.universal.tmp/` beside it, which the engine
 loads through its `load_universal` path and which is removed afterwards. The checkpoint is never changed.
 
+The engine's files go through its checkpoint engine's `save(state, path)`; for DeepSpeed's torch engine (the
+default) cadence stands in for it during the save (`_Files`): each file `torch.save`d into an open file and
+fsync'd, or, for an asynchronous save, its state copied to host memory at the save point (`HostBuffers.snapshot`)
+and written by the returned callable in the background. The bytes are the same either way, and `torch.load`
+(resume, DeepSpeed's `zero_to_fp32.py`) reads them as it reads the engine's own.
+
 >>> save(engine, Path("ckpt/step-00000200"), world_size=2, stage=3, is_main=True)
+>>> write = save(engine, staged, world_size=2, stage=3, is_main=True, host=HostBuffers()); write()  # any thread
 >>> load(engine, Path("ckpt/step-00000200"), world_size=4, stage=3, is_main=rank() == 0, barrier=wait_for_everyone)
 """
 
@@ -16,23 +23,81 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 from argparse import Namespace
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from ..serialization import sibling
+from .staging import HostBuffers, HostFile
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 META = "cadence.json"
 UNIVERSAL = ".universal.tmp"  # ends like a killed save, so the Checkpoint callback's clean-up removes a leftover
 
 
-def save(engine: Any, directory: Path, world_size: int, stage: int, is_main: bool) -> None:
-    """The engine's files under `directory/deepspeed/`, every rank writing its partition; then `cadence.json`."""
-    engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+def save(engine: Any, directory: Path, world_size: int, stage: int, is_main: bool,
+         host: HostBuffers | None = None) -> Callable[[], None] | None:
+    """The engine's files under `directory/deepspeed/`, every rank its partition (every rank calls it: the engine's
+    save does collectives); then `cadence.json`. `host`: the files are serialized into its memory now and written
+    by the returned callable (any thread); otherwise written now, and None returned. An engine configured with a
+    checkpoint writer of its own (DeepSpeed's fast, decoupled or DataStates engines) always writes now."""
+    own = engine.checkpoint_engine
+    files = _Files(own, host) if _is_torch_engine(own) else None
+    engine.checkpoint_engine = files or own
+    try:
+        engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+    finally:
+        engine.checkpoint_engine = own
     if is_main:
         (Path(directory) / TAG / META).write_text(json.dumps({"world_size": world_size, "zero_stage": stage}))
+    if files is None or host is None:
+        return None
+    return files.write
+
+
+def _is_torch_engine(checkpoint_engine: Any) -> bool:
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    return type(checkpoint_engine) is TorchCheckpointEngine
+
+
+class _Files:
+    """DeepSpeed's torch checkpoint engine, its `save` cadence's: into an open file, fsync'd (`host` None), or a host
+    copy of each file's state kept until `write` puts it on disk. Everything else is the engine's."""
+
+    def __init__(self, engine: Any, host: HostBuffers | None):
+        self._engine, self._host = engine, host
+        self._pending: list[tuple[str, HostFile]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        if self._host is None:
+            return self._write(state_dict, path)
+        snapshot = self._host.snapshot(state_dict, Path(path).name)
+        if snapshot is None:  # tensors off the CPU: serialized now (torch.save copies them to the host)
+            snapshot = self._host.file(Path(path).name)
+            torch.save(state_dict, snapshot, _use_new_zipfile_serialization=self._engine.zipfile_serialization)
+        self._pending.append((path, snapshot))
+
+    def write(self) -> None:
+        """Every file `save` took, to disk (fsync'd)."""
+        for path, taken in self._pending:
+            if isinstance(taken, HostFile):
+                taken.write_to(path)
+            else:
+                self._write(taken, path)
+
+    def _write(self, state: Any, path: str) -> None:
+        with open(path, "wb") as f:
+            torch.save(state, f, _use_new_zipfile_serialization=self._engine.zipfile_serialization)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def is_engine_checkpoint(directory: Path) -> bool:

@@ -350,6 +350,11 @@ class FSDP(OwnsPrecision, Strategy):
             return dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group).result
         return lambda: dcp.save(state, checkpoint_id=target, process_group=self._checkpoint_group)
 
+    def checkpoint_state_is_own_memory(self) -> bool:
+        """On one process nothing is sharded: the base format, written from the model's and optimizer's own memory,
+        so an asynchronous save's host copy may be reserved ahead (its page faults cost more than the copy)."""
+        return self._skeleton is None and self.is_main
+
     def _staged_async_save(self, state: dict, target: Path, staging: Staging) -> Callable[[], None]:
         """torch's async save with its stager copying in a thread (`use_async_staging`), overlapping the next step."""
         import torch.distributed.checkpoint as dcp
@@ -369,13 +374,18 @@ class FSDP(OwnsPrecision, Strategy):
         return response.upload_completion.result
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read a sharded or full checkpoint, written on any number of processes."""
+        """Read a sharded or full checkpoint, written on any number of processes.
+
+        Sharded: every rank plans and reads its own shards from the metadata (`no_dist`), with no collective: each
+        DTensor knows which part of the whole it holds, so there is nothing to agree on, and torch's planning
+        collectives (gathering every rank's plan, scattering them back, gathering the outcome) cost more than the
+        reads on small or contended hosts. A rank that fails raises on its own; the launcher ends the others."""
         if not (Path(directory) / SHARDED_DIR).is_dir():
             return super().load_checkpoint(directory, model, opt)
         import torch.distributed.checkpoint as dcp
 
         state = self._checkpoint_state(model, opt)
-        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR)
+        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR, no_dist=True)
         self._set_checkpoint_state(model, opt, state)
 
     def _checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
@@ -386,12 +396,29 @@ class FSDP(OwnsPrecision, Strategy):
         return {"model": model_state, "optimizer": opt_state}
 
     def _set_checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        """`state` (from `_checkpoint_state`, loaded) into the model and optimizer. Its model part views the sharded
+        parameters' and buffers' own memory, so torch's load wrote them in place: loading them again would copy
+        every shard onto itself (a DTensor dispatch per tensor); only the optimizer's part is set then."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, set_state_dict
 
-        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        if _same_memory(state["model"], model.state_dict()):
+            set_optimizer_state_dict(model, opt, state["optimizer"])
+        else:
+            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 # ---------------------------------------------------------------------- helpers
+def _same_memory(loaded: dict, own: dict) -> bool:
+    """Whether every tensor of `loaded` is, by name, a view of the same memory as `own`'s (DTensors: their shards)."""
+    def where(t: Any) -> tuple | None:
+        local = getattr(t, "_local_tensor", t)
+        if not isinstance(local, torch.Tensor):
+            return None
+        return local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape), local.dtype
+    return loaded.keys() == own.keys() and all(where(v) is not None and where(v) == where(own[k])
+                                               for k, v in loaded.items())
+
+
 def _flag(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
 

@@ -18,9 +18,12 @@ take ten times the copy itself.
 
 from __future__ import annotations
 
+import copy
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -80,7 +83,45 @@ class HostBuffers:
     def __init__(self):
         self._by_key: dict[tuple, torch.Tensor] = {}
         self._used: dict[tuple, torch.Tensor] = {}
+        self._files: dict[str, HostFile] = {}
+        self._snapshots: dict[str, list[torch.UntypedStorage]] = {}
         self._reserving: threading.Thread | None = None
+
+    def file(self, name: str) -> HostFile:
+        """An empty in-memory file for `name` (a file of the checkpoint), in the memory of the last save's `name`."""
+        f = self._files.setdefault(name, HostFile())
+        f.size = 0
+        return f
+
+    def snapshot(self, state: Any, name: str) -> Any | None:
+        """A deep copy of `state` (a file's worth of nested dicts and lists, `name` its file) whose tensors' memory is
+        host memory kept for the next snapshot of `name`: each storage copied once, so views, shared tensors and
+        whole storages stay as they were and `torch.save` of the copy writes the bytes it writes of `state`.
+        None where that cannot hold (a tensor off the CPU, a subclass, one with autograd history, an object that
+        cannot be deep-copied): the caller serializes `state` at once instead.
+
+        >>> copy = buffers.snapshot(optimizer_state, "optim.pt"); ...training goes on...; torch.save(copy, f)
+        """
+        tensors = list(_tensors(state))
+        if any(t.device.type != "cpu" or type(t) not in (torch.Tensor, nn.Parameter) or not t.is_leaf
+               for t in tensors):
+            return None
+        kept, used, storages = self._snapshots.get(name, []), [], {}
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage._cdata in storages:
+                continue
+            i = len(used)
+            reuse = i < len(kept) and kept[i].nbytes() == storage.nbytes()
+            copied = kept[i] if reuse else torch.empty(storage.nbytes(), dtype=torch.uint8).untyped_storage()
+            copied.copy_(storage)
+            used.append(copied)
+            storages[storage._cdata] = copied
+        self._snapshots[name] = used
+        try:
+            return copy.deepcopy(state, {"torch": storages})  # a tensor's deepcopy takes its storage from memo["torch"]
+        except Exception:  # an object whose deepcopy fails (torch.save may still pickle it)
+            return None
 
     def reserve(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
         """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a
@@ -114,6 +155,47 @@ class HostBuffers:
     def settle(self) -> None:
         """After a save's late copy: keep only the buffers it used."""
         self._by_key, self._used = self._used, {}
+
+
+class HostFile:
+    """A file serialized into host memory (what `torch.save` writes into), written to disk later; its memory is kept
+    for the next save of the same file (`HostBuffers.file`), so later saves fault in no fresh pages.
+
+    >>> f = HostFile(); torch.save(state, f); ...; f.write_to(path)  # what torch.save(state, open(path, "wb")) writes
+    """
+
+    def __init__(self):
+        self._memory = bytearray()
+        self.size = 0
+
+    def write(self, data) -> int:
+        with memoryview(data) as view, view.cast("B") as chunk:
+            written = chunk.nbytes
+            self._memory[self.size:self.size + written] = chunk  # in place where the last save's bytes were
+        self.size += written
+        return written
+
+    def flush(self) -> None:
+        """Nothing to flush: the bytes are in memory until `write_to`."""
+
+    def write_to(self, path: str | os.PathLike) -> None:
+        """The bytes written so far into `path`, on disk (fsync) when it returns."""
+        with open(path, "wb") as f, memoryview(self._memory) as view, view[:self.size] as data:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in nested dicts, lists and tuples, in order."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
 
 
 def step_written(model: nn.Module, opt: torch.optim.Optimizer | None) -> set[int]:

@@ -310,3 +310,41 @@ def test_notebook_launcher_trains_with_deepspeed_on_two_processes_and_the_kernel
         assert r["engine"] == "DeepSpeedEngine" and r["world"] == 2 and r["steps"] == 18, (stage, r)
         assert r["trained"] < 0.6 * r["untrained"], (stage, r)
     assert "KERNEL 10" in text  # the kernel runs cells after both launches
+
+
+@pytest.mark.parametrize("zipfile", [False, True])
+def test_an_async_engine_file_holds_the_state_of_its_save_point_and_the_synchronous_bytes(tmp_path, zipfile):
+    """cadence's stand-in for DeepSpeed's torch checkpoint engine: the states taken for a background write (views of
+    one storage, a shared tensor; a file with a tensor that has autograd history is serialized at once instead of
+    copied) are written with the values of their save point after training changed them in place: in the bytes a
+    synchronous save writes with torch's zip format (DeepSpeed's default); its legacy format names each storage by
+    its memory address, so there the values are compared."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    from cadence.distributed.deepspeed_checkpoint import _Files
+    from cadence.distributed.staging import HostBuffers
+
+    engine = TorchCheckpointEngine()
+    engine.zipfile_serialization = zipfile
+    flat, w = torch.randn(100), torch.nn.Parameter(torch.randn(4, 3))
+    states = {"optim.pt": {"flat": flat, "parts": [flat[:40], flat[40:].view(6, 10)], "again": flat, "step": 3},
+              "model.pt": {"w": w, "h": w.sum() * 2, "name": "zero"}}
+    files = _Files(engine, HostBuffers())
+    for name, state in states.items():
+        _Files(engine, None).save(state, str(tmp_path / f"sync-{name}"))
+        files.save(state, str(tmp_path / name))
+    with torch.no_grad():  # the next optimizer step
+        flat.add_(1)
+        w.mul_(2)
+    files.write()
+    for name in states:
+        if zipfile:
+            assert (tmp_path / name).read_bytes() == (tmp_path / f"sync-{name}").read_bytes(), name
+        written, synchronous = (torch.load(tmp_path / f, weights_only=False) for f in (name, f"sync-{name}"))
+        assert written.keys() == synchronous.keys()
+        for key, value in synchronous.items():
+            if key == "parts":
+                assert all(torch.equal(a, b) for a, b in zip(written[key], value, strict=True))
+                assert written[key][0].untyped_storage().data_ptr() == written["flat"].untyped_storage().data_ptr()
+            else:
+                assert torch.equal(written[key], value) if isinstance(value, torch.Tensor) else written[key] == value

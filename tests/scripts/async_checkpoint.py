@@ -2,7 +2,8 @@
 and every epoch end) with `Checkpoint(async_save=...)`; the same command line starts and continues the run.
 
   async_checkpoint.py --ckpt DIR --out FILE [--sync] [--write-delay S] [--kill-after S] [--kill-at-step N] [--sigterm-in-write N]
-                      [--fsize BYTES] [--keep-last N] [--strategy NAME] [--batchnorm] [--copy-delay S]
+                      [--fsize BYTES] [--keep-last N] [--strategy NAME [--zero-stage N]] [--batchnorm] [--copy-delay S]
+                      [--classes N] [--disk-delay S]
 --sync: Checkpoint(async_save=False) (the default here is async).
 --write-delay: every checkpoint's RNG files are written S seconds late (a slow disk: the write is in flight
   for longer, while training goes on).
@@ -12,8 +13,15 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
   a marker file in DIR remembers).
 --fsize: RLIMIT_FSIZE (SIGXFSZ ignored: a write past it fails as on a full disk), set before the fit.
 --batchnorm: a BatchNorm1d after the first layer (running statistics that every forward changes).
---copy-delay: the writer's copy of the parameters and optimizer state starts S seconds late (a slow copy: the
-  next micro-batches' forward and backward run meanwhile, and the loop waits for it before the step).
+--copy-delay: the writer's copy of the parameters and optimizer state (FSDP2: torch's stager's copy of the shards)
+  starts S seconds late (a slow copy: the next micro-batches' forward and backward run meanwhile, and the loop
+  waits for it before the step).
+--disk-delay: every file that `torch.save` writes to disk (DeepSpeed's engine files among them, whichever thread
+  writes them) and every file serialized in memory first (`HostFile.write_to`) reaches the disk S seconds late;
+  a save into memory is not delayed.
+--classes: the number of classes (3; 4 gives every parameter an even size: DeepSpeed pads no partition on 2
+  processes, and its padding holds whatever memory it was given).
+Every rank prints `LOAD_COLLECTIVES <n>`: the collectives (torch.distributed calls) its resume (`load_state`) made.
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
 Prints `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
 the end; rank 0 writes the final weights to FILE.
@@ -58,14 +66,41 @@ def slow_rng_file(delay: float, sigterm_at: int | None, marker: Path):
 
 
 def slow_late_copy(delay: float):
-    """The copy that the checkpoint writer's thread makes (the parameters and optimizer state) starts `delay` s late."""
-    copy = strategy_module.host_copy
+    """The copy that the checkpoint writer's thread makes (the parameters and optimizer state) starts `delay` s late;
+    under FSDP2 the copy of the shards that torch's stager makes in its own thread."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    copy, stage = strategy_module.host_copy, DefaultStager._stage
+
+    def slow_stage(self, state_dict, **kwargs):
+        time.sleep(delay)
+        return stage(self, state_dict, **kwargs)
+    DefaultStager._stage = slow_stage
 
     def slow(state, only=None, into=None):
         if threading.current_thread() is not threading.main_thread():
             time.sleep(delay)
         return copy(state, only, into)
     strategy_module.host_copy = slow
+
+
+def slow_disk(delay: float):
+    """torch.save to a path or an open file, and HostFile.write_to, `delay` seconds late (into memory: not late)."""
+    import torch
+
+    from cadence.distributed.staging import HostFile
+
+    save, write_to = torch.save, HostFile.write_to
+
+    def slow_save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) or hasattr(f, "fileno"):
+            time.sleep(delay)
+        return save(obj, f, *args, **kwargs)
+
+    def slow_write_to(self, path):
+        time.sleep(delay)
+        return write_to(self, path)
+    torch.save, HostFile.write_to = slow_save, slow_write_to
 
 
 class KillAtStep(Callback):
@@ -91,6 +126,32 @@ class KillAfter(Callback):
         timer.start()
 
 
+def count_load_collectives() -> list[int]:
+    """Count the torch.distributed collectives called while the Checkpoint callback's `load_state` runs."""
+    import torch.distributed as dist
+
+    import cadence.callbacks.checkpoint.callback as callback_module
+
+    count, loading = [0], [False]
+    for name in ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
+                 "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list", "broadcast",
+                 "broadcast_object_list", "barrier", "all_to_all", "monitored_barrier"):
+        def counted(*args, _call=getattr(dist, name), **kwargs):
+            count[0] += loading[0]
+            return _call(*args, **kwargs)
+        setattr(dist, name, counted)
+    load = callback_module.load_state
+
+    def load_state(*args, **kwargs):
+        loading[0] = True
+        try:
+            return load(*args, **kwargs)
+        finally:
+            loading[0] = False
+    callback_module.load_state = load_state
+    return count
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt", required=True)
@@ -103,7 +164,10 @@ def main():
     p.add_argument("--fsize", type=int)
     p.add_argument("--keep-last", type=int)
     p.add_argument("--strategy", help="the engine under `cadence launch` (default: the launcher's, DDP)")
+    p.add_argument("--zero-stage", type=int, help="DeepSpeed's ZeRO stage (with --strategy deepspeed)")
     p.add_argument("--batchnorm", action="store_true")
+    p.add_argument("--classes", type=int, default=3)
+    p.add_argument("--disk-delay", type=float, default=0.0)
     p.add_argument("--copy-delay", type=float, default=0.0)
     args = p.parse_args()
     Path(args.ckpt).mkdir(parents=True, exist_ok=True)
@@ -115,7 +179,10 @@ def main():
     np.random.seed(0)
     if args.copy_delay:
         slow_late_copy(args.copy_delay)
-    dls, model = data_and_model()
+    if args.disk_delay:
+        slow_disk(args.disk_delay)
+    load_collectives = count_load_collectives()
+    dls, model = data_and_model(classes=args.classes)
     if args.batchnorm:
         model.insert(1, nn.BatchNorm1d(model[0].out_features))
     ckpt = Checkpoint(args.ckpt, every_n_steps=4, keep_last=args.keep_last, async_save=not args.sync)
@@ -129,11 +196,13 @@ def main():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.fsize, args.fsize))
     try:
-        with learn.distrib_ctx(strategy=args.strategy):
+        options = {} if args.zero_stage is None else {"zero_stage": args.zero_stage}
+        with learn.distrib_ctx(strategy=args.strategy, **options):
             learn.fit_one_cycle(3, lr_max=1e-2, resume="auto")
     except Exception as e:
         print(f"ERROR {type(e).__name__}: {e}\nSTEP {learn.step}", flush=True)
         raise SystemExit(1)
+    print(f"LOAD_COLLECTIVES {load_collectives[0]}", flush=True)
     if is_main_process():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
