@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import torch_xla  # the XLA device must exist before the first backward of the process (autograd sizes its queues)
 import torch_xla.runtime as xr
@@ -224,9 +225,12 @@ def per_fit(args):
             torch_xla.sync()
 
     with learn.distrib_ctx(strategy="xla"):  # the Learner first: its graphs are not in the cache before it
+        threads = set()  # where the backward ran: a gradient hook runs on the thread that runs the backward
+        next(learn.model.parameters()).register_hook(lambda grad: threads.add(threading.get_ident()))
         fits = [used(lambda: learn.fit(1)) for _ in range(2)]
         hand = [used(hand_epoch) for _ in range(2)]
-    return {"steps": len(train), "learner": fits, "hand": hand}
+    return {"steps": len(train), "learner": fits, "hand": hand,
+            "backward_on_the_calling_thread": threads == {threading.get_ident()}}
 
 
 class FirstStep(Callback):

@@ -55,7 +55,8 @@ def test_a_fit_costs_one_graph_and_one_read_more_than_a_hand_written_epoch(xla_p
     steps. Beyond the hand-written loop's work the fit reads its batch losses back once (one stacking graph, one
     transfer to the host); nothing else goes to the device or back (the epoch's train_loss on one process is no
     device round trip), and nothing is compiled after the first fit. Measured before: 2 graphs compiled, 2
-    executions and 2 reads per fit more than the hand-written loop, and 1 upload."""
+    executions and 2 reads per fit more than the hand-written loop, and 1 upload; and the backward ran on
+    autograd's worker thread."""
     r = report(xla_python, tmp_path, "per_fit")
     (first, second), (hand_first, hand_second), steps = r["learner"], r["hand"], r["steps"]
     assert hand_second["executions"] == steps and hand_second["to_host"] == 0, r
@@ -67,6 +68,8 @@ def test_a_fit_costs_one_graph_and_one_read_more_than_a_hand_written_epoch(xla_p
     # each batch's inputs and targets (the first fit also uploads the optimizer's constants, which the hand-written
     # loop then finds in XLA's cache)
     assert second["to_device"] == hand_second["to_device"] == 2 * steps, r
+    # the backward is traced on the loop's own thread, not handed to autograd's worker thread for the device
+    assert r["backward_on_the_calling_thread"], r
 
 
 def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_equal(xla_python, tmp_path):
