@@ -19,7 +19,7 @@ Three forms:
 
 >>> with learn.distrib_ctx(strategy="xla"): learn.fit(2)
 >>> with learn.distrib_ctx(strategy="xla", spmd=True, fsdp=True): learn.fit(2)     # CPU_NUM_DEVICES=4 here
->>> XLA.counts()    # {'compiles': 2, 'executions': 40}: graphs compiled and run so far in this process
+>>> XLA.counts()    # {'compiles': 3, 'executions': 41, ...}: graphs compiled and run so far in this process
 """
 
 from __future__ import annotations
@@ -228,8 +228,16 @@ class XLA(Strategy):
         self._sync_grads = enabled
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward; with one process per device, the gradients are averaged once, at the optimizer step's micro-step."""
-        self.precision.backward(loss)
+        """Backward, traced on this thread; with one process per device, the gradients are averaged once, at the
+        optimizer step's micro-step.
+
+        Autograd hands the backward of device tensors to a worker thread of its own and waits for it; on XLA that
+        thread only traces the graph, and the hand-off cost ~65 us a step (a quarter of the backward's tracing for
+        bench/xla.py's model) and, now and then, milliseconds at a fit's first step. One process drives one
+        device here (SPMD included), so nothing runs in parallel on another device's thread.
+        """
+        with torch.autograd.set_multithreading_enabled(False):
+            self.precision.backward(loss)
         if self._sync_grads and self.created_group:
             import torch_xla.core.xla_model as xm
 
@@ -339,9 +347,10 @@ class XLA(Strategy):
     # ------------------------------------------------------------------ what the runtime did
     @staticmethod
     def counts() -> dict[str, int]:
-        """Graphs compiled, graph executions and device buffers the executions returned (their outputs) so far in
-        this process (torch_xla.debug.metrics), once the device has finished what it was given (an execution is
-        counted when it ends).
+        """Graphs compiled, graph executions, device buffers the executions returned (their outputs) and transfers
+        between host and device (`to_device`, `to_host`: calls, each maybe of several tensors) so far in this
+        process (torch_xla.debug.metrics), once the device has finished what it was given (an execution is counted
+        when it ends).
 
         >>> before = XLA.counts(); learn.fit(1); XLA.counts()["compiles"] - before["compiles"]
         """
@@ -354,7 +363,8 @@ class XLA(Strategy):
             data = met.metric_data(name)
             return int(data[0]) if data else 0
         return {"compiles": count("CompileTime"), "executions": count("ExecuteTime") + count("ExecuteReplicatedTime"),
-                "outputs": int(met.counter_value("CreateDataHandles") or 0)}
+                "outputs": int(met.counter_value("CreateDataHandles") or 0),
+                "to_device": count("TransferToDeviceTime"), "to_host": count("TransferFromDeviceTime")}
 
 
 def _mix(base: int, n: int) -> int:

@@ -197,8 +197,13 @@ class Recorder(Callback):
         if self._batch_losses:
             self._flush_losses()
         if self.smooth.count:
-            self.train_loss.sums = torch.tensor([self.smooth.value, 1.0], dtype=torch.float64, device=strategy.device)
-            self.train_loss.sync(strategy.all_sum, strategy.gather)
+            # the mean over processes; on one process the value itself, kept on the host (on XLA a round trip
+            # through the device would run and compile a graph of its own at every epoch's end)
+            several = strategy.dp_size > 1
+            self.train_loss.sums = torch.tensor([self.smooth.value, 1.0], dtype=torch.float64,
+                                                device=strategy.device if several else None)
+            if several:
+                self.train_loss.sync(strategy.all_sum, strategy.gather)
         self._train_values = {"train_loss": self.train_loss.value}
         if self.train_metrics:
             for m in self.metrics:

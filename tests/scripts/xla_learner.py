@@ -6,6 +6,7 @@ Each mode writes a JSON report to `--out`; references are computed here with the
   equal    XLA vs plain CPU after 2 epochs, for SGD, AdamW, GradAccum, GradClip, bf16: max |weight diff|
   counts   graphs compiled per epoch and executions per optimizer step on a ragged data set; the
            validation loss next to a hand-computed mean over every validation sample
+  per_fit  graphs compiled, executions and host transfers of a fit(1) next to a hand-written epoch
   train    train with a Checkpoint every step, optionally SIGKILL itself at a step; resume="auto"
   spmd     (CPU_NUM_DEVICES=N) data parallel, FSDPv2, 2-D meshes against the plain-CPU run; a bad mesh
 """
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import torch_xla  # the XLA device must exist before the first backward of the process (autograd sizes its queues)
 import torch_xla.runtime as xr
@@ -195,6 +197,42 @@ def counts(args):
             "outputs_per_step": cb.outputs_per_step, "hand_outputs_per_step": hand}
 
 
+def per_fit(args):
+    """What a fit(1) of the Learner costs on the device next to a hand-written epoch of the same steps (bench/xla.py's
+    comparison, small): graphs compiled, executions, transfers, in the first fit / epoch and in the next."""
+    x, y = data()
+    train = DataLoader(TensorDataset(x[:64], y[:64]), batch_size=16)  # 4 full batches, no validation
+    # SGD: its scalars are the same every step (AdamW's bias corrections are new values each step, uploaded unless
+    # XLA's cache of small constants still holds them from the other loop's same step: counts that depend on order)
+    learn = Learner(DataLoaders(train), model(), loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.1)
+
+    def used(run):
+        before = XLA.counts()
+        run()
+        after = XLA.counts()
+        return {k: after[k] - before[k] for k in after}
+
+    device = torch_xla.device()
+    net = model().to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def hand_epoch():
+        for xb, yb in train:
+            loss = F.cross_entropy(net(xb.to(device)), yb.to(device))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch_xla.sync()
+
+    with learn.distrib_ctx(strategy="xla"):  # the Learner first: its graphs are not in the cache before it
+        threads = set()  # where the backward ran: a gradient hook runs on the thread that runs the backward
+        next(learn.model.parameters()).register_hook(lambda grad: threads.add(threading.get_ident()))
+        fits = [used(lambda: learn.fit(1)) for _ in range(2)]
+        hand = [used(hand_epoch) for _ in range(2)]
+    return {"steps": len(train), "learner": fits, "hand": hand,
+            "backward_on_the_calling_thread": threads == {threading.get_ident()}}
+
+
 class FirstStep(Callback):
     """The optimizer step count when the first training batch starts (> 0 in a resumed fit)."""
 
@@ -245,7 +283,7 @@ def spmd(args):
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["equal", "counts", "train", "spmd"])
+    p.add_argument("mode", choices=["equal", "counts", "per_fit", "train", "spmd"])
     p.add_argument("--out", required=True)
     p.add_argument("--dir", default=".")
     p.add_argument("--kill-at", type=int, default=0)

@@ -50,6 +50,28 @@ def test_compiles_once_steps_execute_once_evaluation_exact(xla_python, tmp_path)
     assert r["outputs_per_step"] <= r["hand_outputs_per_step"] + 8, r
 
 
+def test_a_fit_costs_one_graph_and_one_read_more_than_a_hand_written_epoch(xla_python, tmp_path):
+    """bench/xla.py's comparison, small: fit(1) of 4 steps against a hand-written torch_xla epoch of the same
+    steps. Beyond the hand-written loop's work the fit reads its batch losses back once (one stacking graph, one
+    transfer to the host); nothing else goes to the device or back (the epoch's train_loss on one process is no
+    device round trip), and nothing is compiled after the first fit. Measured before: 2 graphs compiled, 2
+    executions and 2 reads per fit more than the hand-written loop, and 1 upload; and the backward ran on
+    autograd's worker thread."""
+    r = report(xla_python, tmp_path, "per_fit")
+    (first, second), (hand_first, hand_second), steps = r["learner"], r["hand"], r["steps"]
+    assert hand_second["executions"] == steps and hand_second["to_host"] == 0, r
+    assert first["compiles"] == hand_first["compiles"] + 1, r       # the hand loop's graphs and the losses' stack
+    assert second["compiles"] == 0, r
+    for fit in (first, second):
+        assert fit["executions"] == steps + 1, r
+        assert fit["to_host"] == 1, r
+    # each batch's inputs and targets (the first fit also uploads the optimizer's constants, which the hand-written
+    # loop then finds in XLA's cache)
+    assert second["to_device"] == hand_second["to_device"] == 2 * steps, r
+    # the backward is traced on the loop's own thread, not handed to autograd's worker thread for the device
+    assert r["backward_on_the_calling_thread"], r
+
+
 def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_equal(xla_python, tmp_path):
     """A run killed (SIGKILL) at step 7 of 10, mid-epoch, and resumed with resume="auto" ends with exactly the
     weights of an uninterrupted run; the checkpoints hold CPU tensors that load here, without torch_xla."""
