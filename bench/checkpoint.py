@@ -10,8 +10,9 @@ For each it measures, in the same run:
   the same number of bytes with fsync (8 MiB blocks, rank 0, into the checkpoint directory);
 - held: the time the training loop is held per async save (taking the state at the save point, plus the wait
   before the next optimizer step for the copy of the parameters and optimizer state that overlaps its forward and
-  backward; the worst save), against the synchronous save's; "async waits" is the longest a save waited for the
-  one before it (saves every 3 steps here, more often than this disk writes them);
+  backward; the worst save; "of it copy wait" is that wait, worst save), against the synchronous save's; "async
+  waits" is the longest a save waited for the one before it (saves every 3 steps here, more often than this disk
+  writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
   reads (safetensors `load_file` with each tensor read once, `torch.load`, or a read of the bytes of torch's
   sharded .distcp files); each 3 times, alternating, the best of each;
@@ -165,20 +166,22 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     sync_s = held_sync  # a synchronous save holds the loop from taking the state to the commit: all of it
     held_async = max(max(s["held_s"] - s["waited_s"] for s in saves) for saves in zip(*async_))  # the copy's wait in
     waited = max(max(s["waited_s"] for s in saves) for saves in zip(*async_))
+    copy_wait = max(max(s["copy_wait_s"] for s in saves) for saves in zip(*async_))
     resume, plain = max(r["resume"] for r in ranks), max(r["plain"] for r in ranks)
 
     def memory(runs):
         return max(s["peak"] / s["resident"] for saves in runs for s in saves if s["peak"] and s["resident"])
     mb = 1 << 20
     return (f"| {engine} | {nproc} | {size / mb:.0f} | {size / mb / sync_s:.0f} | {size / mb / disk:.0f} | "
-            f"{disk / sync_s:.2f} | {held_sync:.2f} | {held_async:.3f} | {held_async / held_sync:.3f} | {waited:.2f} | "
+            f"{disk / sync_s:.2f} | {held_sync:.2f} | {held_async:.3f} | {copy_wait:.3f} | {held_async / held_sync:.3f} | "
+            f"{waited:.2f} | "
             f"{resume:.2f} | {plain:.2f} | {resume / plain:.2f} | {memory(sync):.2f} | {memory(async_):.2f} |")
 
 
 HEADER = ("| engine | procs | checkpoint MiB | save MiB/s | disk MiB/s | save/disk | sync held s | async held s | "
-          "async/sync | async waits s | resume s | plain load s | resume/plain | peak/resident sync | "
-          "peak/resident async |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "of it copy wait s | async/sync | async waits s | resume s | plain load s | resume/plain | "
+          "peak/resident sync | peak/resident async |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
