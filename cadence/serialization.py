@@ -150,10 +150,11 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: s
         raise ValueError("\n".join(lines))
 
 
-def save_torch(obj, path: str | os.PathLike) -> None:
-    """`torch.save` to `path` atomically, on disk (fsync) before it gets its name."""
+def save_torch(obj, path: str | os.PathLike, zipfile: bool = True) -> None:
+    """`torch.save` to `path` atomically, on disk (fsync) before it gets its name (`zipfile`: torch's format, else
+    its legacy one)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        torch.save(obj, f)
+        torch.save(obj, f, _use_new_zipfile_serialization=zipfile)
         f.flush()
         os.fsync(f.fileno())
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import shutil
 from argparse import Namespace
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..serialization import sibling
+from ..serialization import save_torch, sibling
 from .staging import HostBuffers, HostFile
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
@@ -78,7 +77,7 @@ class _Files:
 
     def save(self, state_dict: Any, path: str) -> None:
         if self._host is None:
-            return self._write(state_dict, path)
+            return save_torch(state_dict, path, zipfile=self._engine.zipfile_serialization)
         snapshot = self._host.snapshot(state_dict, Path(path).name)
         if snapshot is None:  # tensors off the CPU: serialized now (torch.save copies them to the host)
             snapshot = self._host.file(Path(path).name)
@@ -91,13 +90,7 @@ class _Files:
             if isinstance(taken, HostFile):
                 taken.write_to(path)
             else:
-                self._write(taken, path)
-
-    def _write(self, state: Any, path: str) -> None:
-        with open(path, "wb") as f:
-            torch.save(state, f, _use_new_zipfile_serialization=self._engine.zipfile_serialization)
-            f.flush()
-            os.fsync(f.fileno())
+                save_torch(taken, path, zipfile=self._engine.zipfile_serialization)
 
 
 def is_engine_checkpoint(directory: Path) -> bool:
