@@ -272,10 +272,13 @@ def _first(is_first: bool) -> Iterator[None]:
     yield
     if is_first:
         wait_for_everyone()
+    # and every rank leaves together: without it, rank 0 goes on to read what it wrote while the others, running
+    # the block now, may still be rewriting it (a non-idempotent "download")
+    wait_for_everyone()
 
 
 def main_process_first() -> contextlib.AbstractContextManager[None]:
-    """Run the block on global rank 0 first, then on the other ranks.
+    """Run the block on global rank 0 first, then on the other ranks; every rank leaves it together.
 
     >>> with main_process_first():
     ...     ds = load_dataset("mnist")          # rank 0 downloads, the others read the cache
@@ -284,7 +287,7 @@ def main_process_first() -> contextlib.AbstractContextManager[None]:
 
 
 def local_main_process_first() -> contextlib.AbstractContextManager[None]:
-    """Run the block on local rank 0 of every machine first, then on the other ranks.
+    """Run the block on local rank 0 of every machine first, then on the other ranks; every rank leaves it together.
 
     >>> with local_main_process_first():
     ...     tokenizer = prepare_tokenizer()
@@ -293,7 +296,8 @@ def local_main_process_first() -> contextlib.AbstractContextManager[None]:
 
 
 def rank0_first(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call `func(*args, **kwargs)` on rank 0, then (after a barrier) on the other ranks; every rank gets its result.
+    """Call `func(*args, **kwargs)` on rank 0, then (after a barrier) on the other ranks; every rank gets its result,
+    and returns once every rank has it.
 
     >>> path = rank0_first(untar_data, URLs.MNIST)
     """

@@ -3,6 +3,8 @@ or `python docs/examples/ddp.py` on one process; a few seconds on a CPU, writing
 directory. The page shows the section between the `--8<--` markers; tests/test_docs_examples.py launches this
 file on 2 processes and checks what the page says."""
 
+from pathlib import Path
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -11,9 +13,10 @@ from cadence import DataLoaders, accuracy, world_size
 
 
 def download_data():
-    """Stands in for a download: writes the data set once, returns where it is."""
-    x = torch.randn(1024, 2, generator=torch.Generator().manual_seed(0))
-    torch.save((x, (x.sum(1) > 0).long()), "data.pt")   # the class is whether x0 + x1 > 0
+    """Stands in for a download: writes the data set unless it is there already, returns where it is."""
+    if not Path("data.pt").exists():
+        x = torch.randn(1024, 2, generator=torch.Generator().manual_seed(0))
+        torch.save((x, (x.sum(1) > 0).long()), "data.pt")   # the class is whether x0 + x1 > 0
     return "data.pt"
 
 

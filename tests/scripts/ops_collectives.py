@@ -60,23 +60,34 @@ def check_gather_for_metrics(rank: int) -> None:
 
 
 def timestamped(path: Path, rank: int) -> float:
-    """Rank 0 writes its finish time; the others must find it when they start."""
+    """Rank 0 writes its finish time; the others must find it when they start, and write theirs after a while."""
     if rank == 0:
         time.sleep(0.5)
         path.write_text(str(time.time()))
     else:
         assert path.exists(), f"rank {rank} started before rank 0 finished"
         assert time.time() >= float(path.read_text())
+        time.sleep(0.5)                                   # a slow re-download that rank 0 must not read half-done
+        path.with_suffix(f".rank{rank}").write_text("done")
     return float(path.read_text())
 
 
+def every_rank_left(path: Path) -> None:
+    """No rank leaves the block while another is still in it (so none reads what another is writing)."""
+    assert path.with_suffix(".rank1").exists(), f"{path.name}: rank 0 left before rank 1 finished"
+
+
 def check_run_order(tmp: Path, rank: int) -> None:
-    results = ops.gather_object(ops.rank0_first(timestamped, tmp / "rank0_first.txt", rank))
+    result = ops.rank0_first(timestamped, tmp / "rank0_first.txt", rank)
+    every_rank_left(tmp / "rank0_first.txt")
+    results = ops.gather_object(result)
     assert results[0] == results[1]
     with ops.main_process_first():
         timestamped(tmp / "main_first.txt", rank)
+    every_rank_left(tmp / "main_first.txt")
     with ops.local_main_process_first():
         timestamped(tmp / "local_main_first.txt", rank)
+    every_rank_left(tmp / "local_main_first.txt")
     ran = ops.gather_object(ops.on_main_process(lambda: "ran")())
     assert ran == ["ran", None]
 
