@@ -39,7 +39,7 @@ from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimi
 from .deepspeed_install import build_ops, import_deepspeed
 from .deepspeed_state import full_fp32, materialize_state, set_zero3_partition
 from .precision import AutocastPrecision, FullPrecision
-from .staging import HostBuffers, Staging
+from .staging import HostBuffers, Staging, storage_key
 from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
                        rebuild)
 
@@ -259,7 +259,9 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self.engine.backward(loss, scale_wrt_gas=not self._cadence_accumulates)
 
     def step(self, opt: torch.optim.Optimizer) -> bool:
-        """`engine.step()` every micro-batch; True when it updated the weights (a window's end, no fp16 overflow)."""
+        """`engine.step()` every micro-batch; True when it updated the weights (a window's end, no fp16 overflow).
+        An asynchronous save's copy of what the step writes finishes first."""
+        self.wait_for_staging()
         self.engine.step()
         return self.engine.was_step_applied()
 
@@ -280,6 +282,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         """
         if self.engine is None:
             raise RuntimeError(f"optimizer.{name}() before the model was prepared with it: prepare the model first")
+        self.wait_for_staging()
         opt, basic = self.engine.optimizer, self.engine.basic_optimizer
         method = getattr(basic, name, None)
         if not callable(method):
@@ -409,15 +412,38 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
 
     def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,
                           copy: bool = False, staging: Staging | None = None) -> Callable[[], None] | None:
-        """The engine's save runs now (its collectives); `copy`: its files are serialized into host memory (that of
+        """The engine's save runs now (its collectives); `copy`: its files are copied into host memory (that of
         `staging.buffers`, kept from save to save, when given) and the returned callable writes them; otherwise
-        they are written now and None is returned. Nothing is copied late: `staging.done()` is said at once."""
-        if staging is not None:
-            staging.done()
+        they are written now and None is returned. With `staging`, what only the engine's step writes (the
+        weights, the fp32 master partitions, the optimizer's state) is copied by the returned callable, first,
+        and `staging.done()` said after; `step` waits for it."""
         host = None
         if copy:
             host = staging.buffers if staging is not None and staging.buffers is not None else HostBuffers()
-        return deepspeed_checkpoint.save(self.engine, directory, self.dp_size, self.stage, self.is_main, host)
+            if staging is not None:
+                staging.late = self._step_written()
+        write = None
+        try:
+            write = deepspeed_checkpoint.save(self.engine, directory, self.dp_size, self.stage, self.is_main, host,
+                                              staging if copy else None)
+        finally:
+            if write is None and staging is not None:
+                staging.done()
+        return write
+
+    def _step_written(self) -> set[int]:
+        """The memory of what only the engine's step writes: the module's weights (ZeRO-3: their partitions), the
+        optimizer's fp32 master copies and its per-parameter state."""
+        opt = self.engine.optimizer
+        tensors = [t for p in self.engine.module.parameters() for t in (p, getattr(p, "ds_tensor", None))
+                   if t is not None]
+        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
+            tensors += [t for t in getattr(opt, name, None) or [] if isinstance(t, torch.Tensor)]
+        basic = self.engine.basic_optimizer
+        per_param = basic.state.values() if basic is not None else ()
+        tensors += [v for state in per_param if isinstance(state, dict) for v in state.values()
+                    if isinstance(v, torch.Tensor)]
+        return {storage_key(t) for t in tensors if t.numel()}
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote, on any number of processes (a ZeRO checkpoint on another number is

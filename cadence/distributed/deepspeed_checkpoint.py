@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from ..serialization import save_torch, sibling
-from .staging import HostBuffers, HostFile
+from .staging import HostBuffers, HostFile, Staging
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 META = "cadence.json"
@@ -39,13 +39,15 @@ UNIVERSAL = ".universal.tmp"  # ends like a killed save, so the Checkpoint callb
 
 
 def save(engine: Any, directory: Path, world_size: int, stage: int, is_main: bool,
-         host: HostBuffers | None = None) -> Callable[[], None] | None:
+         host: HostBuffers | None = None, staging: Staging | None = None) -> Callable[[], None] | None:
     """The engine's files under `directory/deepspeed/`, every rank its partition (every rank calls it: the engine's
-    save does collectives); then `cadence.json`. `host`: the files are serialized into its memory now and written
-    by the returned callable (any thread); otherwise written now, and None returned. An engine configured with a
-    checkpoint writer of its own (DeepSpeed's fast, decoupled or DataStates engines) always writes now."""
+    save does collectives); then `cadence.json`. `host`: the files are copied into its memory now and written
+    by the returned callable (any thread); otherwise written now, and None returned. `staging` (with `host`): the
+    tensors it says are late are copied by the returned callable, first, then `staging.done()` is said. An engine
+    configured with a checkpoint writer of its own (DeepSpeed's fast, decoupled or DataStates engines) always
+    writes now."""
     own = engine.checkpoint_engine
-    files = _Files(own, host) if _is_torch_engine(own) else None
+    files = _Files(own, host, staging) if _is_torch_engine(own) else None
     engine.checkpoint_engine = files or own
     try:
         engine.save_checkpoint(str(directory), tag=TAG, save_latest=False)
@@ -66,11 +68,12 @@ def _is_torch_engine(checkpoint_engine: Any) -> bool:
 
 class _Files:
     """DeepSpeed's torch checkpoint engine, its `save` cadence's: into an open file, fsync'd (`host` None), or a host
-    copy of each file's state kept until `write` puts it on disk. Everything else is the engine's."""
+    copy of each file's state kept until `write` puts it on disk (the late tensors of `staging` copied by `write`).
+    Everything else is the engine's."""
 
-    def __init__(self, engine: Any, host: HostBuffers | None):
-        self._engine, self._host = engine, host
-        self._pending: list[tuple[str, HostFile]] = []
+    def __init__(self, engine: Any, host: HostBuffers | None, staging: Staging | None = None):
+        self._engine, self._host, self._staging = engine, host, staging
+        self._pending: list[tuple[str, Any]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -78,14 +81,19 @@ class _Files:
     def save(self, state_dict: Any, path: str) -> None:
         if self._host is None:
             return save_torch(state_dict, path, zipfile=self._engine.zipfile_serialization)
-        snapshot = self._host.snapshot(state_dict, Path(path).name)
+        snapshot = self._host.snapshot(state_dict, Path(path).name, late=self._staging)
         if snapshot is None:  # tensors off the CPU: serialized now (torch.save copies them to the host)
             snapshot = self._host.file(Path(path).name)
             torch.save(state_dict, snapshot, _use_new_zipfile_serialization=self._engine.zipfile_serialization)
         self._pending.append((path, snapshot))
 
     def write(self) -> None:
-        """Every file `save` took, to disk (fsync'd)."""
+        """The late copies, then every file `save` took, to disk (fsync'd)."""
+        if self._staging is not None:
+            try:
+                self._host.copy_late()
+            finally:
+                self._staging.done()
         for path, taken in self._pending:
             if isinstance(taken, HostFile):
                 taken.write_to(path)

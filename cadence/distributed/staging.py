@@ -85,6 +85,7 @@ class HostBuffers:
         self._used: dict[tuple, torch.Tensor] = {}
         self._files: dict[str, HostFile] = {}
         self._snapshots: dict[str, list[torch.UntypedStorage]] = {}
+        self._late: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []  # (copy, storage): `copy_late`'s
         self._reserving: threading.Thread | None = None
 
     def file(self, name: str) -> HostFile:
@@ -93,12 +94,13 @@ class HostBuffers:
         f.size = 0
         return f
 
-    def snapshot(self, state: Any, name: str) -> Any | None:
+    def snapshot(self, state: Any, name: str, late: Staging | None = None) -> Any | None:
         """A deep copy of `state` (a file's worth of nested dicts and lists, `name` its file) whose tensors' memory is
         host memory kept for the next snapshot of `name`: each storage copied once, so views, shared tensors and
         whole storages stay as they were and `torch.save` of the copy writes the bytes it writes of `state`.
         None where that cannot hold (a tensor off the CPU, a subclass, one with autograd history, an object that
-        cannot be deep-copied): the caller serializes `state` at once instead.
+        cannot be deep-copied): the caller serializes `state` at once instead. `late`: the storages it says are
+        late are copied by `copy_late` (the writer's thread), not now.
 
         >>> copy = buffers.snapshot(optimizer_state, "optim.pt"); ...training goes on...; torch.save(copy, f)
         """
@@ -106,7 +108,7 @@ class HostBuffers:
         if any(t.device.type != "cpu" or type(t) not in (torch.Tensor, nn.Parameter) or not t.is_leaf
                for t in tensors):
             return None
-        kept, used, storages = self._snapshots.get(name, []), [], {}
+        kept, used, storages, deferred = self._snapshots.get(name, []), [], {}, []
         for t in tensors:
             storage = t.untyped_storage()
             if storage._cdata in storages:
@@ -114,14 +116,25 @@ class HostBuffers:
             i = len(used)
             reuse = i < len(kept) and kept[i].nbytes() == storage.nbytes()
             copied = kept[i] if reuse else torch.empty(storage.nbytes(), dtype=torch.uint8).untyped_storage()
-            copied.copy_(storage)
+            if late is not None and late.is_late(t):
+                deferred.append((copied, storage))
+            else:
+                copied.copy_(storage)
             used.append(copied)
             storages[storage._cdata] = copied
         self._snapshots[name] = used
         try:
-            return copy.deepcopy(state, {"torch": storages})  # a tensor's deepcopy takes its storage from memo["torch"]
+            snap = copy.deepcopy(state, {"torch": storages})  # a tensor's deepcopy takes its storage from memo["torch"]
         except Exception:  # an object whose deepcopy fails (torch.save may still pickle it)
             return None
+        self._late.extend(deferred)
+        return snap
+
+    def copy_late(self) -> None:
+        """Make the copies `snapshot` left for later (any thread; before the tensors are written again)."""
+        late, self._late = self._late, []
+        for copied, storage in late:
+            copied.copy_(storage)
 
     def reserve(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
         """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a

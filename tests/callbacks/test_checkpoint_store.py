@@ -27,6 +27,11 @@ def test_a_step_saved_twice_keeps_both_under_fresh_names(dls, tmp_path):
     assert state_of(root, "step-00000004")["epoch_complete"] is False
     assert state_of(root, "step-00000004-1")["epoch_complete"] is True
     assert (root / "latest").read_text() == "step-00000004-1"
+    again = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=4)])
+    with pytest.warns(UserWarning, match="holds checkpoints this run did not write"):
+        again.fit(1)                                          # a fresh run in the same directory: nothing replaced
+    assert names(root) == ["step-00000004", "step-00000004-1", "step-00000004-2", "step-00000004-3"]
+    assert state_of(root, "step-00000004")["epoch_complete"] is False   # the first run's, as it was
 
 
 def test_keep_last_prunes_only_this_runs_history(dls, tmp_path):

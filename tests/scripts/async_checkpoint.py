@@ -13,7 +13,8 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
   a marker file in DIR remembers).
 --fsize: RLIMIT_FSIZE (SIGXFSZ ignored: a write past it fails as on a full disk), set before the fit.
 --batchnorm: a BatchNorm1d after the first layer (running statistics that every forward changes).
---copy-delay: the writer's copy of the parameters and optimizer state (FSDP2: torch's stager's copy of the shards)
+--copy-delay: the writer's copy of the parameters and optimizer state (FSDP2: torch's stager's copy of the shards;
+  DeepSpeed: the writer's copy of the weights, master partitions and optimizer state in the engine's files)
   starts S seconds late (a slow copy: the next micro-batches' forward and backward run meanwhile, and the loop
   waits for it before the step).
 --disk-delay: every file that `torch.save` writes to disk (DeepSpeed's engine files among them, whichever thread
@@ -67,10 +68,18 @@ def slow_rng_file(delay: float, sigterm_at: int | None, marker: Path):
 
 def slow_late_copy(delay: float):
     """The copy that the checkpoint writer's thread makes (the parameters and optimizer state) starts `delay` s late;
-    under FSDP2 the copy of the shards that torch's stager makes in its own thread."""
+    under FSDP2 the copy of the shards that torch's stager makes in its own thread; under DeepSpeed the late copy
+    of the engine's files."""
     from torch.distributed.checkpoint.staging import DefaultStager
 
-    copy, stage = strategy_module.host_copy, DefaultStager._stage
+    from cadence.distributed.staging import HostBuffers
+
+    copy, stage, copy_late = strategy_module.host_copy, DefaultStager._stage, HostBuffers.copy_late
+
+    def slow_copy_late(self):
+        time.sleep(delay)
+        copy_late(self)
+    HostBuffers.copy_late = slow_copy_late
 
     def slow_stage(self, state_dict, **kwargs):
         time.sleep(delay)

@@ -93,6 +93,7 @@ class Checkpoint(Callback):
         self._pending: BackgroundWrite | None = None  # the save being written in the background
         self._step_hook: tuple[Any, Any] | None = None  # (optimizer, handle): waits for a save's copy before a step
         self._buffers: HostBuffers | None = None  # the host memory of the fit's async copies, reused save to save
+        self._taken: set[str] = set()  # the checkpoint names under `root` (listed at `before_fit`, then this run's)
         self.saves: list[dict[str, Any]] = []  # what each save of this fit cost (`BackgroundWrite.stats`), in order
 
     @property
@@ -194,6 +195,8 @@ class Checkpoint(Callback):
             self.history, self.best, self.best_name = [], None, None
         self._last_saved_step = self._last_checked_step = self.learn.step
         self.saves = []
+        strategy = self.learn.strategy  # the names taken, listed once (the directory is locked: only this run adds)
+        self._taken = set(strategy.broadcast(CheckpointStore(self.root).names() if strategy.is_main else None))
         if self.learn.strategy.is_main:
             self._warn_about_other_checkpoints(resumed_from)
 
@@ -270,7 +273,8 @@ class Checkpoint(Callback):
             self._finish_pending()
             waited = time.perf_counter() - started
         strategy, store = self.learn.strategy, CheckpointStore(self.root)
-        name = strategy.broadcast(store.fresh_name(self.learn.step) if strategy.is_main else None)
+        name = store.fresh_name(self.learn.step, self._taken)  # every rank alike: no collective at the save point
+        self._taken.add(name)
         before = (list(self.history), self.best, self.best_name)
         self._update_best(name, epoch_complete)
         self.history.append(name)

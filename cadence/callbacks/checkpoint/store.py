@@ -15,7 +15,7 @@ every file it lists. Only a `step-*` directory directly under the root (not a
 link) is ever removed.
 
 >>> store = CheckpointStore("checkpoints"); store.clean()
->>> store.fresh_name(200), store.find("latest")
+>>> store.fresh_name(200, set(store.names())), store.find("latest")
 ('step-00000200', PosixPath('checkpoints/step-00000100'))
 """
 
@@ -88,11 +88,17 @@ class CheckpointStore:
                 removed.append(p.name)
         return removed
 
-    def fresh_name(self, step: int) -> str:
-        """`step-<step>`, or `step-<step>-<n>` when that step was saved before: an existing checkpoint is never replaced."""
+    def names(self) -> list[str]:
+        """Every name under the root that a checkpoint could take ("step-..."), complete or not, sorted."""
+        return sorted(p.name for p in self.root.glob("step-*") if step_key(p.name))
+
+    @staticmethod
+    def fresh_name(step: int, taken: set[str]) -> str:
+        """`step-<step>`, or `step-<step>-<n>` when that step was saved before (its name in `taken`, the names under
+        the root: `names()`): an existing checkpoint is never replaced."""
         base = name = f"step-{step:08d}"
         n = 0
-        while (self.root / name).exists():
+        while name in taken:
             n += 1
             name = f"{base}-{n}"
         return name
