@@ -431,19 +431,27 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
                 staging.done()
         return write
 
+    def reserve_checkpoint_memory(self, buffers: HostBuffers, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """The host memory of an asynchronous save's late copy (`_step_written`), allocated ahead: the first save's
+        copy finds it faulted in."""
+        buffers.reserve_storages(self._step_written_tensors())
+
     def _step_written(self) -> set[int]:
-        """The memory of what only the engine's step writes: the module's weights (ZeRO-3: their partitions), the
-        optimizer's fp32 master copies and its per-parameter state."""
+        partitions = [p.ds_tensor for p in self.engine.module.parameters() if getattr(p, "ds_tensor", None) is not None]
+        return {storage_key(t) for t in [*self._step_written_tensors(), *partitions] if t.numel()}
+
+    def _step_written_tensors(self) -> list[torch.Tensor]:
+        """What only the engine's step writes and its checkpoint holds: the module's weights (not under ZeRO-3: saved
+        partitioned, empty), the optimizer's fp32 master copies and its per-parameter state."""
         opt = self.engine.optimizer
-        tensors = [t for p in self.engine.module.parameters() for t in (p, getattr(p, "ds_tensor", None))
-                   if t is not None]
+        tensors = [p for p in self.engine.module.parameters() if getattr(p, "ds_tensor", None) is None]
         for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
             tensors += [t for t in getattr(opt, name, None) or [] if isinstance(t, torch.Tensor)]
         basic = self.engine.basic_optimizer
         per_param = basic.state.values() if basic is not None else ()
         tensors += [v for state in per_param if isinstance(state, dict) for v in state.values()
                     if isinstance(v, torch.Tensor)]
-        return {storage_key(t) for t in tensors if t.numel()}
+        return tensors
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote, on any number of processes (a ZeRO checkpoint on another number is

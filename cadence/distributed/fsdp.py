@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
-from .staging import Staging
+from .staging import HostBuffers, Staging
 from .strategy import (MakeOpt, OwnsPrecision, Strategy, host_copy, meta_copy, named_by_position,
                        non_persistent_buffers, rebuild, set_buffers, tied_names)
 
@@ -350,10 +350,11 @@ class FSDP(OwnsPrecision, Strategy):
             return dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group).result
         return lambda: dcp.save(state, checkpoint_id=target, process_group=self._checkpoint_group)
 
-    def checkpoint_state_is_own_memory(self) -> bool:
+    def reserve_checkpoint_memory(self, buffers: HostBuffers, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """On one process nothing is sharded: the base format, written from the model's and optimizer's own memory,
-        so an asynchronous save's host copy may be reserved ahead (its page faults cost more than the copy)."""
-        return self._skeleton is None and self.is_main
+        so an asynchronous save's host copy is reserved ahead (its page faults cost more than the copy)."""
+        if self._skeleton is None and self.is_main:
+            buffers.reserve(model, opt)
 
     def _staged_async_save(self, state: dict, target: Path, staging: Staging) -> Callable[[], None]:
         """torch's async save with its stager copying in a thread (`use_async_staging`), overlapping the next step."""

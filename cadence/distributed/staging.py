@@ -86,6 +86,7 @@ class HostBuffers:
         self._files: dict[str, HostFile] = {}
         self._snapshots: dict[str, list[torch.UntypedStorage]] = {}
         self._late: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []  # (copy, storage): `copy_late`'s
+        self._spare: dict[int, list[torch.UntypedStorage]] = {}  # by size: `reserve_storages`' memory not yet taken
         self._reserving: threading.Thread | None = None
 
     def file(self, name: str) -> HostFile:
@@ -98,15 +99,15 @@ class HostBuffers:
         """A deep copy of `state` (a file's worth of nested dicts and lists, `name` its file) whose tensors' memory is
         host memory kept for the next snapshot of `name`: each storage copied once, so views, shared tensors and
         whole storages stay as they were and `torch.save` of the copy writes the bytes it writes of `state`.
-        None where that cannot hold (a tensor off the CPU, a subclass, one with autograd history, an object that
-        cannot be deep-copied): the caller serializes `state` at once instead. `late`: the storages it says are
-        late are copied by `copy_late` (the writer's thread), not now.
+        A view with autograd history (DeepSpeed's slice of a master partition) becomes the same view of the copy,
+        `requires_grad` kept. None where that cannot hold (a tensor off the CPU, a subclass, an object that cannot
+        be deep-copied): the caller serializes `state` at once instead. `late`: the storages it says are late are
+        copied by `copy_late` (the writer's thread), not now.
 
         >>> copy = buffers.snapshot(optimizer_state, "optim.pt"); ...training goes on...; torch.save(copy, f)
         """
         tensors = list(_tensors(state))
-        if any(t.device.type != "cpu" or type(t) not in (torch.Tensor, nn.Parameter) or not t.is_leaf
-               for t in tensors):
+        if any(t.device.type != "cpu" or type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
             return None
         kept, used, storages, deferred = self._snapshots.get(name, []), [], {}, []
         for t in tensors:
@@ -115,7 +116,7 @@ class HostBuffers:
                 continue
             i = len(used)
             reuse = i < len(kept) and kept[i].nbytes() == storage.nbytes()
-            copied = kept[i] if reuse else torch.empty(storage.nbytes(), dtype=torch.uint8).untyped_storage()
+            copied = kept[i] if reuse else self._host_storage(storage.nbytes())
             if late is not None and late.is_late(t):
                 deferred.append((copied, storage))
             else:
@@ -123,8 +124,14 @@ class HostBuffers:
             used.append(copied)
             storages[storage._cdata] = copied
         self._snapshots[name] = used
+        memo: dict[Any, Any] = {"torch": storages}  # a tensor's deepcopy takes its storage from memo["torch"]
+        for t in tensors:
+            if not t.is_leaf:  # which deepcopy refuses: made here, and found by deepcopy in the memo
+                view = torch.empty(0, dtype=t.dtype).set_(storages[t.untyped_storage()._cdata], t.storage_offset(),
+                                                          t.size(), t.stride())
+                memo[id(t)] = view.requires_grad_(t.requires_grad)
         try:
-            snap = copy.deepcopy(state, {"torch": storages})  # a tensor's deepcopy takes its storage from memo["torch"]
+            snap = copy.deepcopy(state, memo)
         except Exception:  # an object whose deepcopy fails (torch.save may still pickle it)
             return None
         self._late.extend(deferred)
@@ -135,6 +142,11 @@ class HostBuffers:
         late, self._late = self._late, []
         for copied, storage in late:
             copied.copy_(storage)
+        self._spare.clear()  # what `reserve_storages` allocated and no snapshot took
+
+    def _host_storage(self, nbytes: int) -> torch.UntypedStorage:
+        spare = self._spare.get(nbytes)
+        return spare.pop() if spare else torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
 
     def reserve(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
         """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a
@@ -145,6 +157,21 @@ class HostBuffers:
         def allocate() -> None:
             for t in tensors:
                 self._by_key[layout_key(t)] = torch.zeros(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        self._reserving = threading.Thread(target=allocate, name="checkpoint host memory", daemon=True)
+        self._reserving.start()
+
+    def reserve_storages(self, tensors: list[torch.Tensor]) -> None:
+        """Allocate (and fault in) now, in a thread, host memory the size of each storage `tensors` view (on the
+        host), which the first `snapshot` of such a storage takes; `ready` waits for it.
+
+        >>> buffers.reserve_storages(optimizer_partitions); buffers.ready(); buffers.snapshot(state, "optim.pt")
+        """
+        sizes = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors
+                 if t.device.type == "cpu" and t.numel()}
+
+        def allocate() -> None:
+            for nbytes in sizes.values():
+                self._spare.setdefault(nbytes, []).append(torch.zeros(nbytes, dtype=torch.uint8).untyped_storage())
         self._reserving = threading.Thread(target=allocate, name="checkpoint host memory", daemon=True)
         self._reserving.start()
 

@@ -281,11 +281,13 @@ class Strategy:
             save_optimizer_file(opt_state, directory)
         return write
 
-    def checkpoint_state_is_own_memory(self) -> bool:
-        """Whether this rank's `checkpoint_writer` writes the model's and optimizer's own memory (one process, DDP's
-        main process): an asynchronous save may then reserve the host memory of its copy ahead (`HostBuffers`)."""
-        return self.is_main and all(getattr(type(self), m) is getattr(Strategy, m) for m in
-                                    ("checkpoint_writer", "save_checkpoint", "model_state_dict", "optimizer_state_dict"))
+    def reserve_checkpoint_memory(self, buffers: HostBuffers, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Allocate ahead, in `buffers`, the host memory an asynchronous save of this rank copies into (its page
+        faults cost more than the copy): where `checkpoint_writer` writes the model's and optimizer's own memory
+        (one process, DDP's main process); nothing elsewhere."""
+        if self.is_main and all(getattr(type(self), m) is getattr(Strategy, m) for m in
+                                ("checkpoint_writer", "save_checkpoint", "model_state_dict", "optimizer_state_dict")):
+            buffers.reserve(model, opt)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded."""

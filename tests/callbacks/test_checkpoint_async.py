@@ -329,6 +329,55 @@ def test_one_process_async_saves_reserve_their_host_memory_at_the_first_step(dls
     assert reserved == [True] and len(ckpt.saves) >= 2
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_deepspeed_async_saves_copy_into_host_memory_reserved_at_the_first_step(dls, tmp_path, monkeypatch, stage):
+    """Under DeepSpeed (one process) the weights, master partitions and optimizer state that the writer copies late
+    go into host memory allocated and faulted in at the fit's first step, not by the first save's copy; the
+    checkpoints hold what a synchronous run's hold (compared loaded: two engines in one process number their
+    partitions apart; the bytes are compared in the 2-process test above, each run its own process)."""
+    from cadence.distributed.staging import HostBuffers
+    from fixtures import make_learner
+
+    reserved, reserve = [], HostBuffers.reserve_storages
+
+    def recording(self, tensors):
+        reserve(self, tensors)
+        self.ready()
+        reserved.append((self, {s.data_ptr() for spare in self._spare.values() for s in spare}))
+    monkeypatch.setattr(HostBuffers, "reserve_storages", recording)
+    for mode in ("sync", "async"):
+        learn = make_learner(dls, tmp_path, [Checkpoint(mode, every_n_steps=2, async_save=mode == "async")])
+        with learn.distrib_ctx(strategy="deepspeed", zero_stage=stage):
+            learn.fit(1)
+    (buffers, addresses), = reserved
+    taken = {s.data_ptr() for kept in buffers._snapshots.values() for s in kept}
+    assert addresses and addresses <= taken                  # every reserved storage was the memory of a late copy
+    names = [d.name for d in visible(tmp_path / "sync")]
+    assert names == [d.name for d in visible(tmp_path / "async")] and len(names) == 3   # steps 2, 4, the epoch's end
+    for name in names:
+        files = sorted((tmp_path / "sync" / name / "deepspeed").glob("*.pt"))
+        assert len(files) == 2, files                         # the model's and the optimizer's
+        for f in files:
+            assert_same_contents(torch.load(f, weights_only=False),
+                                 torch.load(tmp_path / "async" / name / "deepspeed" / f.name, weights_only=False))
+
+
+def assert_same_contents(a, b):
+    """Nested dicts and lists alike, their tensors equal (dtype and all), numbers and strings equal."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_contents(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_contents(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, (int, float, str, bool, type(None))):
+        assert a == b
+
+
 def test_accelerator_async_save_state_under_deepspeed_writes_the_synchronous_bytes(tmp_path):
     """`save_state(async_save=True)` under ZeRO-3 (2 processes): the engine's files are taken at the call and written
     behind; the step after it does not reach them, and the checkpoint is the synchronous one byte for byte."""

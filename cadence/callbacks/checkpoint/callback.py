@@ -225,8 +225,7 @@ class Checkpoint(Callback):
         self._last_checked_step = learn.step
         if self.async_save and self._buffers is None:  # the optimizer's state exists now: its host copy's memory
             self._buffers = HostBuffers()
-            if learn.strategy.checkpoint_state_is_own_memory():
-                self._buffers.reserve(learn.model, learn.opt)
+            learn.strategy.reserve_checkpoint_memory(self._buffers, learn.model, learn.opt)
         if self._pending is not None and self._pending.poll():
             self.saves.append(self._pending.stats)
             self._pending = None
