@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -29,27 +30,61 @@ class PeakMemory:
     def __init__(self, interval: float = 0.005):
         self.interval = interval
         self.resident = self.peak = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="checkpoint memory", daemon=True)
 
     def start(self) -> "PeakMemory":
         self.resident = self.peak = resident()
         if self.resident is not None:
-            self._thread.start()
+            _SAMPLER.watch(self)
         return self
 
-    def _sample(self) -> None:
-        while not self._done.wait(self.interval):
-            now = resident()
-            if now is not None and now > self.peak:
-                self.peak = now
+    def sample(self, now: int) -> None:
+        if now > self.peak:
+            self.peak = now
 
     def stop(self) -> int | None:
         """Stop sampling; the peak (bytes)."""
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        _SAMPLER.forget(self)
         now = resident()
         if now is not None and self.peak is not None:
             self.peak = max(self.peak, now)
         return self.peak
+
+
+class _Sampler:
+    """One thread per process that samples the memory while some `PeakMemory` watches, and sleeps otherwise:
+    started once, so a save does not wait for a new thread to be scheduled. A forked child starts its own."""
+
+    def __init__(self):
+        self._watching: set[PeakMemory] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pid: int | None = None
+
+    def watch(self, meter: PeakMemory) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid, self._watching, self._wake = os.getpid(), set(), threading.Event()
+                threading.Thread(target=self._run, args=(self._wake,), name="checkpoint memory", daemon=True).start()
+            self._watching.add(meter)
+            self._wake.set()
+
+    def forget(self, meter: PeakMemory) -> None:
+        with self._lock:
+            self._watching.discard(meter)
+
+    def _run(self, wake: threading.Event) -> None:
+        while True:
+            wake.wait()
+            with self._lock:
+                meters = list(self._watching)
+                if not meters:
+                    wake.clear()
+                    continue
+            now = resident()
+            for meter in meters:
+                if now is not None:
+                    meter.sample(now)
+            time.sleep(min(m.interval for m in meters))
+
+
+_SAMPLER = _Sampler()

@@ -14,6 +14,8 @@ every rank with a message naming the checkpoint.
 
 from __future__ import annotations
 
+import os
+import queue
 import sys
 import threading
 import time
@@ -52,14 +54,14 @@ class BackgroundWrite:
         self.stats: dict[str, Any] = {}  # once committed: `_measure`, and on the main process "bytes"
         self.error: BaseException | None = None
         self.committed = False
-        self._thread = threading.Thread(target=self._run, name=f"checkpoint writer {directory.name}", daemon=True)
+        self._done = threading.Event()  # set by the writer thread once `staged.write()` returned or raised
         self._started = 0.0
         self._next_notice = SLOW_NOTICE_S
 
     def start(self) -> "BackgroundWrite":
         self._started = time.monotonic()
         self.held_s = time.perf_counter() - self.since
-        self._thread.start()
+        _WRITER.submit(self._run)
         return self
 
     def _run(self) -> None:
@@ -67,6 +69,8 @@ class BackgroundWrite:
             self.staged.write()
         except BaseException as e:  # handed to the main thread: a background failure is never lost
             self.error = e
+        finally:
+            self._done.set()
 
     @property
     def elapsed(self) -> float:
@@ -89,13 +93,13 @@ class BackgroundWrite:
     def wait(self) -> None:
         """Block until the checkpoint is committed (every rank), saying so in the log while a slow disk takes long."""
         while not self.committed:
-            self._thread.join(POLL_S)
+            self._done.wait(POLL_S)
             self.poll()
 
     def join_local(self, timeout: float | None) -> None:
         """After a failure elsewhere (no collective can be trusted): let this rank's own writer finish its files."""
         self._give_up()
-        self._thread.join(timeout)
+        self._done.wait(timeout)
 
     def _give_up(self) -> None:
         self.committed = True  # nothing more to wait for
@@ -105,7 +109,7 @@ class BackgroundWrite:
     def _agree(self) -> tuple[list[int], bool]:
         """(every rank's writer state, whether the main process's clock says `io_timeout` has passed): the same
         on every rank, so all of them give up at the same poll."""
-        mine = FAILED if self.error is not None else RUNNING if self._thread.is_alive() else DONE
+        mine = FAILED if self.error is not None else DONE if self._done.is_set() else RUNNING
         late = self.io_timeout is not None and self.elapsed > self.io_timeout
         if not is_initialized() or world_size() == 1:
             return [mine], late
@@ -182,3 +186,34 @@ class BackgroundWrite:
             raise error
         if failed is not None:
             raise RuntimeError(f"Checkpoint: the main process could not commit {self.directory}: {failed}")
+
+
+class _WriterThreads:
+    """The threads that write checkpoints, kept from one save to the next: handing an idle one a write costs the
+    loop nothing, where starting a thread per save waits for the new thread to be scheduled (ms on a busy host).
+    A write finds an idle thread or starts one, so none waits behind a stuck one. A forked child starts its own."""
+
+    def __init__(self):
+        self._idle: list[queue.SimpleQueue] = []
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run `job` (which handles its own errors) in a writer thread."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._idle, self._pid = [], os.getpid()
+            jobs = self._idle.pop() if self._idle else None
+        if jobs is None:
+            jobs = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(jobs,), name="checkpoint writer", daemon=True).start()
+        jobs.put(job)
+
+    def _serve(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            jobs.get()()
+            with self._lock:
+                self._idle.append(jobs)
+
+
+_WRITER = _WriterThreads()
