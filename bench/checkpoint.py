@@ -14,8 +14,8 @@ For each it measures, in the same run:
   waits" is the longest a save waited for the one before it (saves every 3 steps here, more often than this disk
   writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
-  reads (safetensors `load_file` with each tensor read once, `torch.load`, or a read of the bytes of torch's
-  sharded .distcp files); each 3 times, alternating, the best of each;
+  reads (safetensors `load_file` with each tensor read once, `torch.load` with its defaults (DeepSpeed's files as its
+  engine reads them), or a `torch.load` of each tensor of the rank's .distcp shard file); each 5 times, alternating, the best of each, every rank starting together;
 - memory: the peak host memory (sampled every 5 ms) over the resident memory before the save, worst rank.
 
     .venv/bin/python bench/checkpoint.py                            # 1, 2, 4 processes x ddp, fsdp, zero3
