@@ -14,8 +14,8 @@ For each it measures, in the same run:
   waits" is the longest a save waited for the one before it (saves every 3 steps here, more often than this disk
   writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
-  reads (safetensors `load_file` with each tensor read once, `torch.load`, or a read of the bytes of torch's
-  sharded .distcp files); each 3 times, alternating, the best of each;
+  reads (safetensors `load_file` with each tensor read once, `torch.load` with its defaults (DeepSpeed's files as its
+  engine reads them), or a `torch.load` of each tensor of the rank's .distcp shard file); each 5 times, alternating, the best of each, every rank starting together;
 - memory: the peak host memory (sampled every 5 ms) over the resident memory before the save, worst rank.
 
     .venv/bin/python bench/checkpoint.py                            # 1, 2, 4 processes x ddp, fsdp, zero3
@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ENGINES = {"ddp": ("ddp", {}), "fsdp": ("fsdp", {}), "zero3": ("deepspeed", {"zero_stage": 3})}
 CHUNK = 8 << 20
-RESUMES = 3  # resumes and plain loads measured, alternating; the best of each is reported
+RESUMES = 5  # resumes and plain loads measured, alternating; the best of each is reported
 
 
 # ---------------------------------------------------------------------------- the launched part
@@ -65,9 +65,12 @@ def plain_load(directory: Path, rank: int) -> float:
     files = [p for p in sorted(directory.rglob("*")) if p.is_file()]
     sharded = [p for p in files if p.suffix == ".distcp"]
     if sharded:  # torch's distributed checkpoint: this rank's shard file and the metadata
-        files = [p for p in files if p.name in (f"__{rank}_0.distcp", ".metadata")]
-    elif any("zero_pp_rank" in p.name for p in files):  # DeepSpeed: this rank's partition, the model states
-        files = [p for p in files if f"zero_pp_rank_{rank}_" in p.name or "model_states" in p.name]
+        start = time.perf_counter()
+        distcp_load(sharded[0].parent, f"__{rank}_0.distcp")
+        return time.perf_counter() - start
+    elif any("zero_pp_rank" in p.name for p in files):  # DeepSpeed: this rank's files (ZeRO-3: its model states
+        # too), and the one model-states file of ZeRO-1/2; not the other ranks' files, which its engine does not read
+        files = [p for p in files if f"zero_pp_rank_{rank}_" in p.name or p.name.startswith("mp_rank_")]
     else:
         files = [p for p in files if p.suffix in (".safetensors", ".pt") and "rng-rank" not in p.name]
     start = time.perf_counter()
@@ -75,11 +78,28 @@ def plain_load(directory: Path, rank: int) -> float:
         if p.suffix == ".safetensors":  # load_file maps the file lazily: each tensor read once, as into a model
             for t in load_file(str(p)).values():
                 torch.empty_like(t).copy_(t)
-        elif p.suffix == ".pt":
-            torch.load(p, weights_only=False, map_location="cpu")
-        else:
-            p.read_bytes()
+        elif p.suffix == ".pt":  # torch's default weights_only=True, as cadence reads; DeepSpeed's files hold other
+            deepspeed = "zero_pp_rank" in p.name or p.name.startswith("mp_rank_")  # objects: read as its engine does
+            torch.load(p, map_location="cpu", weights_only=not deepspeed)
     return time.perf_counter() - start
+
+
+def distcp_load(directory: Path, name: str) -> None:
+    """A plain `torch.load` of each tensor in torch's shard file `name` (a .distcp file is the `torch.save`s of its
+    tensors one after another; .metadata says where each is), after reading .metadata: what a reader of this rank's
+    bytes does at the least. (Reading the file as one `bytes` instead costs twice as long here: a fresh 60-120 MiB
+    allocation, its pages faulted in every time.)"""
+    import io
+    import pickle
+
+    import torch
+
+    metadata = pickle.loads((directory / ".metadata").read_bytes())
+    spans = sorted((s.offset, s.length) for s in metadata.storage_data.values() if s.relative_path == name)
+    with open(directory / name, "rb") as f:
+        for offset, length in spans:
+            f.seek(offset)
+            torch.load(io.BytesIO(f.read(length)), map_location="cpu")
 
 
 def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None = None) -> None:
@@ -111,6 +131,7 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
         last = root / "sync" / (root / "sync" / "latest").read_text()
         resume, plain = [], []
         for attempt in range(RESUMES):  # alternating, the best of each: single loads of 0.1 s are mostly noise here
+            learn.strategy.barrier()  # every rank starts together: no rank's wait for a late one counts as resume
             profiler = None
             if profile is not None and attempt == 0:
                 import cProfile
@@ -123,6 +144,7 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
             if profiler is not None:
                 profiler.disable()
                 profiler.dump_stats(profile / f"resume-{engine}-{world_size()}-rank{rank()}.prof")
+            learn.strategy.barrier()
             plain.append(plain_load(last, rank()))
         resume, plain = min(resume), min(plain)
         size = sum(p.stat().st_size for p in last.rglob("*") if p.is_file())
@@ -175,7 +197,7 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     return (f"| {engine} | {nproc} | {size / mb:.0f} | {size / mb / sync_s:.0f} | {size / mb / disk:.0f} | "
             f"{disk / sync_s:.2f} | {held_sync:.2f} | {held_async:.3f} | {copy_wait:.3f} | {held_async / held_sync:.3f} | "
             f"{waited:.2f} | "
-            f"{resume:.2f} | {plain:.2f} | {resume / plain:.2f} | {memory(sync):.2f} | {memory(async_):.2f} |")
+            f"{resume:.3f} | {plain:.3f} | {resume / plain:.2f} | {memory(sync):.2f} | {memory(async_):.2f} |")
 
 
 HEADER = ("| engine | procs | checkpoint MiB | save MiB/s | disk MiB/s | save/disk | sync held s | async held s | "
@@ -201,6 +223,8 @@ def main() -> None:
     params = args.layers * (args.width * args.width + args.width)
     print(f"model: {args.layers} x Linear({args.width}, {args.width}): {params / 1e6:.1f}M parameters, "
           f"{params * 4 / 1e6:.0f} MB of weights, {params * 12 / 1e6:.0f} MB with AdamW's state")
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for nproc in args.procs:

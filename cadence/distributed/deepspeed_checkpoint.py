@@ -136,6 +136,16 @@ def load(engine: Any, directory: Path, world_size: int, stage: int, is_main: boo
     """Load what `save` wrote, converting it to the universal format when the world size changed."""
     directory = Path(directory)
     saved = check(directory, world_size, stage, nvme)
+    own = engine.checkpoint_engine
+    engine.checkpoint_engine = _ReadOnce(own) if _is_torch_engine(own) else own
+    try:
+        _load(engine, directory, saved, world_size, stage, is_main, barrier)
+    finally:
+        engine.checkpoint_engine = own
+
+
+def _load(engine: Any, directory: Path, saved: dict, world_size: int, stage: int, is_main: bool,
+          barrier: Callable[[], None]) -> None:
     if saved["world_size"] == world_size or not partitioned(directory):
         engine.load_checkpoint(str(directory), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
         return
@@ -156,6 +166,26 @@ def load(engine: Any, directory: Path, world_size: int, stage: int, is_main: boo
     finally:
         if is_main:
             shutil.rmtree(universal, ignore_errors=True)
+
+
+class _ReadOnce:
+    """DeepSpeed's torch checkpoint engine while it loads, a file asked for twice in a row read once: the engine's
+    state-dict loader reads the model-states file to check its model-parallel size and then again to load it (for
+    ZeRO-1/2 the whole module's weights, read twice per rank)."""
+
+    def __init__(self, engine: Any):
+        self._engine, self._last = engine, None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        last, self._last = self._last, None
+        if last is not None and last[0] == path:
+            return last[1]  # handed out a second time, then let go
+        state = self._engine.load(path, map_location=map_location)
+        self._last = (path, state)
+        return state
 
 
 def link_optimizer_state(opt: Any) -> None:

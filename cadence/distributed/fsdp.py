@@ -380,13 +380,18 @@ class FSDP(OwnsPrecision, Strategy):
         Sharded: every rank plans and reads its own shards from the metadata (`no_dist`), with no collective: each
         DTensor knows which part of the whole it holds, so there is nothing to agree on, and torch's planning
         collectives (gathering every rank's plan, scattering them back, gathering the outcome) cost more than the
-        reads on small or contended hosts. A rank that fails raises on its own; the launcher ends the others."""
+        reads on small or contended hosts. Each tensor saved whole is read straight into its shard (`DirectReader`: one
+        copy, not torch's two). A rank that fails raises on its own; the launcher ends the others."""
         if not (Path(directory) / SHARDED_DIR).is_dir():
             return super().load_checkpoint(directory, model, opt)
         import torch.distributed.checkpoint as dcp
 
+        from .distcp_read import DirectReader
+
+        reader = DirectReader(Path(directory) / SHARDED_DIR)
+        reader.check()  # a shard file cut short is refused before anything loads
         state = self._checkpoint_state(model, opt)
-        dcp.load(state, checkpoint_id=Path(directory) / SHARDED_DIR, no_dist=True)
+        dcp.load(state, storage_reader=reader, no_dist=True)
         self._set_checkpoint_state(model, opt, state)
 
     def _checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:

@@ -8,6 +8,7 @@ checkpoint), mid-epoch. Rank 0 writes OUT_DIR/zero<stage>.safetensors (the final
 """
 
 import argparse
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -26,7 +27,19 @@ def train(stage, args):
         cbs.append(KillAt(args.kill_at))
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.AdamW, cbs=cbs)
     fit = lambda learn: learn.fit_one_cycle(2, lr_max=1e-2, resume="latest" if args.resume else None)
-    fit_and_export(learn, stage, fit, Path(args.out) / f"zero{stage}.safetensors")
+    reads, load = Counter(), torch.load
+
+    def counted(f, *a, **kw):  # every file of the engine's checkpoint read once (DeepSpeed's loader read its
+        if "deepspeed" in str(f):  # model-states file twice)
+            reads[str(f)] += 1
+        return load(f, *a, **kw)
+    torch.load = counted
+    try:
+        fit_and_export(learn, stage, fit, Path(args.out) / f"zero{stage}.safetensors")
+    finally:
+        torch.load = load
+    if args.resume:
+        print(f"ZERO{stage} ENGINE FILES READ {sorted(set(reads.values()))}", flush=True)
 
 
 def fit_and_export(learn, stage, fit, path):

@@ -1,0 +1,173 @@
+"""Reading torch's distributed checkpoint (`.distcp` files) straight into the tensors it restores.
+
+torch's `FileSystemReader` `torch.load`s every saved tensor from its slice of the file into fresh memory and then
+copies it into the model's or optimizer's tensor: two copies of every byte and the unpickler's Python per tensor,
+which on a host where a shard is read from the page cache costs more than the bytes. `DirectReader` reads a tensor
+saved whole (its `torch.save` record stored, uncompressed, as torch writes it) with one `readinto` into the target's
+own memory, when the target is a contiguous CPU tensor of the saved dtype, shape and layout; anything else (a part
+of a saved tensor, on another world size; a device tensor; a stream transform; a non-tensor item) goes to torch's
+reader as before. The bytes that land are the same either way.
+
+>>> dcp.load(state, storage_reader=DirectReader(directory / "sharded"), no_dist=True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import struct
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.planner import LoadItemType
+
+_STORAGE_DTYPES = {"DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
+                   "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+                   "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+                   "BoolStorage": torch.bool}  # the names a pickled tensor's storage has, by dtype
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip entry's local header: its name and extra lengths are the last two
+
+
+class DirectReader(FileSystemReader):
+    """torch's `FileSystemReader`, but a tensor saved whole is read into its target's memory in one copy.
+
+    >>> reader = DirectReader(directory / "sharded"); reader.check(); dcp.load(state, storage_reader=reader, no_dist=True)
+    """
+
+    _metadata: Any = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        if self._metadata is None:  # read once: `check` and torch's load both ask
+            self._metadata = super().read_metadata(*args, **kwargs)
+        return self._metadata
+
+    def check(self) -> None:
+        """ValueError naming the file, before anything is read, when a file ends before the bytes .metadata places in
+        it (a copy cut short, a disk that filled)."""
+        ends: dict[str, int] = {}
+        for info in self.read_metadata().storage_data.values():
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+        for name, end in sorted(ends.items()):
+            file = Path(self.path) / name
+            size = file.stat().st_size if file.is_file() else None
+            if size is None or size < end:
+                raise ValueError(f"{file} is {'missing' if size is None else f'truncated ({size} bytes)'}: its .metadata "
+                                 f"places {end} bytes there; the checkpoint is damaged, resume from another checkpoint")
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        rest = []
+        files: dict[str, BinaryIO] = {}
+        try:
+            for req in plan.items:
+                info = self.storage_data[req.storage_index]
+                target = _direct_target(req, info, planner)
+                if target is not None:
+                    name = info.relative_path
+                    if name not in files:
+                        files[name] = open(Path(self.path) / name, "rb")
+                    if _read_into(files[name], info.offset, info.length, target):
+                        planner.commit_tensor(req, target)
+                        continue
+                rest.append(req)
+        finally:
+            for f in files.values():
+                f.close()
+        return super().read_data(dataclasses.replace(plan, items=rest), planner)
+
+
+def _direct_target(req: Any, info: Any, planner: Any) -> torch.Tensor | None:
+    """The tensor `req` fills, when it can be read into directly: a whole saved tensor, no transform, a contiguous
+    CPU target."""
+    if req.type != LoadItemType.TENSOR or info.transform_descriptors or any(req.storage_offsets):
+        return None
+    target = planner.resolve_tensor(req).detach()
+    if target.device.type != "cpu" or not target.is_contiguous() or tuple(target.shape) != tuple(req.lengths):
+        return None
+    return target
+
+
+class _Slice:
+    """The bytes [offset, offset + length) of an open file, as a file of their own (what `zipfile` reads)."""
+
+    def __init__(self, f: BinaryIO, offset: int, length: int):
+        self.f, self.offset, self.length, self.pos = f, offset, length, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = max(0, min(self.length, pos + (0, self.pos, self.length)[whence]))
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.length - self.pos if n is None or n < 0 else min(n, self.length - self.pos)
+        self.f.seek(self.offset + self.pos)
+        data = self.f.read(n)
+        self.pos += len(data)
+        return data
+
+
+class _Tensor:
+    """What the pickle of a saved tensor says: storage (dtype, key, element count), offset, size, stride."""
+
+    def __init__(self, storage: tuple, offset: int, size: tuple, stride: tuple, *_: Any):
+        self.storage, self.offset, self.size, self.stride = storage, offset, tuple(size), tuple(stride)
+
+
+class _TensorPickle(pickle.Unpickler):
+    """Reads the pickle of one `torch.save`d tensor without building anything: only torch's tensor rebuild, its
+    storage types and an empty OrderedDict are known names, each standing for a record of its arguments; any other
+    name refuses (the tensor then goes to torch's own reader)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _Tensor
+        if (module, name) == ("collections", "OrderedDict"):
+            return dict
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[name]
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> tuple:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
+            raise pickle.UnpicklingError("not a storage")
+        return pid[1], str(pid[2]), pid[4]  # dtype, record key, element count
+
+
+def _read_into(f: BinaryIO, offset: int, length: int, target: torch.Tensor) -> bool:
+    """Read the tensor `torch.save`d at [offset, offset + length) of `f` into `target`; False (nothing written) when
+    it is not exactly `target`'s dtype, shape and contiguous layout, stored uncompressed in this machine's byte order."""
+    try:
+        archive = zipfile.ZipFile(_Slice(f, offset, length))
+        names = archive.namelist()
+        root = names[0].split("/", 1)[0]
+        saved = _TensorPickle(archive.open(f"{root}/data.pkl")).load()
+        byteorder = archive.read(f"{root}/byteorder").decode() if f"{root}/byteorder" in names else "little"
+        if not isinstance(saved, _Tensor):
+            return False
+        dtype, key, numel = saved.storage
+        record = archive.getinfo(f"{root}/data/{key}")
+    except (zipfile.BadZipFile, pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error):
+        return False
+    size = target.numel() * target.element_size()
+    if (dtype != target.dtype or saved.size != tuple(target.shape) or saved.offset != 0 or numel != target.numel()
+            or saved.stride != target.stride() or byteorder != sys.byteorder
+            or record.compress_type != zipfile.ZIP_STORED or record.file_size != size):
+        return False
+    f.seek(offset + record.header_offset)
+    header = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
+    start = record.header_offset + _LOCAL_HEADER.size + header[-2] + header[-1]
+    if header[0] != b"PK\x03\x04" or start + size > length:
+        return False
+    f.seek(offset + start)
+    if size and f.readinto(memoryview(target.view(-1).view(torch.uint8).numpy())) != size:
+        raise ValueError(f"{f.name} is truncated: a tensor's bytes at {offset + start} end early; resume from another "
+                         f"checkpoint")
+    return True
