@@ -296,8 +296,9 @@ def local_main_process_first() -> contextlib.AbstractContextManager[None]:
 
 
 def rank0_first(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call `func(*args, **kwargs)` on rank 0, then (after a barrier) on the other ranks; every rank gets its result,
-    and returns once every rank has it.
+    """Call `func(*args, **kwargs)` on rank 0, then on the other ranks; all return its result together.
+
+    Every rank leaves once every rank has called it: none goes on to read what another is still writing.
 
     >>> path = rank0_first(untar_data, URLs.MNIST)
     """
