@@ -285,7 +285,8 @@ class Checkpoint(Callback):
             self._buffers.ready()
         staging = Staging(self.learn.model, self.learn.opt, self._buffers) if self.async_save else None
         try:
-            staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save, staging=staging)
+            staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save, staging=staging,
+                                 fresh=True)  # a name from `fresh_name`, after `prepare` cleaned what saves left
             if self.async_save and staged.engine_write is None and not self.saves and self._pending is None:
                 main_print(f"Checkpoint(async_save=True): the {strategy.name} engine saves its state with collectives "
                            f"of its own, so that part is written before training goes on; the rest in the background")

@@ -107,18 +107,23 @@ class StagedSave:
 
 
 def stage_state(learn: Any, directory: Path, epoch_complete: bool, copy: bool = False,
-                staging: Staging | None = None) -> StagedSave:
+                staging: Staging | None = None, fresh: bool = False) -> StagedSave:
     """Every rank, at the step it saves: the staged directory made, the state taken (the engine's collectives
     included). `copy`: tensors copied to host memory, so training may go on while the save is written; with
     `staging`, the parameters and optimizer state by the writer, the caller waiting (`staging.wait()`) before
-    anything writes them (`Strategy.checkpoint_writer`); callback states, RNG and position are taken now."""
-    strategy = learn.strategy
-    with writing(directory, "checkpoint", sibling(directory, STAGED)):
-        if strategy.is_main:
-            recover_dir(directory)
-            staging_dir(directory)
-        strategy.barrier()
-        engine_write = strategy.checkpoint_writer(sibling(directory, STAGED), learn.model, learn.opt, copy=copy,
+    anything writes them (`Strategy.checkpoint_writer`); callback states, RNG and position are taken now.
+    `fresh`: no directory and no staged save has `directory`'s name (the Checkpoint callback's names): every rank
+    makes the staged directory itself, with no barrier; otherwise the main process clears the way first."""
+    strategy, staged = learn.strategy, sibling(directory, STAGED)
+    with writing(directory, "checkpoint", staged):
+        if fresh:
+            staged.mkdir(parents=True, exist_ok=True)
+        else:
+            if strategy.is_main:
+                recover_dir(directory)
+                staging_dir(directory)
+            strategy.barrier()
+        engine_write = strategy.checkpoint_writer(staged, learn.model, learn.opt, copy=copy,
                                                   staging=staging)
     state, tensors = None, {}
     if strategy.is_main:
