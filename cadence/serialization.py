@@ -228,11 +228,20 @@ def recover_dir(target: str | os.PathLike) -> None:
 def remove_dir(path: str | os.PathLike) -> None:
     """Delete a directory; it first becomes a hidden ".deleted" tombstone, so a kill half-way never
     leaves a partial directory under its own name (`recover_dir` removes the tombstone)."""
+    shutil.rmtree(retire_dir(path))
+
+
+def retire_dir(path: str | os.PathLike) -> Path:
+    """Rename a directory to its hidden ".deleted" tombstone (one step: nothing is left under its name) and return
+    the tombstone, for the caller to delete when it likes (a kill before that: `recover_dir` removes it).
+
+    >>> tomb = retire_dir("checkpoints/step-00000100"); threading.Thread(target=shutil.rmtree, args=(tomb,)).start()
+    """
     path = Path(path)
     tomb = sibling(path, DELETED)
     shutil.rmtree(tomb, ignore_errors=True)
     os.rename(path, tomb)
-    shutil.rmtree(tomb)
+    return tomb
 
 
 # ---------------------------------------------------------------------------- failed writes

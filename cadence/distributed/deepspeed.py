@@ -39,7 +39,7 @@ from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimi
 from .deepspeed_install import build_ops, import_deepspeed
 from .deepspeed_state import full_fp32, materialize_state, set_zero3_partition
 from .precision import AutocastPrecision, FullPrecision
-from .staging import HostBuffers, Staging, storage_key
+from .staging import HostBuffers, Staging
 from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
                        rebuild)
 
@@ -421,7 +421,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         if copy:
             host = staging.buffers if staging is not None and staging.buffers is not None else HostBuffers()
             if staging is not None:
-                staging.late = self._step_written()
+                staging.late = deepspeed_checkpoint.step_written(self.engine)
         write = None
         try:
             write = deepspeed_checkpoint.save(self.engine, directory, self.dp_size, self.stage, self.is_main, host,
@@ -432,26 +432,9 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         return write
 
     def reserve_checkpoint_memory(self, buffers: HostBuffers, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """The host memory of an asynchronous save's late copy (`_step_written`), allocated ahead: the first save's
-        copy finds it faulted in."""
-        buffers.reserve_storages(self._step_written_tensors())
-
-    def _step_written(self) -> set[int]:
-        partitions = [p.ds_tensor for p in self.engine.module.parameters() if getattr(p, "ds_tensor", None) is not None]
-        return {storage_key(t) for t in [*self._step_written_tensors(), *partitions] if t.numel()}
-
-    def _step_written_tensors(self) -> list[torch.Tensor]:
-        """What only the engine's step writes and its checkpoint holds: the module's weights (not under ZeRO-3: saved
-        partitioned, empty), the optimizer's fp32 master copies and its per-parameter state."""
-        opt = self.engine.optimizer
-        tensors = [p for p in self.engine.module.parameters() if getattr(p, "ds_tensor", None) is None]
-        for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
-            tensors += [t for t in getattr(opt, name, None) or [] if isinstance(t, torch.Tensor)]
-        basic = self.engine.basic_optimizer
-        per_param = basic.state.values() if basic is not None else ()
-        tensors += [v for state in per_param if isinstance(state, dict) for v in state.values()
-                    if isinstance(v, torch.Tensor)]
-        return tensors
+        """The host memory of an asynchronous save's late copy, allocated ahead: the first save's copy finds it
+        faulted in."""
+        buffers.reserve_storages(deepspeed_checkpoint.saved_step_written(self.engine))
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote, on any number of processes (a ZeRO checkpoint on another number is

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from ..serialization import save_torch, sibling
-from .staging import HostBuffers, HostFile, Staging
+from .staging import HostBuffers, HostFile, Staging, storage_key
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 META = "cadence.json"
@@ -99,6 +99,25 @@ class _Files:
                 taken.write_to(path)
             else:
                 save_torch(taken, path, zipfile=self._engine.zipfile_serialization)
+
+
+def step_written(engine: Any) -> set[int]:
+    """The memory of what only the engine's step writes (`saved_step_written`, and ZeRO-3's partitions of the
+    weights): an asynchronous save copies it late, the step waiting for that copy."""
+    partitions = [p.ds_tensor for p in engine.module.parameters() if getattr(p, "ds_tensor", None) is not None]
+    return {storage_key(t) for t in [*saved_step_written(engine), *partitions] if t.numel()}
+
+
+def saved_step_written(engine: Any) -> list[torch.Tensor]:
+    """What only the engine's step writes and its checkpoint holds: the module's weights (not under ZeRO-3: saved
+    partitioned, empty), the optimizer's fp32 master copies and its per-parameter state."""
+    tensors = [p for p in engine.module.parameters() if getattr(p, "ds_tensor", None) is None]
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
+        tensors += [t for t in getattr(engine.optimizer, name, None) or [] if isinstance(t, torch.Tensor)]
+    per_param = engine.basic_optimizer.state.values() if engine.basic_optimizer is not None else ()
+    tensors += [v for state in per_param if isinstance(state, dict) for v in state.values()
+                if isinstance(v, torch.Tensor)]
+    return tensors
 
 
 def is_engine_checkpoint(directory: Path) -> bool:

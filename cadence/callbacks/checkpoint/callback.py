@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from .preemption import DEFAULT_SIGNALS, PreemptionWatch, parse_signals
 from .state import load_state, make_resumable, read_state, stage_state
 from .store import BEST, LATEST, STATE_FILE, CheckpointStore, resolve
 from .validate import check_checkpoint_state
-from .writer import BackgroundWrite
+from .writer import BackgroundWrite, in_background
 
 AUTO = "auto"
 
@@ -94,6 +96,7 @@ class Checkpoint(Callback):
         self._step_hook: tuple[Any, Any] | None = None  # (optimizer, handle): waits for a save's copy before a step
         self._buffers: HostBuffers | None = None  # the host memory of the fit's async copies, reused save to save
         self._taken: set[str] = set()  # the checkpoint names under `root` (listed at `before_fit`, then this run's)
+        self._deleting: list[threading.Event] = []  # pruned checkpoints' files being deleted (main process)
         self.saves: list[dict[str, Any]] = []  # what each save of this fit cost (`BackgroundWrite.stats`), in order
 
     @property
@@ -118,6 +121,7 @@ class Checkpoint(Callback):
                     raise
         finally:
             self._pending = self.learn.strategy.staging = self._buffers = None
+            self._deleting = []  # after a failure the deletions go on; the next start removes what they leave
             if self._step_hook is not None:
                 self._step_hook[1].remove()
                 self._step_hook = None
@@ -308,13 +312,18 @@ class Checkpoint(Callback):
 
     def _point_and_prune(self, store: CheckpointStore, name: str, doomed: list[str]) -> None:
         """On the main process, once the checkpoint is in place: `latest` and `best` point at it, then the
-        checkpoints beyond `keep_last` go."""
+        checkpoints beyond `keep_last` go: renamed away now, their files deleted by a writer thread (deleting
+        large files takes the file system a while; the end of the fit waits for it)."""
         store.point(LATEST, name)
         if self.best_name is not None:
             store.point(BEST, self.best_name)
-        for old in doomed:
-            if old not in (store.pointed(LATEST), store.pointed(BEST)):
-                store.remove(old)
+        tombs = [store.retire(old) for old in doomed if old not in (store.pointed(LATEST), store.pointed(BEST))]
+        tombs = [t for t in tombs if t is not None]
+        if tombs:
+            def delete() -> None:  # a tombstone left (an error, a kill) is removed by `prepare` at the next start
+                for tomb in tombs:
+                    shutil.rmtree(tomb, ignore_errors=True)
+            self._deleting.append(in_background(delete))
 
     def _guard(self, staging: Staging) -> None:
         """Until the save's copy of the parameters and optimizer state is made, whatever writes them waits for it:
@@ -330,12 +339,16 @@ class Checkpoint(Callback):
             strategy.wait_for_staging()
 
     def _finish_pending(self) -> None:
-        """Wait (every rank) until the save in the background is written and visible."""
+        """Wait (every rank) until the save in the background is written and visible, and the checkpoints it
+        pruned are deleted."""
         self.learn.strategy.wait_for_staging()  # counted as the loop held by that save
         if self._pending is not None:
             pending, self._pending = self._pending, None
             pending.wait()
             self.saves.append(pending.stats)
+        for deleting in self._deleting:
+            deleting.wait()
+        self._deleting = []
 
     def _update_best(self, name: str, epoch_complete: bool) -> None:
         if self.monitor is None or not epoch_complete:

@@ -27,7 +27,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ...serialization import DELETED, STAGED, atomic_path, remove_dir
+from ...serialization import DELETED, STAGED, atomic_path, retire_dir
 
 LATEST, BEST = "latest", "best"
 STATE_FILE = "state.json"  # written last: a directory holding it is complete
@@ -118,9 +118,17 @@ class CheckpointStore:
 
         Only a `step-*` directory directly under the root: any other name, or a link, is left alone.
         """
+        tomb = self.retire(name)
+        if tomb is not None:
+            shutil.rmtree(tomb)
+
+    def retire(self, name: str) -> Path | None:
+        """Take checkpoint `name` away (renamed to its tombstone, which `clean` removes if nobody else does) and
+        return the tombstone to delete; None when `name` is not a checkpoint directory (`remove`'s rule)."""
         path = self.root / name
         if is_checkpoint_name(name) and path.is_dir() and not path.is_symlink():
-            remove_dir(path)
+            return retire_dir(path)
+        return None
 
     def complete(self) -> list[Path]:
         return complete_checkpoints(self.root)

@@ -217,3 +217,19 @@ class _WriterThreads:
 
 
 _WRITER = _WriterThreads()
+
+
+def in_background(job: Callable[[], None]) -> threading.Event:
+    """Run `job` in a writer thread (its errors its own); the event is set once it returned.
+
+    >>> done = in_background(lambda: shutil.rmtree(tomb, ignore_errors=True)); ...; done.wait()
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            job()
+        finally:
+            done.set()
+    _WRITER.submit(run)
+    return done
