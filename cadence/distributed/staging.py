@@ -148,7 +148,7 @@ class HostBuffers:
         spare = self._spare.get(nbytes)
         return spare.pop() if spare else torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
 
-    def reserve(self, model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
+    def reserve(self, model: nn.Module | None, opt: torch.optim.Optimizer | None) -> None:
         """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a
         thread, so that the first save finds it ready; `ready` waits for it."""
         tensors = [t for t in _step_written_tensors(model, opt) if t.numel() and t.is_contiguous()
@@ -243,8 +243,8 @@ def step_written(model: nn.Module, opt: torch.optim.Optimizer | None) -> set[int
     return {storage_key(t) for t in _step_written_tensors(model, opt) if t.numel()}
 
 
-def _step_written_tensors(model: nn.Module, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    tensors = [*model.parameters()]
+def _step_written_tensors(model: nn.Module | None, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    tensors = [*model.parameters()] if model is not None else []
     per_param = getattr(opt, "state", None)  # an engine's own optimizer may keep it elsewhere: then copied at once
     if isinstance(per_param, Mapping):
         tensors += [v for state in per_param.values() if isinstance(state, Mapping)

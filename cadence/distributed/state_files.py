@@ -15,6 +15,18 @@ from ..serialization import check_state_dict, load_torch, load_weights, save_tor
 MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.pt"
 
 
+def file_writers(hosts: list[str]) -> tuple[int, int]:
+    """(the rank that writes `model.safetensors`, the one that writes `optimizer.pt`) among processes holding the
+    same full state, `hosts` their machines' names by rank: the main process writes the model's file and, when
+    another process shares its machine (so its file system), that process writes the optimizer's, the two files
+    in parallel; otherwise the main process writes both (another machine may see another disk at that path).
+
+    >>> file_writers(["a", "a", "b", "b"]), file_writers(["a", "b"])
+    ((0, 1), (0, 0))
+    """
+    return 0, next((r for r in range(1, len(hosts)) if hosts[r] == hosts[0]), 0)
+
+
 def save_model_file(state: dict[str, torch.Tensor], directory: Path) -> None:
     """Write a full model state dict as `directory/model.safetensors` (atomically)."""
     save_weights(state, Path(directory) / MODEL_FILE)

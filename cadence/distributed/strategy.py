@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ContextManager, TypeVar
@@ -26,7 +27,7 @@ from ..compile import unwrap_compiled
 from . import env, ops
 from .precision import FullPrecision
 from .staging import HostBuffers, Staging, layout_key
-from .state_files import load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
+from .state_files import file_writers, load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
 
 T = TypeVar("T")
 MakeOpt = Callable[[nn.Module], torch.optim.Optimizer]
@@ -38,6 +39,7 @@ class Strategy:
     name = "single"
     _skeleton: nn.Module | None = None  # a sharding engine's meta copy of the user's module, taken before it wraps
     staging: Staging | None = None  # an asynchronous save still copying the parameters and optimizer state
+    _writers: tuple[int, int] | None = None  # the ranks writing model.safetensors and optimizer.pt (`_file_writers`)
 
     def __init__(self, device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else env.default_device()
@@ -230,7 +232,8 @@ class Strategy:
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Write model and optimizer into `directory` in this engine's format (every rank calls it).
 
-        The base format: `model.safetensors` and `optimizer.pt`, full state, written by the main process.
+        The base format: `model.safetensors` and `optimizer.pt`, full state, written by the main process (the
+        optimizer's by another process on its machine, when every process holds the full state: `file_writers`).
         """
         write = self.checkpoint_writer(directory, model, opt)
         if write is not None:
@@ -255,8 +258,14 @@ class Strategy:
             if staging is not None:
                 staging.done()
             return None
-        model_state, opt_state = self.model_state_dict(model), self.optimizer_state_dict(model, opt)
-        if not self.is_main:
+        (model_writer, opt_writer), gathers = self._file_writers(), not self._state_dicts_are_own()
+
+        def take(state_dict: Callable[[], Any], writer: int) -> Any:  # gathering ones are collectives: every rank
+            state = state_dict() if gathers or self.dp_rank == writer else None
+            return state if self.dp_rank == writer else None
+        model_state = take(lambda: self.model_state_dict(model), model_writer)
+        opt_state = take(lambda: self.optimizer_state_dict(model, opt), opt_writer)
+        if model_state is None and opt_state is None:
             if staging is not None:
                 staging.done()
             return lambda: None
@@ -277,17 +286,32 @@ class Strategy:
                         staging.buffers.settle()
                 finally:
                     staging.done()
-            save_model_file(model_state, directory)
-            save_optimizer_file(opt_state, directory)
+            if model_state is not None:
+                save_model_file(model_state, directory)
+            if opt_state is not None:
+                save_optimizer_file(opt_state, directory)
         return write
+
+    def _file_writers(self) -> tuple[int, int]:
+        """The ranks that write the base format's two files (`state_files.file_writers`); asked of the processes at
+        the first save (every rank calls it): the main process writes both where the state dicts are gathered."""
+        if self._writers is None:
+            parallel = self._state_dicts_are_own() and self.dp_size > 1
+            self._writers = file_writers(ops.gather_object(socket.gethostname())) if parallel else (0, 0)
+        return self._writers
+
+    def _state_dicts_are_own(self) -> bool:
+        """Whether every rank holds the full state itself (the base state dicts: nothing to gather)."""
+        return all(getattr(type(self), m) is getattr(Strategy, m) for m in ("model_state_dict", "optimizer_state_dict"))
 
     def reserve_checkpoint_memory(self, buffers: HostBuffers, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Allocate ahead, in `buffers`, the host memory an asynchronous save of this rank copies into (its page
-        faults cost more than the copy): where `checkpoint_writer` writes the model's and optimizer's own memory
-        (one process, DDP's main process); nothing elsewhere."""
-        if self.is_main and all(getattr(type(self), m) is getattr(Strategy, m) for m in
-                                ("checkpoint_writer", "save_checkpoint", "model_state_dict", "optimizer_state_dict")):
-            buffers.reserve(model, opt)
+        faults cost more than the copy): where `checkpoint_writer` writes the model's or optimizer's own memory
+        (one process; under DDP the ranks that write the files, each what it writes); nothing elsewhere."""
+        if self._state_dicts_are_own() and all(getattr(type(self), m) is getattr(Strategy, m)
+                                               for m in ("checkpoint_writer", "save_checkpoint")):
+            model_writer, opt_writer = self._file_writers()
+            buffers.reserve(model if self.dp_rank == model_writer else None, opt if self.dp_rank == opt_writer else None)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded."""

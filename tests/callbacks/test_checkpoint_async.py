@@ -8,6 +8,7 @@ so that the saves are in flight for most of the run. Real processes, real kills 
 
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -128,14 +129,18 @@ def _flatten(obj, prefix=""):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_async_and_sync_saves_on_two_processes_write_the_same_checkpoints(tmp_path, strategy):
-    """DDP (the main process writes the full state) and FSDP2 (every rank its shards through torch's distributed
-    checkpoint, its async save with torch's stager): the same run saved both ways, with the async saves in flight
-    across the next steps (each rank's files 0.5 s late, the copy of the parameters and optimizer state 0.3 s late),
-    gives the same checkpoints and the same final weights."""
+    """DDP (the main process writes the model's file, the other process on its machine the optimizer's, in
+    parallel) and FSDP2 (every rank its shards through torch's distributed checkpoint, its async save with torch's
+    stager): the same run saved both ways, with the async saves in flight across the next steps (each rank's files
+    0.5 s late, the copy of the parameters and optimizer state 0.3 s late), gives the same checkpoints and the same
+    final weights."""
     for mode in ("sync", "async"):
         flags = ["--sync"] if mode == "sync" else ["--copy-delay", 0.3]
-        finished(run("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", "--write-delay", 0.5,
-                     "--strategy", strategy, *flags, nproc=2))
+        proc = run("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", "--write-delay", 0.5,
+                   "--strategy", strategy, *flags, nproc=2)
+        finished(proc)
+        wrote = set(re.findall(r"WROTE (\w+) (\d)", proc.stdout))
+        assert wrote == ({("save_model_file", "0"), ("save_optimizer_file", "1")} if strategy == "ddp" else set())
     assert_equal(load_file(str(tmp_path / "async.st")), load_file(str(tmp_path / "sync.st")))
     assert_same_checkpoints(tmp_path / "sync", tmp_path / "async", count=5)  # steps 3, 4, 6, 8, 9 (epoch ends: 3, 6, 9)
 

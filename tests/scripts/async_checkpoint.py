@@ -22,7 +22,8 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
   a save into memory is not delayed.
 --classes: the number of classes (3; 4 gives every parameter an even size: DeepSpeed pads no partition on 2
   processes, and its padding holds whatever memory it was given).
-Every rank prints `LOAD_COLLECTIVES <n>`: the collectives (torch.distributed calls) its resume (`load_state`) made.
+Every rank prints `LOAD_COLLECTIVES <n>`: the collectives (torch.distributed calls) its resume (`load_state`) made,
+and `WROTE save_model_file|save_optimizer_file <rank>` for each base-format file it wrote.
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
 Prints `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
 the end; rank 0 writes the final weights to FILE.
@@ -161,6 +162,15 @@ def count_load_collectives() -> list[int]:
     return count
 
 
+def report_file_writers():
+    """Every rank prints `WROTE <file> <rank>` for each base-format file (model.safetensors, optimizer.pt) it writes."""
+    for name in ("save_model_file", "save_optimizer_file"):
+        def reported(state, directory, _save=getattr(strategy_module, name), _name=name):
+            _save(state, directory)
+            print(f"WROTE {_name} {rank()}", flush=True)
+        setattr(strategy_module, name, reported)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt", required=True)
@@ -191,6 +201,7 @@ def main():
     if args.disk_delay:
         slow_disk(args.disk_delay)
     load_collectives = count_load_collectives()
+    report_file_writers()
     dls, model = data_and_model(classes=args.classes)
     if args.batchnorm:
         model.insert(1, nn.BatchNorm1d(model[0].out_features))

@@ -2,12 +2,14 @@
 
 Used by the scripts that test and benchmark what a kill during a save leaves behind:
 `kill_at_filesystem_op("rename:2", Checkpoint, "_save")` kills before the second `os.rename` made
-while `Checkpoint._save` runs. Kinds: rename, replace, unlink, rmdir (shutil.rmtree goes through
-the last two), save (torch.save), any.
+while `Checkpoint._save` runs, or by a checkpoint writer thread (which deletes pruned checkpoints after
+the save returned). Kinds: rename, replace, unlink, rmdir (shutil.rmtree goes through the last two),
+save (torch.save), any.
 """
 
 import os
 import signal
+import threading
 
 import torch
 
@@ -19,7 +21,7 @@ def kill_at_filesystem_op(spec: str, owner: type, method: str) -> dict[str, int]
 
     def counted(name, fn):
         def op(*args, **kwargs):
-            if inside[0]:
+            if inside[0] or threading.current_thread().name == "checkpoint writer":
                 for key in (name, "any"):
                     counts[key] = counts.get(key, 0) + 1
                 if counts.get(kind) == int(n):
