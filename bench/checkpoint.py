@@ -10,7 +10,8 @@ For each it measures, in the same run:
   the same number of bytes with fsync (8 MiB blocks, rank 0, into the checkpoint directory);
 - held: the time the training loop is held per async save (taking the state at the save point, plus the wait
   before the next optimizer step for the copy of the parameters and optimizer state that overlaps its forward and
-  backward; the worst save; "of it copy wait" is that wait, worst save), against the synchronous save's; "async
+  backward; the worst save but the fit's last, whose copy the end of the fit waits for with no step to overlap;
+  "of it copy wait" is that wait, worst save), against the synchronous save's; "async
   waits" is the longest a save waited for the one before it (saves every 3 steps here, more often than this disk
   writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
@@ -20,6 +21,7 @@ For each it measures, in the same run:
 
     .venv/bin/python bench/checkpoint.py                            # 1, 2, 4 processes x ddp, fsdp, zero3
     .venv/bin/python bench/checkpoint.py --procs 1 2 --engines ddp --layers 3
+    .venv/bin/python bench/checkpoint.py --batch-size 64      # a longer step for the async copy to overlap
     .venv/bin/python bench/checkpoint.py --procs 4 --engines fsdp --profile /tmp/prof   # where a resume's time goes
 
 The page cache is warm for the loads (the files were just written). Figures are for the machine it runs on.
@@ -102,7 +104,7 @@ def distcp_load(directory: Path, name: str) -> None:
             torch.load(io.BytesIO(f.read(length)), map_location="cpu")
 
 
-def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None = None) -> None:
+def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None = None, batch_size: int = 4) -> None:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -113,8 +115,8 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
     from cadence.distributed.ops import gather_object
 
     torch.manual_seed(0)
-    x, y = torch.randn(96, width), torch.randn(96, width)
-    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=4), device="cpu")
+    x, y = torch.randn(24 * batch_size, width), torch.randn(24 * batch_size, width)  # 24 steps on one process
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=batch_size), device="cpu")
     model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
     name, kwargs = ENGINES[engine]
     root = out.parent / f"ckpt-{out.stem}"
@@ -168,10 +170,12 @@ def StopAfter(n):  # noqa: N802 - reads as the callback it builds
 
 
 # ---------------------------------------------------------------------------- the driver
-def run(engine: str, nproc: int, layers: int, width: int, workdir: Path, profile: str | None) -> dict | str:
+def run(engine: str, nproc: int, layers: int, width: int, workdir: Path, profile: str | None,
+        batch_size: int) -> dict | str:
     out = workdir / f"{engine}-{nproc}.json"
     cmd = [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), __file__,
            "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out),
+           "--batch-size", str(batch_size),
            *(["--profile", profile] if profile else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
@@ -186,9 +190,11 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     size, disk = ranks[0]["size"], ranks[0]["disk"]
     held_sync = min(max(s["held_s"] for s in saves) for saves in zip(*sync))  # the best save, its slowest rank
     sync_s = held_sync  # a synchronous save holds the loop from taking the state to the commit: all of it
-    held_async = max(max(s["held_s"] - s["waited_s"] for s in saves) for saves in zip(*async_))  # the copy's wait in
+    # the fit's last save is left out: its copy is waited for by the end of the fit, with no step to overlap
+    trained_on = list(zip(*async_))[:-1] or list(zip(*async_))
+    held_async = max(max(s["held_s"] - s["waited_s"] for s in saves) for saves in trained_on)  # the copy's wait in
     waited = max(max(s["waited_s"] for s in saves) for saves in zip(*async_))
-    copy_wait = max(max(s["copy_wait_s"] for s in saves) for saves in zip(*async_))
+    copy_wait = max(max(s["copy_wait_s"] for s in saves) for saves in trained_on)
     resume, plain = max(r["resume"] for r in ranks), max(r["plain"] for r in ranks)
 
     def memory(runs):
@@ -212,6 +218,8 @@ def main() -> None:
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=4, help="samples per process per step: the step that an async "
+                                                               "save's copy overlaps")
     p.add_argument("--dir", help="where the checkpoints go (default: a temporary directory on the disk of /tmp)")
     p.add_argument("--profile", help="a directory: each rank's resume (learn.load_state) profiled with cProfile into "
                                      "resume-<engine>-<procs>-rank<r>.prof there")
@@ -219,10 +227,12 @@ def main() -> None:
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker(args.worker, args.layers, args.width, Path(args.out), args.profile and Path(args.profile))
+        return worker(args.worker, args.layers, args.width, Path(args.out), args.profile and Path(args.profile),
+                      args.batch_size)
     params = args.layers * (args.width * args.width + args.width)
     print(f"model: {args.layers} x Linear({args.width}, {args.width}): {params / 1e6:.1f}M parameters, "
-          f"{params * 4 / 1e6:.0f} MB of weights, {params * 12 / 1e6:.0f} MB with AdamW's state")
+          f"{params * 4 / 1e6:.0f} MB of weights, {params * 12 / 1e6:.0f} MB with AdamW's state; "
+          f"{args.batch_size} samples per process per step")
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     print(HEADER, flush=True)
@@ -230,7 +240,7 @@ def main() -> None:
         for nproc in args.procs:
             for engine in args.engines:
                 result = run(engine, nproc, args.layers, args.width, Path(tmp),
-                             args.profile and str(Path(args.profile).resolve()))
+                             args.profile and str(Path(args.profile).resolve()), args.batch_size)
                 print(row(engine, nproc, result) if isinstance(result, list) else f"| {engine} | {nproc} | {result} |",
                       flush=True)
                 for leftover in Path(tmp).glob("ckpt-*"):
