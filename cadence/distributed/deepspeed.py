@@ -63,6 +63,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
     """
 
     name = "deepspeed"
+    steps_wait_for_staging = True  # `step` waits for an async save's late copy before the engine's step
 
     def __init__(self, device: torch.device | str | None = None, config: str | os.PathLike | dict | None = None,
                  zero_stage: int | None = None, offload_optimizer_device: str | None = None,

@@ -39,6 +39,7 @@ class Strategy:
     name = "single"
     _skeleton: nn.Module | None = None  # a sharding engine's meta copy of the user's module, taken before it wraps
     staging: Staging | None = None  # an asynchronous save still copying the parameters and optimizer state
+    steps_wait_for_staging = False  # this engine's `step` waits for `staging` itself (else: a hook on the optimizer)
     _writers: tuple[int, int] | None = None  # the ranks writing model.safetensors and optimizer.pt (`_file_writers`)
 
     def __init__(self, device: torch.device | str | None = None):

@@ -330,6 +330,8 @@ class Checkpoint(Callback):
         the optimizer's step (a hook on it, whoever steps), loads and `trainable_changed` (`wait_for_staging`)."""
         strategy, opt = self.learn.strategy, self.learn.opt
         strategy.staging = staging
+        if strategy.steps_wait_for_staging:  # an engine whose own step waits (DeepSpeed's)
+            return
         if self._step_hook is not None and self._step_hook[0] is not opt:
             self._step_hook[1].remove()
             self._step_hook = None
