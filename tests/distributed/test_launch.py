@@ -298,3 +298,14 @@ def test_failed_ranks_are_those_gone_without_a_clean_exit_or_a_preemption(tmp_pa
     # after a restart (--max_restarts) the failures of the old worker group are not this group's
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert status.failed_ranks(tmp_path, restart=1) == {} and not status.peer_failed()
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_the_lines_ranks_print_together_never_mix(unbuffered):
+    """Two ranks printing 300 lines each at once into one pipe: every line arrives whole, with PYTHONUNBUFFERED (which
+    writes `print`'s text and its newline apart: lines mixed mid-line) and without it."""
+    import re
+
+    out = run_launch("print_lines.py", nproc=2, env=cadence_env(PYTHONUNBUFFERED=unbuffered)).stdout.splitlines()
+    whole = [line for line in out if re.fullmatch(r"rank [01] line \d+ x{200}", line)]
+    assert len(whole) == 600, [line for line in out if line not in whole][:5]
