@@ -81,8 +81,8 @@ class _Sampler:
                     wake.clear()
                     continue
             now = resident()
-            for meter in meters:
-                if now is not None:
+            if now is not None:
+                for meter in meters:
                     meter.sample(now)
             time.sleep(min(m.interval for m in meters))
 

@@ -54,14 +54,14 @@ class BackgroundWrite:
         self.stats: dict[str, Any] = {}  # once committed: `_measure`, and on the main process "bytes"
         self.error: BaseException | None = None
         self.committed = False
-        self._done = threading.Event()  # set by the writer thread once `staged.write()` returned or raised
+        self._done = threading.Event()  # set once `staged.write()` returned or raised (`in_background`'s event)
         self._started = 0.0
         self._next_notice = SLOW_NOTICE_S
 
     def start(self) -> "BackgroundWrite":
         self._started = time.monotonic()
         self.held_s = time.perf_counter() - self.since
-        _WRITER.submit(self._run)
+        self._done = in_background(self._run)
         return self
 
     def _run(self) -> None:
@@ -69,8 +69,6 @@ class BackgroundWrite:
             self.staged.write()
         except BaseException as e:  # handed to the main thread: a background failure is never lost
             self.error = e
-        finally:
-            self._done.set()
 
     @property
     def elapsed(self) -> float:
