@@ -31,7 +31,7 @@ from ..callbacks.checkpoint import rng_state, set_rng_state
 from ..callbacks.checkpoint.writer import BackgroundWrite
 from ..distributed import env
 from ..distributed.state_files import load_optimizer_file, save_optimizer_file
-from ..distributed.strategy import host_copy
+from ..distributed.staging import host_copy
 from ..serialization import (STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights, save_torch,
                              save_weights, sibling, staging_dir, writing)
 from .state_hooks import run_load_hooks, run_save_hooks

@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader
 from . import env
 from .data import DistributedDL
 from .precision import FullPrecision
-from .staging import HostBuffers, Staging
-from .strategy import (MakeOpt, OwnsPrecision, Strategy, host_copy, meta_copy, named_by_position,
+from .staging import HostBuffers, Staging, host_copy
+from .strategy import (MakeOpt, OwnsPrecision, Strategy, meta_copy, named_by_position,
                        non_persistent_buffers, rebuild, set_buffers, tied_names)
 
 __all__ = ["FSDP", "SHARDING_STRATEGIES", "AUTO_WRAP_POLICIES"]
@@ -332,47 +332,59 @@ class FSDP(OwnsPrecision, Strategy):
                           copy: bool = False, staging: Staging | None = None) -> Callable[[], None] | None:
         """SHARDED_STATE_DICT: every rank writes its shards in parallel under `directory/sharded/` (torch's
         distributed checkpoint; `copy`: its async save, the shards copied to host memory now, or with `staging`
-        by torch's stager in a thread of its own, `staging.done()` said once they are; the tensors outside
-        `staging.late` are copied now). Its collectives run on a group of their own, so a write in the
+        by the returned writer, first, `staging.done()` said once they are; the tensors outside `staging.late`
+        are copied now). Its collectives run on a group of their own, so a write in the
         background never meets the training's collectives."""
         if self.state_dict_type == "FULL_STATE_DICT" or self._skeleton is None:
             return super().checkpoint_writer(directory, model, opt, copy, staging)
         import torch.distributed.checkpoint as dcp
 
+        self.prepare_checkpoints()
         state, target = self._checkpoint_state(model, opt), Path(directory) / SHARDED_DIR
-        if self._checkpoint_group is None:
-            import torch.distributed as dist
-
-            self._checkpoint_group = dist.new_group(backend="gloo", timeout=CHECKPOINT_GROUP_TIMEOUT)
         if copy and staging is not None:
-            return self._staged_async_save(host_copy(state, only=lambda t: not staging.is_late(t)), target, staging)
+            return self._staged_write(host_copy(state, only=lambda t: not staging.is_late(t)), target, staging)
         if copy:
             return dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group).result
         return lambda: dcp.save(state, checkpoint_id=target, process_group=self._checkpoint_group)
 
-    def reserve_checkpoint_memory(self, buffers: HostBuffers, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """On one process nothing is sharded: the base format, written from the model's and optimizer's own memory,
-        so an asynchronous save's host copy is reserved ahead (its page faults cost more than the copy)."""
-        if self._skeleton is None and self.is_main:
-            buffers.reserve(model, opt)
-
-    def _staged_async_save(self, state: dict, target: Path, staging: Staging) -> Callable[[], None]:
-        """torch's async save with its stager copying in a thread (`use_async_staging`), overlapping the next step."""
-        import torch.distributed.checkpoint as dcp
+    def prepare_checkpoints(self) -> None:
+        """Sharded saves: torch's distributed checkpoint imported, its gloo group and host stager made, once (every
+        rank: making a group is a collective). At a save point they cost 0.05-0.2 s of a first save."""
+        super().prepare_checkpoints()
+        if self.state_dict_type == "FULL_STATE_DICT" or self._skeleton is None or self._checkpoint_group is not None:
+            return
+        import torch.distributed as dist
+        import torch.distributed.checkpoint  # noqa: F401 - imported now, not at the first save
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        if self._stager is None:  # kept: it reuses its host memory for the same shards at the next save
-            on_device = self.device.type != "cpu"
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_device, use_shared_memory=False,
-                                                        use_async_staging=True, use_non_blocking_copy=on_device))
-        try:
-            response = dcp.async_save(state, checkpoint_id=target, process_group=self._checkpoint_group,
-                                      async_stager=self._stager)
-        except BaseException:
-            staging.done()
-            raise
-        response.staging_completion.add_done_callback(lambda _: staging.done())
-        return response.upload_completion.result
+        self._checkpoint_group = dist.new_group(backend="gloo", timeout=CHECKPOINT_GROUP_TIMEOUT)
+        on_device = self.device.type != "cpu"  # kept: it reuses its host memory for the same shards at the next save
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_device, use_shared_memory=False,
+                                                    use_async_staging=False, use_non_blocking_copy=False))
+
+    def reserve_checkpoint_memory(self, buffers: HostBuffers, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Take ahead the host memory an asynchronous save copies into (its page faults cost more than the copy). On
+        one process nothing is sharded: the base format, the model's and optimizer's copy reserved in `buffers`.
+        Sharded: torch's stager takes its host copy of the shards now; it keeps it for them from save to save."""
+        if self._skeleton is None:
+            if self.is_main:
+                buffers.reserve(model, opt)
+        elif self.state_dict_type != "FULL_STATE_DICT":
+            self.prepare_checkpoints()
+            self._stager.stage(self._checkpoint_state(model, opt))
+
+    def _staged_write(self, state: dict, target: Path, staging: Staging) -> Callable[[], None]:
+        """What the writer's thread runs: the shards copied to host memory by torch's stager, `staging.done()`, then
+        torch's save of the copy (its planning collectives on the checkpoint group, not the training's)."""
+        import torch.distributed.checkpoint as dcp
+
+        def write() -> None:
+            try:
+                staged = self._stager.stage(state)
+            finally:
+                staging.done()
+            dcp.save(staged, checkpoint_id=target, process_group=self._checkpoint_group)
+        return write
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read a sharded or full checkpoint, written on any number of processes.

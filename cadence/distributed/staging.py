@@ -23,10 +23,14 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch import nn
+
+from .ops import map_tensors
+
+T = TypeVar("T")
 
 
 def layout_key(t: torch.Tensor) -> tuple:
@@ -40,6 +44,26 @@ def storage_key(t: torch.Tensor) -> int:
     """The address of the memory `t` views (a DTensor: its local shard's)."""
     local = getattr(t, "_local_tensor", t)
     return local.untyped_storage().data_ptr()
+
+
+def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None, into: HostBuffers | None = None) -> T:
+    """`state` (nested dicts and lists) with every tensor copied to host memory; tensors viewing the same memory
+    (tied weights) stay one tensor, so a file written from the copy is the file written from `state`.
+    `only`: copy just the tensors it says True for (views of one memory alike), leave the others as they are.
+    `into`: host memory kept from an earlier copy of the same tensors, reused.
+
+    >>> weights, opt_state = host_copy((model.state_dict(), opt.state_dict()))
+    """
+    copies: dict[tuple, torch.Tensor] = {}
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        if only is not None and not only(t):
+            return t
+        key = layout_key(t)
+        if key not in copies:
+            copies[key] = t.detach().to("cpu", copy=True) if into is None else into.copy(t, key)
+        return copies[key]
+    return map_tensors(one, state)
 
 
 class Staging:

@@ -26,7 +26,7 @@ from torch import nn
 from ..compile import unwrap_compiled
 from . import env, ops
 from .precision import FullPrecision
-from .staging import HostBuffers, Staging, layout_key
+from .staging import HostBuffers, Staging, host_copy
 from .state_files import file_writers, load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
 
 T = TypeVar("T")
@@ -240,6 +240,14 @@ class Strategy:
         if write is not None:
             write()
 
+    def prepare_checkpoints(self) -> None:
+        """Make, once, what this engine's saves need, so that no save point pays for it (every rank calls it before
+        a fit that saves): here, which ranks write the base format's files (`_file_writers`, a gather).
+
+        >>> learn.strategy.prepare_checkpoints()  # the Checkpoint callback's before_fit
+        """
+        self._file_writers()
+
     def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,
                           copy: bool = False, staging: Staging | None = None) -> Callable[[], None] | None:
         """Take the state `save_checkpoint` writes now (every rank: the collectives of a sharded engine happen
@@ -319,26 +327,6 @@ class Strategy:
         model_state, opt_state = load_model_file(directory, self.unwrap(model)), load_optimizer_file(directory)
         self.load_model_state_dict(model, model_state)
         self.load_optimizer_state_dict(model, opt, opt_state)
-
-
-def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None, into: HostBuffers | None = None) -> T:
-    """`state` (nested dicts and lists) with every tensor copied to host memory; tensors viewing the same memory
-    (tied weights) stay one tensor, so a file written from the copy is the file written from `state`.
-    `only`: copy just the tensors it says True for (views of one memory alike), leave the others as they are.
-    `into`: host memory kept from an earlier copy of the same tensors, reused.
-
-    >>> weights, opt_state = host_copy((model.state_dict(), opt.state_dict()))
-    """
-    copies: dict[tuple, torch.Tensor] = {}
-
-    def one(t: torch.Tensor) -> torch.Tensor:
-        if only is not None and not only(t):
-            return t
-        key = layout_key(t)
-        if key not in copies:
-            copies[key] = t.detach().to("cpu", copy=True) if into is None else into.copy(t, key)
-        return copies[key]
-    return ops.map_tensors(one, state)
 
 
 def named_by_position(state: dict, whole: torch.optim.Optimizer, skeleton: nn.Module) -> dict:

@@ -201,6 +201,7 @@ class Checkpoint(Callback):
         self.saves = []
         strategy = self.learn.strategy  # the names taken, listed once (the directory is locked: only this run adds)
         self._taken = set(strategy.broadcast(CheckpointStore(self.root).names() if strategy.is_main else None))
+        strategy.prepare_checkpoints()  # what saves need made once now, not at the first save point
         if self.learn.strategy.is_main:
             self._warn_about_other_checkpoints(resumed_from)
 

@@ -33,7 +33,7 @@ from ...version import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.staging import Staging
 from ...distributed.env import rank, world_size
-from ...distributed.strategy import host_copy
+from ...distributed.staging import host_copy
 from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
                                sibling, staging_dir, write_safetensors, writing)
 from .rng import rng_state, set_rng_state
