@@ -41,7 +41,7 @@ UNIVERSAL = ".universal.tmp"  # ends like a killed save, so the Checkpoint callb
 def save(engine: Any, directory: Path, world_size: int, stage: int, is_main: bool,
          host: HostBuffers | None = None, staging: Staging | None = None) -> Callable[[], None] | None:
     """The engine's files under `directory/deepspeed/`, every rank its partition (every rank calls it: the engine's
-    save does collectives); then `cadence.json`. `host`: the files are copied into its memory now and written
+    save may make collectives); then `cadence.json`. `host`: the files are copied into its memory now and written
     by the returned callable (any thread); otherwise written now, and None returned. `staging` (with `host`): the
     tensors it says are late are copied by the returned callable, first, then `staging.done()` is said. An engine
     configured with a checkpoint writer of its own (DeepSpeed's fast, decoupled or DataStates engines) always
@@ -75,9 +75,10 @@ def _save_files(engine: Any, directory: str) -> None:
     """`engine.save_checkpoint` with its torch checkpoint engine (whose `create` and `commit` only log), less what
     cadence's save does itself: a barrier before (rank 0 made the directory; every rank makes it here) and after
     (cadence commits once every rank says its files are written), and the check that the tag is the same on every
-    rank (a constant here). That is 2 barriers and 2 all-reduces fewer at the save point, each a wait for the
-    slowest rank. ZeRO-3's prologue and epilogue stay: every parameter saved partitioned, then the persistent ones
-    gathered back."""
+    rank (a constant here): 2 barriers and 2 all-reduces fewer at the save point, each a wait for the slowest rank.
+    ZeRO-3's prologue stays (every parameter saved partitioned); its epilogue, which gathers the persistent
+    parameters again (a collective), is replaced where it can be by putting back what they held (`_persistent`)."""
+    kept = _persistent(engine)
     if engine._optimizer_has_ckpt_event_prologue():
         engine.optimizer.checkpoint_event_prologue()
     engine._create_checkpoint_file(directory, TAG, False)
@@ -85,8 +86,32 @@ def _save_files(engine: Any, directory: str) -> None:
     if engine.save_zero_checkpoint:
         engine._create_zero_checkpoint_files(directory, TAG)
         engine._save_zero_checkpoint(directory, TAG)
-    if engine._optimizer_has_ckpt_event_epilogue():
+    if kept is not None:
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        for param, data in kept:
+            param.data, param.ds_status = data, ZeroParamStatus.AVAILABLE
+    elif engine._optimizer_has_ckpt_event_epilogue():
         engine.optimizer.checkpoint_event_epilogue()
+
+
+def _persistent(engine: Any) -> list[tuple[torch.nn.Parameter, torch.Tensor]] | None:
+    """ZeRO-3's persistent parameters (small ones every rank keeps whole) and the memory they hold, before the
+    prologue frees it. The step's end gathered them from the partitions and nothing wrote them since, so putting
+    that memory back after the save is what the epilogue's gather would give, with no collective. None where the
+    epilogue must run: not ZeRO-3, one not gathered, parameters offloaded, hierarchical (hpZ) or quantized
+    partitions."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    persistent = getattr(engine.optimizer, "persistent_parameters", None)
+    config = engine._config.zero_config
+    offloaded = getattr(config.offload_param, "device", "none") != "none"
+    if (engine.zero_optimization_stage() != 3 or not persistent or offloaded or config.zero_hpz_partition_size > 1
+            or config.zero_quantized_weights):
+        return None
+    if any(p.ds_status != ZeroParamStatus.AVAILABLE or p.ds_active_sub_modules for p in persistent):
+        return None
+    return [(p, p.data) for p in persistent]
 
 
 def _is_torch_engine(checkpoint_engine: Any) -> bool:
