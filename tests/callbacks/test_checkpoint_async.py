@@ -133,7 +133,8 @@ def test_async_and_sync_saves_on_two_processes_write_the_same_checkpoints(tmp_pa
     parallel) and FSDP2 (every rank its shards through torch's distributed checkpoint, its async save with torch's
     stager): the same run saved both ways, with the async saves in flight across the next steps (each rank's files
     0.5 s late, the copy of the parameters and optimizer state 0.3 s late), gives the same checkpoints and the same
-    final weights."""
+    final weights. Taking an async save's state makes no collective: no rank waits at the save point for another
+    (a rank late to it would hold them all)."""
     for mode in ("sync", "async"):
         flags = ["--sync"] if mode == "sync" else ["--copy-delay", 0.3]
         proc = run("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", "--write-delay", 0.5,
@@ -141,6 +142,7 @@ def test_async_and_sync_saves_on_two_processes_write_the_same_checkpoints(tmp_pa
         finished(proc)
         wrote = set(re.findall(r"WROTE (\w+) (\d)", proc.stdout))
         assert wrote == ({("save_model_file", "0"), ("save_optimizer_file", "1")} if strategy == "ddp" else set())
+    assert proc.stdout.count("SAVE_COLLECTIVES 0") == 2, proc.stdout
     assert_equal(load_file(str(tmp_path / "async.st")), load_file(str(tmp_path / "sync.st")))
     assert_same_checkpoints(tmp_path / "sync", tmp_path / "async", count=5)  # steps 3, 4, 6, 8, 9 (epoch ends: 3, 6, 9)
 
@@ -153,12 +155,15 @@ def test_deepspeed_async_saves_write_in_the_background_the_files_a_synchronous_s
     made by the writer, here 0.3 s late while the next micro-batches run, and the step waits for it. The
     checkpoints are byte for byte the synchronous ones (a model whose every parameter has an even size: DeepSpeed's
     padding of a partition holds whatever memory it had), the run ends with the same weights, and DeepSpeed's own
-    zero_to_fp32.py reads the last checkpoint into those weights."""
+    zero_to_fp32.py reads the last checkpoint into those weights. Taking an async save's state makes no collective
+    (DeepSpeed's own save makes 2 barriers, 2 all-reduces and, under ZeRO-3, a gather of the persistent parameters)."""
     blocked = {}
     for mode in ("sync", "async"):
         flags = ["--sync"] if mode == "sync" else ["--copy-delay", 0.3]
-        blocked[mode] = finished(run("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", "--disk-delay", 0.6,
-                                     "--strategy", "deepspeed", "--zero-stage", stage, "--classes", 4, *flags, nproc=2))
+        proc = run("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", "--disk-delay", 0.6,
+                   "--strategy", "deepspeed", "--zero-stage", stage, "--classes", 4, *flags, nproc=2)
+        blocked[mode] = finished(proc)
+    assert proc.stdout.count("SAVE_COLLECTIVES 0") == 2, proc.stdout
     final = load_file(str(tmp_path / "sync.st"))
     assert_equal(load_file(str(tmp_path / "async.st")), final)
     assert_same_checkpoints(tmp_path / "sync", tmp_path / "async", count=5)

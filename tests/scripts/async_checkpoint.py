@@ -22,7 +22,8 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
   a save into memory is not delayed.
 --classes: the number of classes (3; 4 gives every parameter an even size: DeepSpeed pads no partition on 2
   processes, and its padding holds whatever memory it was given).
-Every rank prints `LOAD_COLLECTIVES <n>`: the collectives (torch.distributed calls) its resume (`load_state`) made,
+Every rank prints `LOAD_COLLECTIVES <n>` and `SAVE_COLLECTIVES <n>`: the collectives (torch.distributed calls) its
+resume (`load_state`) and its saves' taking of the state (`stage_state`, at the save point) made on the main thread,
 and `WROTE save_model_file|save_optimizer_file <rank>` for each base-format file it wrote.
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
 Prints `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
@@ -136,29 +137,34 @@ class KillAfter(Callback):
         timer.start()
 
 
-def count_load_collectives() -> list[int]:
-    """Count the torch.distributed collectives called while the Checkpoint callback's `load_state` runs."""
+def count_collectives() -> dict[str, int]:
+    """Count the torch.distributed collectives this process's main thread calls while the Checkpoint callback's
+    `load_state` runs ("load") and while a save takes its state (`stage_state`, "save": the save point, less the
+    wait for a save still in flight; the writer threads' collectives on a group of their own are not counted)."""
     import torch.distributed as dist
 
     import cadence.callbacks.checkpoint.callback as callback_module
 
-    count, loading = [0], [False]
+    count, counting = {"load": 0, "save": 0}, [None]
     for name in ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
                  "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list", "broadcast",
                  "broadcast_object_list", "barrier", "all_to_all", "monitored_barrier"):
         def counted(*args, _call=getattr(dist, name), **kwargs):
-            count[0] += loading[0]
+            if counting[0] is not None and threading.current_thread() is threading.main_thread():
+                count[counting[0]] += 1
             return _call(*args, **kwargs)
         setattr(dist, name, counted)
-    load = callback_module.load_state
 
-    def load_state(*args, **kwargs):
-        loading[0] = True
-        try:
-            return load(*args, **kwargs)
-        finally:
-            loading[0] = False
-    callback_module.load_state = load_state
+    def counting_in(what, function):
+        def counted(*args, **kwargs):
+            counting[0] = what
+            try:
+                return function(*args, **kwargs)
+            finally:
+                counting[0] = None
+        return counted
+    callback_module.load_state = counting_in("load", callback_module.load_state)
+    callback_module.stage_state = counting_in("save", callback_module.stage_state)
     return count
 
 
@@ -200,7 +206,7 @@ def main():
         slow_late_copy(args.copy_delay)
     if args.disk_delay:
         slow_disk(args.disk_delay)
-    load_collectives = count_load_collectives()
+    collectives = count_collectives()
     report_file_writers()
     dls, model = data_and_model(classes=args.classes)
     if args.batchnorm:
@@ -222,7 +228,7 @@ def main():
     except Exception as e:
         print(f"ERROR {type(e).__name__}: {e}\nSTEP {learn.step}", flush=True)
         raise SystemExit(1)
-    print(f"LOAD_COLLECTIVES {load_collectives[0]}", flush=True)
+    print(f"LOAD_COLLECTIVES {collectives['load']}\nSAVE_COLLECTIVES {collectives['save']}", flush=True)
     if is_main_process():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
