@@ -148,7 +148,7 @@ def count_collectives() -> dict[str, int]:
     count, counting = {"load": 0, "save": 0}, [None]
     for name in ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
                  "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list", "broadcast",
-                 "broadcast_object_list", "barrier", "all_to_all", "monitored_barrier"):
+                 "broadcast_object_list", "barrier", "all_to_all", "monitored_barrier", "new_group"):
         def counted(*args, _call=getattr(dist, name), **kwargs):
             if counting[0] is not None and threading.current_thread() is threading.main_thread():
                 count[counting[0]] += 1
@@ -228,7 +228,8 @@ def main():
     except Exception as e:
         print(f"ERROR {type(e).__name__}: {e}\nSTEP {learn.step}", flush=True)
         raise SystemExit(1)
-    print(f"LOAD_COLLECTIVES {collectives['load']}\nSAVE_COLLECTIVES {collectives['save']}", flush=True)
+    print(f"LOAD_COLLECTIVES {collectives['load']}", flush=True)
+    print(f"SAVE_COLLECTIVES {collectives['save']}", flush=True)
     if is_main_process():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
