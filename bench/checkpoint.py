@@ -134,23 +134,25 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
             result[mode] = ckpt.saves
         last = root / "sync" / (root / "sync" / "latest").read_text()
         resume, plain = [], []
+        profiler = None
+        if profile is not None:
+            import cProfile
+
+            profiler = cProfile.Profile()
         for attempt in range(RESUMES):  # alternating, the best of each: single loads of 0.1 s are mostly noise here
             learn.strategy.barrier()  # every rank starts together: no rank's wait for a late one counts as resume
-            profiler = None
-            if profile is not None and attempt == 0:
-                import cProfile
-
-                profiler = cProfile.Profile()
+            if profiler is not None and attempt:  # the warm ones, as the best of them is reported
                 profiler.enable()
             start = time.perf_counter()
             learn.load_state(last)
             resume.append(time.perf_counter() - start)
             if profiler is not None:
                 profiler.disable()
-                profiler.dump_stats(profile / f"resume-{engine}-{world_size()}-rank{rank()}.prof")
             learn.strategy.barrier()
             plain.append(plain_load(last, rank()))
         resume, plain = min(resume), min(plain)
+        if profiler is not None:
+            profiler.dump_stats(profile / f"resume-{engine}-{world_size()}-rank{rank()}.prof")
         size = sum(p.stat().st_size for p in last.rglob("*") if p.is_file())
         disk = disk_write(root / "disk-probe", size) if rank() == 0 else None
         everyone = gather_object({"saves": result, "resume": resume, "plain": plain, "disk": disk, "size": size})
@@ -210,8 +212,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4, help="samples per process per step: the step that an async "
                                                                "save's copy overlaps")
     p.add_argument("--dir", help="where the checkpoints go (default: a temporary directory on the disk of /tmp)")
-    p.add_argument("--profile", help="a directory: each rank's resume (learn.load_state) profiled with cProfile into "
-                                     "resume-<engine>-<procs>-rank<r>.prof there")
+    p.add_argument("--profile", help="a directory: each rank's resumes but the first (learn.load_state, the page cache "
+                                     "warm) profiled with cProfile into resume-<engine>-<procs>-rank<r>.prof there")
     p.add_argument("--worker", choices=list(ENGINES), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
