@@ -293,8 +293,8 @@ class Checkpoint(Callback):
             staged = stage_state(self.learn, self.root / name, epoch_complete, copy=self.async_save, staging=staging,
                                  fresh=True)  # a name from `fresh_name`, after `prepare` cleaned what saves left
             if self.async_save and staged.engine_write is None and not self.saves and self._pending is None:
-                main_print(f"Checkpoint(async_save=True): the {strategy.name} engine saves its state with collectives "
-                           f"of its own, so that part is written before training goes on; the rest in the background")
+                main_print(f"Checkpoint(async_save=True): the {strategy.name} engine writes its state itself, at the "
+                           f"save point, before training goes on; the rest is written in the background")
             write = BackgroundWrite(staged, strategy, self.io_timeout, self.root / name,
                                     on_commit=lambda: self._point_and_prune(store, name, doomed), report=True,
                                     blocking=not self.async_save, since=started, memory=memory,
