@@ -35,14 +35,26 @@ def read_tensorboard(run_dir: Path) -> tuple[dict[str, list[tuple[int, float]]],
     return scalars, "\n".join(texts)
 
 
-def read_wandb(run_dir: Path) -> tuple[str, dict, list[tuple[int, dict]]]:
-    """Run id, config and history rows of an offline run, from its `.wandb` file (a LevelDB-style record log)."""
+def read_wandb(run_dir: Path, timeout: float = 30.0) -> tuple[str, dict, list[tuple[int, dict]]]:
+    """Run id, config and history rows of an offline run, from its `.wandb` file (a LevelDB-style record log).
+    W&B's service process writes the file in 32 KiB blocks and may still be flushing it after `finish()`
+    returned (seen on a busy host: the header alone, no record): read again until its last record, the run's
+    exit, is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run_id, config, history, ended = _parse_wandb(run_dir)
+        if ended or time.monotonic() > deadline:
+            return run_id, config, history
+        time.sleep(0.2)
+
+
+def _parse_wandb(run_dir: Path) -> tuple[str | None, dict, list[tuple[int, dict]], bool]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     (file,) = run_dir.glob("run-*.wandb")
     data = file.read_bytes()
     assert struct.unpack("<4sHB", data[:7])[:2] == (b":W&B", 0xBEE1)
-    pos, block, chunks, run_id, config, history = 7, 32768, b"", None, {}, []
+    pos, block, chunks, run_id, config, history, ended = 7, 32768, b"", None, {}, [], False
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
@@ -63,7 +75,8 @@ def read_wandb(run_dir: Path) -> tuple[str, dict, list[tuple[int, dict]]]:
             elif which == "history":
                 items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
                 history.append((record.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")}))
-    return run_id, config, history
+            ended |= which == "exit"
+    return run_id, config, history, ended
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
