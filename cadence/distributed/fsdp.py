@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from . import env
 from .data import DistributedDL
-from .precision import FullPrecision
+from .precision import FullPrecision, fsdp_mixed_precision, sharded_scaler
 from .staging import HostBuffers, Staging, host_copy
 from .strategy import (MakeOpt, OwnsPrecision, Strategy, meta_copy, named_by_position,
                        non_persistent_buffers, rebuild, set_buffers, tied_names)
@@ -176,7 +176,7 @@ class FSDP(OwnsPrecision, Strategy):
         if not env.is_initialized():  # one process: nothing to shard, the same script still runs
             return super().setup(model, make_opt, precision)
         if precision is not None:
-            self.precision = _sharded_scaler(precision)
+            self.precision = sharded_scaler(precision)
         self._precision_fixed = True
         buffers = self._rank0_buffers(model) if self.cpu_ram_efficient_loading else []
         set_buffers(model, buffers)  # before the skeleton is taken: it keeps them for `release`
@@ -188,7 +188,7 @@ class FSDP(OwnsPrecision, Strategy):
             for group in groups:
                 checkpoint(group)
         kwargs = dict(mesh=self._mesh(), reshard_after_forward=SHARDING_STRATEGIES[self.sharding],
-                      mp_policy=_mp_policy(self.precision),
+                      mp_policy=fsdp_mixed_precision(self.precision),
                       offload_policy=CPUOffloadPolicy() if self.offload else OffloadPolicy())
         if not self.offload and not self.cpu_ram_efficient_loading:
             model = model.to(self.device)
@@ -481,23 +481,3 @@ def _depth(root: nn.Module, module: nn.Module) -> int:
 
 def _full_cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-def _mp_policy(precision: FullPrecision):
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if precision.name == "no":
-        return MixedPrecisionPolicy()
-    dtype = torch.bfloat16 if precision.name == "bf16" else torch.float16
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-
-
-def _sharded_scaler(precision: FullPrecision) -> FullPrecision:
-    """fp16: the GradScaler must agree across shards on whether a step overflowed (ShardedGradScaler)."""
-    scaler = getattr(precision, "scaler", None)
-    if scaler is not None and not type(scaler).__name__.startswith("Sharded"):
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        precision.scaler = ShardedGradScaler(precision.device_type, init_scale=scaler.get_scale())
-    return precision
-

@@ -12,7 +12,6 @@ they make are in `launch_flags`.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import NoReturn
 
 from cadence.compile import dynamo_env
 from cadence.distributed import launch_xla, lifecycle, status
+from cadence.distributed.whole_lines import write_whole_lines
 from cadence.distributed.config import Config
 from cadence.distributed.failure_report import (PREEMPTION_SIGNALS, all_preempted, report_failure, report_preemption,
                                                 report_signal)
@@ -239,7 +239,7 @@ def run_worker(argv: list[str] | None = None) -> NoReturn:
     >>> run_worker(["train.py", "--epochs", "1"])          # doctest: +SKIP
     """
     os.environ[lifecycle.SELF_EXITING_VAR] = str(os.getpid())
-    _whole_lines()
+    write_whole_lines()  # each line a rank prints reaches the terminal whole, never mixed with another rank's
     if os.environ.get(LAUNCHER_PID_VAR):
         lifecycle.die_with_parent(int(os.environ[LAUNCHER_PID_VAR]))
     if os.environ.get(status.STATUS_DIR_VAR):
@@ -247,15 +247,6 @@ def run_worker(argv: list[str] | None = None) -> NoReturn:
     code = _run_script(sys.argv[1:] if argv is None else argv)
     status.record_exit(code)
     lifecycle.exit_now(code)
-
-
-def _whole_lines() -> None:
-    """Each line this rank prints reaches the terminal in one write, so the lines of the ranks sharing it never mix
-    mid-line: the standard streams line-buffered, where PYTHONUNBUFFERED (common in containers and job scripts)
-    writes `print`'s text and its newline separately, and block buffering keeps a rank's output back until exit."""
-    for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, io.TextIOWrapper):
-            stream.reconfigure(line_buffering=True, write_through=False)
 
 
 def _run_script(argv: list[str]) -> int:

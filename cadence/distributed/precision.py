@@ -102,3 +102,24 @@ def make_precision(name: str, device: torch.device | str, **scaler_kwargs) -> Fu
     if name == "fp16":
         return ScaledPrecision(device_type, **scaler_kwargs)
     return FullPrecision()
+
+
+def fsdp_mixed_precision(precision: FullPrecision):
+    """FSDP2's MixedPrecisionPolicy for `precision`: parameters in bf16/fp16 for compute, gradients reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision.name == "no":
+        return MixedPrecisionPolicy()
+    dtype = torch.bfloat16 if precision.name == "bf16" else torch.float16
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def sharded_scaler(precision: FullPrecision) -> FullPrecision:
+    """fp16: the GradScaler must agree across shards on whether a step overflowed (ShardedGradScaler)."""
+    scaler = getattr(precision, "scaler", None)
+    if scaler is not None and not type(scaler).__name__.startswith("Sharded"):
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        precision.scaler = ShardedGradScaler(precision.device_type, init_scale=scaler.get_scale())
+    return precision
+

@@ -302,8 +302,9 @@ def test_failed_ranks_are_those_gone_without_a_clean_exit_or_a_preemption(tmp_pa
 
 @pytest.mark.parametrize("unbuffered", ["1", ""])
 def test_the_lines_ranks_print_together_never_mix(unbuffered):
-    """Two ranks printing 300 lines each at once into one pipe: every line arrives whole, with PYTHONUNBUFFERED (which
-    writes `print`'s text and its newline apart: lines mixed mid-line) and without it."""
+    """Two ranks printing 300 lines each at once into one pipe, two lines per `print`: every line arrives whole, with
+    PYTHONUNBUFFERED (which writes `print`'s text and its newline apart) and without it. Line buffering alone mixed
+    them: it passes a write's unfinished last line on at once, before its newline."""
     import re
 
     out = run_launch("print_lines.py", nproc=2, env=cadence_env(PYTHONUNBUFFERED=unbuffered)).stdout.splitlines()
