@@ -181,8 +181,7 @@ class HostBuffers:
         def allocate() -> None:
             for t in tensors:
                 self._by_key[layout_key(t)] = torch.zeros(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
-        self._reserving = threading.Thread(target=allocate, name="checkpoint host memory", daemon=True)
-        self._reserving.start()
+        self._allocate(allocate)
 
     def reserve_storages(self, tensors: list[torch.Tensor]) -> None:
         """Allocate (and fault in) now, in a thread, host memory the size of each storage `tensors` view (on the
@@ -196,6 +195,10 @@ class HostBuffers:
         def allocate() -> None:
             for nbytes in sizes.values():
                 self._spare.setdefault(nbytes, []).append(torch.zeros(nbytes, dtype=torch.uint8).untyped_storage())
+        self._allocate(allocate)
+
+    def _allocate(self, allocate: Callable[[], None]) -> None:
+        """Run `allocate` in a thread of its own (faulting in fresh pages takes a while); `ready` waits for it."""
         self._reserving = threading.Thread(target=allocate, name="checkpoint host memory", daemon=True)
         self._reserving.start()
 
