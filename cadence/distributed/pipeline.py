@@ -180,10 +180,11 @@ class Pipeline(OwnsStep, ModelParallel):
             self.set_precision(precision)
         self._precision_fixed = True
         if self.dp_size > 1:
-            from .fsdp import SHARDING_STRATEGIES, _mp_policy
+            from .fsdp import SHARDING_STRATEGIES
+            from .precision import fsdp_mixed_precision
 
             kwargs = dict(mesh=self._mesh(), reshard_after_forward=SHARDING_STRATEGIES[self.sharding],
-                          mp_policy=_mp_policy(self.precision))
+                          mp_policy=fsdp_mixed_precision(self.precision))
             for _, stage in self._stages:
                 for group in self._groups(stage):
                     fully_shard(group, **kwargs)

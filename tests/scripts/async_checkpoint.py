@@ -70,7 +70,7 @@ def slow_rng_file(delay: float, sigterm_at: int | None, marker: Path):
 
 def slow_late_copy(delay: float):
     """The copy that the checkpoint writer's thread makes (the parameters and optimizer state) starts `delay` s late;
-    under FSDP2 the copy of the shards that torch's stager makes in its own thread; under DeepSpeed the late copy
+    under FSDP2 the copy of the shards that torch's stager makes in the writer's thread; under DeepSpeed the late copy
     of the engine's files."""
     from torch.distributed.checkpoint.staging import DefaultStager
 
