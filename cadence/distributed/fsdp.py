@@ -358,9 +358,11 @@ class FSDP(OwnsPrecision, Strategy):
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         self._checkpoint_group = dist.new_group(backend="gloo", timeout=CHECKPOINT_GROUP_TIMEOUT)
-        on_device = self.device.type != "cpu"  # kept: it reuses its host memory for the same shards at the next save
+        # kept: it reuses its host memory for the same shards at the next save. On a device, the copy runs on a
+        # stream of its own (made here, on the main thread), so that it overlaps the computation
+        on_device = self.device.type != "cpu"
         self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_device, use_shared_memory=False,
-                                                    use_async_staging=False, use_non_blocking_copy=False))
+                                                    use_async_staging=on_device, use_non_blocking_copy=on_device))
 
     def reserve_checkpoint_memory(self, buffers: HostBuffers, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Take ahead the host memory an asynchronous save copies into (its page faults cost more than the copy). On
@@ -371,7 +373,14 @@ class FSDP(OwnsPrecision, Strategy):
                 buffers.reserve(model, opt)
         elif self.state_dict_type != "FULL_STATE_DICT":
             self.prepare_checkpoints()
-            self._stager.stage(self._checkpoint_state(model, opt))
+            self._stage(self._checkpoint_state(model, opt))
+
+    def _stage(self, state: dict) -> dict:
+        """`state` copied to host memory by torch's stager (on a device, by its thread and stream: waited for)."""
+        from concurrent.futures import Future
+
+        staged = self._stager.stage(state)
+        return staged.result() if isinstance(staged, Future) else staged
 
     def _staged_write(self, state: dict, target: Path, staging: Staging) -> Callable[[], None]:
         """What the writer's thread runs: the shards copied to host memory by torch's stager, `staging.done()`, then
@@ -380,7 +389,7 @@ class FSDP(OwnsPrecision, Strategy):
 
         def write() -> None:
             try:
-                staged = self._stager.stage(state)
+                staged = self._stage(state)
             finally:
                 staging.done()
             dcp.save(staged, checkpoint_id=target, process_group=self._checkpoint_group)
