@@ -175,6 +175,18 @@ def test_deepspeed_async_saves_write_in_the_background_the_files_a_synchronous_s
     assert_equal(load_file(str(tmp_path / "fp32" / "model.safetensors")), final)
 
 
+def test_zero3_saves_leave_training_as_it_was_with_partitioned_and_persistent_parameters(tmp_path):
+    """ZeRO-3 on 2 processes, 8 steps: synchronous and async saves every 2 steps end with the weights of the same
+    training with no save, bit for bit. A save frees the persistent parameters (the biases here) and puts back
+    what they held instead of gathering them again; the partitioned weights are released as DeepSpeed's own
+    save releases them."""
+    run_launch("zero3_saving.py", tmp_path, nproc=2, timeout=300)
+    unsaved = load_file(str(tmp_path / "none.safetensors"))
+    for mode in ("sync", "async"):
+        assert_equal(load_file(str(tmp_path / f"{mode}.safetensors")), unsaved)
+        assert [d.name for d in visible(tmp_path / f"ckpt-{mode}")] == ["step-00000008"]  # saved at 2, 4, 6, 8
+
+
 def test_a_copy_that_spans_the_next_micro_batches_still_holds_the_state_of_its_step(tmp_path):
     """The parameters and optimizer state are copied while the next micro-batches (GradAccum(steps=2)) run their
     forward (BatchNorm's running statistics change there) and backward; the copy, 0.3 s late here, is waited for
