@@ -14,6 +14,7 @@ reader as before. The bytes that land are the same either way.
 from __future__ import annotations
 
 import dataclasses
+import io
 import pickle
 import struct
 import sys
@@ -30,6 +31,10 @@ _STORAGE_DTYPES = {"DoubleStorage": torch.float64, "FloatStorage": torch.float32
                    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
                    "BoolStorage": torch.bool}  # the names a pickled tensor's storage has, by dtype
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip entry's local header: its name and extra lengths are the last two
+_CENTRAL = struct.Struct("<4s6H3L5H2L")  # a central directory entry: method [4], sizes [8:10], name, extra and
+# comment lengths [10:13], local header offset [16]
+_END = struct.Struct("<4s4H2LH")  # the end of the central directory: entries [4], its size [5] and offset [6]
+_HEAD, _TAIL = 4096, 4096  # bytes read at each end of a saved tensor's record: its pickle and its zip directory
 
 
 class DirectReader(FileSystemReader):
@@ -90,30 +95,6 @@ def _direct_target(req: Any, info: Any, planner: Any) -> torch.Tensor | None:
     return target
 
 
-class _Slice:
-    """The bytes [offset, offset + length) of an open file, as a file of their own (what `zipfile` reads)."""
-
-    def __init__(self, f: BinaryIO, offset: int, length: int):
-        self.f, self.offset, self.length, self.pos = f, offset, length, 0
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self.pos = max(0, min(self.length, pos + (0, self.pos, self.length)[whence]))
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.length - self.pos if n is None or n < 0 else min(n, self.length - self.pos)
-        self.f.seek(self.offset + self.pos)
-        data = self.f.read(n)
-        self.pos += len(data)
-        return data
-
-
 class _Tensor:
     """What the pickle of a saved tensor says: storage (dtype, key, element count), offset, size, stride."""
 
@@ -143,31 +124,79 @@ class _TensorPickle(pickle.Unpickler):
 
 def _read_into(f: BinaryIO, offset: int, length: int, target: torch.Tensor) -> bool:
     """Read the tensor `torch.save`d at [offset, offset + length) of `f` into `target`; False (nothing written) when
-    it is not exactly `target`'s dtype, shape and contiguous layout, stored uncompressed in this machine's byte order."""
+    it is not exactly `target`'s dtype, shape and contiguous layout, stored uncompressed in this machine's byte order.
+    The record's zip directory and its first bytes (the pickle, the byte order) are read once each."""
+    tail = _read_at(f, offset + max(0, length - _TAIL), min(length, _TAIL))
+    entries = _zip_entries(tail, length)
+    if entries is None:
+        return False
+    head = _read_at(f, offset, min(length, _HEAD))
     try:
-        archive = zipfile.ZipFile(_Slice(f, offset, length))
-        names = archive.namelist()
-        root = names[0].split("/", 1)[0]
-        saved = _TensorPickle(archive.open(f"{root}/data.pkl")).load()
-        byteorder = archive.read(f"{root}/byteorder").decode() if f"{root}/byteorder" in names else "little"
+        root = next(iter(entries)).split("/", 1)[0]
+        saved = _TensorPickle(io.BytesIO(_member(f, offset, head, entries[f"{root}/data.pkl"]))).load()
+        order = entries.get(f"{root}/byteorder")
+        byteorder = _member(f, offset, head, order).decode() if order is not None else "little"
         if not isinstance(saved, _Tensor):
             return False
         dtype, key, numel = saved.storage
-        record = archive.getinfo(f"{root}/data/{key}")
-    except (zipfile.BadZipFile, pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error):
+        record = entries[f"{root}/data/{key}"]
+    except (pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error, StopIteration):
         return False
     size = target.numel() * target.element_size()
     if (dtype != target.dtype or saved.size != tuple(target.shape) or saved.offset != 0 or numel != target.numel()
-            or saved.stride != target.stride() or byteorder != sys.byteorder
-            or record.compress_type != zipfile.ZIP_STORED or record.file_size != size):
+            or saved.stride != target.stride() or byteorder != sys.byteorder or record[1] != size):
         return False
-    f.seek(offset + record.header_offset)
-    header = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
-    start = record.header_offset + _LOCAL_HEADER.size + header[-2] + header[-1]
-    if header[0] != b"PK\x03\x04" or start + size > length:
+    start = _data_start(f, offset, head, record[0])
+    if start is None or start + size > length:
         return False
     f.seek(offset + start)
     if size and f.readinto(memoryview(target.view(-1).view(torch.uint8).numpy())) != size:
         raise ValueError(f"{f.name} is truncated: a tensor's bytes at {offset + start} end early; resume from another "
                          f"checkpoint")
     return True
+
+
+def _read_at(f: BinaryIO, position: int, size: int) -> bytes:
+    f.seek(position)
+    return f.read(size)
+
+
+def _zip_entries(tail: bytes, length: int) -> dict[str, tuple[int, int]] | None:
+    """{name: (local header offset, size)} of the stored (uncompressed) entries of the zip record of `length` bytes
+    whose last bytes are `tail`, from its central directory; None when that is not all in `tail`, an entry is
+    compressed, or the record is zip64 (a tensor of 4 GiB or more; torch's reader takes those)."""
+    end = tail.rfind(b"PK\x05\x06")
+    if end < 0 or end + _END.size > len(tail):
+        return None
+    count, directory_size, directory_offset = (_END.unpack_from(tail, end)[i] for i in (4, 5, 6))
+    at = len(tail) - (length - directory_offset)
+    if count == 0xFFFF or directory_offset == 0xFFFFFFFF or at < 0 or at + directory_size > end:
+        return None
+    entries = {}
+    for _ in range(count):
+        fields = _CENTRAL.unpack_from(tail, at)
+        if fields[0] != b"PK\x01\x02" or fields[4] != zipfile.ZIP_STORED or 0xFFFFFFFF in (*fields[8:10], fields[16]):
+            return None
+        name_size, extra_size, comment_size = fields[10:13]
+        name = tail[at + _CENTRAL.size: at + _CENTRAL.size + name_size].decode()
+        entries[name] = (fields[16], fields[9])
+        at += _CENTRAL.size + name_size + extra_size + comment_size
+    return entries
+
+
+def _data_start(f: BinaryIO, offset: int, head: bytes, header_offset: int) -> int | None:
+    """Where the data of the entry whose local header is at `header_offset` starts, within the record."""
+    local = head[header_offset: header_offset + _LOCAL_HEADER.size]
+    if len(local) < _LOCAL_HEADER.size:
+        local = _read_at(f, offset + header_offset, _LOCAL_HEADER.size)
+    header = _LOCAL_HEADER.unpack(local)
+    return header_offset + _LOCAL_HEADER.size + header[-2] + header[-1] if header[0] == b"PK\x03\x04" else None
+
+
+def _member(f: BinaryIO, offset: int, head: bytes, entry: tuple[int, int]) -> bytes:
+    """The bytes of a small entry (the pickle, the byte order), from `head` when they lie there."""
+    start = _data_start(f, offset, head, entry[0])
+    if start is None:
+        raise ValueError("not a zip entry")
+    data = head[start: start + entry[1]]
+    return data if len(data) == entry[1] else _read_at(f, offset + start, entry[1])
