@@ -35,6 +35,7 @@ from .staging import HostBuffers, HostFile, Staging, storage_key
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 META = "cadence.json"
+PERSISTENT = "cadence_zero3_persistent"  # ZeRO-3: the persistent parameters whole, in each rank's model-states file
 UNIVERSAL = ".universal.tmp"  # ends like a killed save, so the Checkpoint callback's clean-up removes a leftover
 
 
@@ -64,11 +65,13 @@ def save(engine: Any, directory: Path, world_size: int, stage: int, is_main: boo
 
 
 def _plain(engine: Any) -> bool:
-    """Whether the engine's save is its `_save_files` steps alone: no MoE layers, no state offloaded to NVMe."""
+    """Whether the engine's save and load are its `_save_files` and `_load_files` steps alone: no MoE layers, no state
+    offloaded to NVMe, the engine's methods for each step there."""
     return not engine.has_moe_layers and not engine.zero_nvme_offload_optimizer() and all(
         hasattr(engine, m) for m in ("_create_checkpoint_file", "_save_checkpoint", "_create_zero_checkpoint_files",
-                                     "_save_zero_checkpoint", "save_zero_checkpoint",
-                                     "_optimizer_has_ckpt_event_prologue", "_optimizer_has_ckpt_event_epilogue"))
+                                     "_save_zero_checkpoint", "save_zero_checkpoint", "_load_checkpoint",
+                                     "_load_zero_checkpoint", "_optimizer_has_ckpt_event_prologue",
+                                     "_optimizer_has_ckpt_event_epilogue"))
 
 
 def _save_files(engine: Any, directory: str) -> None:
@@ -77,41 +80,82 @@ def _save_files(engine: Any, directory: str) -> None:
     (cadence commits once every rank says its files are written), and the check that the tag is the same on every
     rank (a constant here): 2 barriers and 2 all-reduces fewer at the save point, each a wait for the slowest rank.
     ZeRO-3's prologue stays (every parameter saved partitioned); its epilogue, which gathers the persistent
-    parameters again (a collective), is replaced where it can be by putting back what they held (`_persistent`)."""
+    parameters again (a collective), is replaced where it can be by putting back what they held (`_persistent`),
+    and those whole values go in the rank's model-states file too (`PERSISTENT`), for `_load_files`."""
     kept = _persistent(engine)
     if engine._optimizer_has_ckpt_event_prologue():
         engine.optimizer.checkpoint_event_prologue()
     engine._create_checkpoint_file(directory, TAG, False)
-    engine._save_checkpoint(directory, TAG, client_state={})
+    whole = {} if kept is None else {PERSISTENT: {name: data for name, (_, data) in kept.items()}}
+    engine._save_checkpoint(directory, TAG, client_state=whole)
     if engine.save_zero_checkpoint:
         engine._create_zero_checkpoint_files(directory, TAG)
         engine._save_zero_checkpoint(directory, TAG)
     if kept is not None:
-        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-        for param, data in kept:
-            param.data, param.ds_status = data, ZeroParamStatus.AVAILABLE
+        _put_back(kept.values())
     elif engine._optimizer_has_ckpt_event_epilogue():
         engine.optimizer.checkpoint_event_epilogue()
 
 
-def _persistent(engine: Any) -> list[tuple[torch.nn.Parameter, torch.Tensor]] | None:
-    """ZeRO-3's persistent parameters (small ones every rank keeps whole) and the memory they hold, before the
-    prologue frees it. The step's end gathered them from the partitions and nothing wrote them since, so putting
-    that memory back after the save is what the epilogue's gather would give, with no collective. None where the
-    epilogue must run: not ZeRO-3, one not gathered, parameters offloaded, hierarchical (hpZ) or quantized
-    partitions."""
+def _load_files(engine: Any, directory: str) -> None:
+    """`engine.load_checkpoint` of what `_save_files` wrote on this world size, its ZeRO-3 epilogue (a gather of the
+    persistent parameters from their partitions, one collective each) replaced by their whole values from the rank's
+    model-states file: saved when they were the gather of the very partitions this load restores, they are what the
+    gather would give. Anywhere else (not ZeRO-3, a checkpoint without them, `_persistent`'s exceptions), the engine's
+    own load."""
+    persistent = _persistent_parameters(engine)
+    if persistent is None or not _plain(engine):
+        engine.load_checkpoint(directory, tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+        return
+    engine.optimizer.checkpoint_event_prologue()
+    load_path, client_state = engine._load_checkpoint(directory, TAG, load_module_strict=True,
+                                                      load_optimizer_states=True, load_lr_scheduler_states=True)
+    if load_path is not None and not engine._load_zero_checkpoint(directory, TAG, load_optimizer_states=True):
+        engine.optimizer._restore_from_bit16_weights()
+    whole = (client_state or {}).get(PERSISTENT) or {}
+    if all(_fits(whole.get(name), param) for name, param in persistent.items()):
+        _put_back((param, whole[name].to(param.ds_tensor.device)) for name, param in persistent.items())
+    else:
+        engine.optimizer.checkpoint_event_epilogue()
+
+
+def _fits(saved: Any, param: torch.nn.Parameter) -> bool:
+    return isinstance(saved, torch.Tensor) and saved.dtype == param.dtype and tuple(saved.shape) == tuple(param.ds_shape)
+
+
+def _put_back(whole: Any) -> None:
+    """Each ZeRO-3 persistent parameter of `whole` ((parameter, its whole value) pairs) made whole again."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    persistent = getattr(engine.optimizer, "persistent_parameters", None)
+    for param, data in whole:
+        param.data, param.ds_status = data, ZeroParamStatus.AVAILABLE
+
+
+def _persistent_parameters(engine: Any) -> dict[str, torch.nn.Parameter] | None:
+    """ZeRO-3's persistent parameters (small ones every rank keeps whole) by name; None where only the engine's
+    epilogue may make them whole: not ZeRO-3, none, parameters offloaded, hierarchical (hpZ) or quantized
+    partitions."""
+    persistent = {id(p) for p in getattr(engine.optimizer, "persistent_parameters", None) or ()}
     config = engine._config.zero_config
     offloaded = getattr(config.offload_param, "device", "none") != "none"
     if (engine.zero_optimization_stage() != 3 or not persistent or offloaded or config.zero_hpz_partition_size > 1
             or config.zero_quantized_weights):
         return None
-    if any(p.ds_status != ZeroParamStatus.AVAILABLE or p.ds_active_sub_modules for p in persistent):
+    return {name: p for name, p in engine.module.named_parameters() if id(p) in persistent}
+
+
+def _persistent(engine: Any) -> dict[str, tuple[torch.nn.Parameter, torch.Tensor]] | None:
+    """ZeRO-3's persistent parameters and the memory they hold, by name, before the prologue frees it. The step's
+    end gathered them from the partitions and nothing wrote them since, so putting that memory back after the save
+    is what the epilogue's gather would give, with no collective. None where the epilogue must run
+    (`_persistent_parameters`, or one not gathered)."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    persistent = _persistent_parameters(engine)
+    if persistent is None or any(p.ds_status != ZeroParamStatus.AVAILABLE or p.ds_active_sub_modules
+                                 for p in persistent.values()):
         return None
-    return [(p, p.data) for p in persistent]
+    return {name: (p, p.data) for name, p in persistent.items()}
 
 
 def _is_torch_engine(checkpoint_engine: Any) -> bool:
@@ -220,7 +264,7 @@ def load(engine: Any, directory: Path, world_size: int, stage: int, is_main: boo
 def _load(engine: Any, directory: Path, saved: dict, world_size: int, stage: int, is_main: bool,
           barrier: Callable[[], None]) -> None:
     if saved["world_size"] == world_size or not partitioned(directory):
-        engine.load_checkpoint(str(directory), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+        _load_files(engine, str(directory))
         return
     universal = sibling(directory, UNIVERSAL)
     try:

@@ -177,14 +177,17 @@ def test_deepspeed_async_saves_write_in_the_background_the_files_a_synchronous_s
 
 def test_zero3_saves_leave_training_as_it_was_with_partitioned_and_persistent_parameters(tmp_path):
     """ZeRO-3 on 2 processes, 8 steps: synchronous and async saves every 2 steps end with the weights of the same
-    training with no save, bit for bit. A save frees the persistent parameters (the biases here) and puts back
-    what they held instead of gathering them again; the partitioned weights are released as DeepSpeed's own
-    save releases them."""
+    training with no save, bit for bit, and so does a run resumed from the checkpoint of step 6. A save frees the
+    persistent parameters (the biases here) and puts back what they held instead of gathering them again; the
+    partitioned weights are released as DeepSpeed's own save releases them; a resume reads the persistent ones whole
+    from the rank's own file instead of gathering them from the partitions."""
     run_launch("zero3_saving.py", tmp_path, nproc=2, timeout=300)
     unsaved = load_file(str(tmp_path / "none.safetensors"))
-    for mode in ("sync", "async"):
+    for mode in ("sync", "async", "resumed"):
         assert_equal(load_file(str(tmp_path / f"{mode}.safetensors")), unsaved)
-        assert [d.name for d in visible(tmp_path / f"ckpt-{mode}")] == ["step-00000008"]  # saved at 2, 4, 6, 8
+    for mode in ("sync", "async"):  # saved at 2, 4, 6, 8; the resumed run, at 8
+        assert [d.name for d in visible(tmp_path / f"ckpt-{mode}")] == ["step-00000006", "step-00000008"]
+    assert [d.name for d in visible(tmp_path / "ckpt-resumed")] == ["step-00000008"]
 
 
 def test_a_copy_that_spans_the_next_micro_batches_still_holds_the_state_of_its_step(tmp_path):

@@ -201,6 +201,9 @@ def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
     done = resume_launch(tmp_path, run, "2,3", "--resume")
     assert "ZERO2 STEPS 6" in done.stdout and "ZERO3 STEPS 6" in done.stdout
     assert "ZERO2 ENGINE FILES READ [1]" in done.stdout and "ZERO3 ENGINE FILES READ [1]" in done.stdout  # once each
+    # no rank waits for another in its resume: ZeRO-3's persistent parameters come whole from the rank's own file,
+    # not gathered from every rank's partitions (4 all-gathers here)
+    assert done.stdout.count("ZERO2 LOAD COLLECTIVES 0") == done.stdout.count("ZERO3 LOAD COLLECTIVES 0") == 2
     for stage in (2, 3):
         a, b = load_file(ref / f"zero{stage}.safetensors"), load_file(run / f"zero{stage}.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage

@@ -4,7 +4,8 @@ Launched on 2 processes by tests/distributed/test_deepspeed.py:
   deepspeed_resume.py CKPT_ROOT OUT_DIR STAGES [--kill-at STEP] [--resume]
 STAGES: comma-separated ZeRO stages, trained one after the other (each with its own checkpoints under
 CKPT_ROOT/zero<stage>). --kill-at: SIGKILL every rank right after optimizer step STEP (after its
-checkpoint), mid-epoch. Rank 0 writes OUT_DIR/zero<stage>.safetensors (the final fp32 weights).
+checkpoint), mid-epoch. Rank 0 writes OUT_DIR/zero<stage>.safetensors (the final fp32 weights). With --resume,
+every rank prints `ZERO<stage> LOAD COLLECTIVES <n>`: the collectives its resume made.
 """
 
 import argparse
@@ -17,7 +18,10 @@ from torch import nn
 
 from cadence import Checkpoint, GradAccum, Learner
 from cadence.distributed.env import is_main_process, setup_distrib
+from async_checkpoint import count_collectives  # tests/scripts/async_checkpoint.py
 from resume import KillAt, data_and_model  # tests/scripts/resume.py: its run, and SIGKILL after a step's checkpoint
+
+COLLECTIVES = count_collectives()  # the torch.distributed calls of the Checkpoint callback's load_state
 
 
 def train(stage, args):
@@ -34,12 +38,15 @@ def train(stage, args):
             reads[str(f)] += 1
         return load(f, *a, **kw)
     torch.load = counted
+    collectives = COLLECTIVES
+    collectives["load"] = 0
     try:
         fit_and_export(learn, stage, fit, Path(args.out) / f"zero{stage}.safetensors")
     finally:
         torch.load = load
     if args.resume:
         print(f"ZERO{stage} ENGINE FILES READ {sorted(set(reads.values()))}", flush=True)
+        print(f"ZERO{stage} LOAD COLLECTIVES {collectives['load']}", flush=True)
 
 
 def fit_and_export(learn, stage, fit, path):
