@@ -35,7 +35,9 @@ from .staging import HostBuffers, HostFile, Staging, storage_key
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 META = "cadence.json"
-PERSISTENT = "cadence_zero3_persistent"  # ZeRO-3: the persistent parameters whole, in each rank's model-states file
+PERSISTENT = "cadence_zero3_persistent"  # ZeRO-3: the persistent parameters whole, in each rank's model-states file,
+PERSISTENT_MAX_BYTES = 64 * 2**20  # when they are small (DeepSpeed's defaults keep only parameters of < 100k elements
+# whole: a 70B Llama's norms are ~3 MB); a persistence threshold raised to keep most of the model whole is gathered
 UNIVERSAL = ".universal.tmp"  # ends like a killed save, so the Checkpoint callback's clean-up removes a leftover
 
 
@@ -81,12 +83,15 @@ def _save_files(engine: Any, directory: str) -> None:
     rank (a constant here): 2 barriers and 2 all-reduces fewer at the save point, each a wait for the slowest rank.
     ZeRO-3's prologue stays (every parameter saved partitioned); its epilogue, which gathers the persistent
     parameters again (a collective), is replaced where it can be by putting back what they held (`_persistent`),
-    and those whole values go in the rank's model-states file too (`PERSISTENT`), for `_load_files`."""
+    and those whole values go in the rank's model-states file too (`PERSISTENT`, up to `PERSISTENT_MAX_BYTES`), for
+    `_load_files`."""
     kept = _persistent(engine)
     if engine._optimizer_has_ckpt_event_prologue():
         engine.optimizer.checkpoint_event_prologue()
     engine._create_checkpoint_file(directory, TAG, False)
-    whole = {} if kept is None else {PERSISTENT: {name: data for name, (_, data) in kept.items()}}
+    whole = {}
+    if kept is not None and sum(d.numel() * d.element_size() for _, d in kept.values()) <= PERSISTENT_MAX_BYTES:
+        whole = {PERSISTENT: {name: data for name, (_, data) in kept.items()}}
     engine._save_checkpoint(directory, TAG, client_state=whole)
     if engine.save_zero_checkpoint:
         engine._create_zero_checkpoint_files(directory, TAG)

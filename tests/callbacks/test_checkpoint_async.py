@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from cadence.callbacks.checkpoint import Checkpoint, read_state
 from cadence.callbacks.checkpoint.store import missing_files
+from cadence.distributed.deepspeed_checkpoint import PERSISTENT
 from helpers import REPO, SCRIPTS, cadence_env, run_launch
 
 pytestmark = pytest.mark.slow
@@ -180,14 +181,22 @@ def test_zero3_saves_leave_training_as_it_was_with_partitioned_and_persistent_pa
     training with no save, bit for bit, and so does a run resumed from the checkpoint of step 6. A save frees the
     persistent parameters (the biases here) and puts back what they held instead of gathering them again; the
     partitioned weights are released as DeepSpeed's own save releases them; a resume reads the persistent ones whole
-    from the rank's own file instead of gathering them from the partitions."""
-    run_launch("zero3_saving.py", tmp_path, nproc=2, timeout=300)
+    from the rank's own file, with no collective. Over `PERSISTENT_MAX_BYTES` they are not saved whole, and the
+    resume gathers them as DeepSpeed's own load does, to the same weights."""
+    proc = run_launch("zero3_saving.py", tmp_path, nproc=2, timeout=300)
     unsaved = load_file(str(tmp_path / "none.safetensors"))
-    for mode in ("sync", "async", "resumed"):
-        assert_equal(load_file(str(tmp_path / f"{mode}.safetensors")), unsaved)
-    for mode in ("sync", "async"):  # saved at 2, 4, 6, 8; the resumed run, at 8
-        assert [d.name for d in visible(tmp_path / f"ckpt-{mode}")] == ["step-00000006", "step-00000008"]
-    assert [d.name for d in visible(tmp_path / "ckpt-resumed")] == ["step-00000008"]
+    for run in ("sync", "async", "resumed", "capped", "capped-resumed"):
+        assert_equal(load_file(str(tmp_path / f"{run}.safetensors")), unsaved)
+    for run in ("sync", "async", "capped"):  # saved at 2, 4, 6, 8; the resumed runs, at 8
+        assert [d.name for d in visible(tmp_path / f"ckpt-{run}")] == ["step-00000006", "step-00000008"]
+    for run in ("resumed", "capped-resumed"):
+        assert [d.name for d in visible(tmp_path / f"ckpt-{run}")] == ["step-00000008"]
+    model_states = lambda run: [torch.load(f, weights_only=False) for f in sorted(
+        (tmp_path / f"ckpt-{run}" / "step-00000006" / "deepspeed").glob("*model_states.pt"))]
+    assert [sorted(s[PERSISTENT]) for s in model_states("async")] == [["0.bias", "2.bias"]] * 2
+    assert [PERSISTENT in s for s in model_states("capped")] == [False, False]
+    assert proc.stdout.count("resumed LOAD COLLECTIVES 0") == 2, proc.stdout  # "capped-resumed" gathers the biases
+    assert proc.stdout.count("capped-resumed LOAD COLLECTIVES 2") == 2, proc.stdout
 
 
 def test_a_copy_that_spans_the_next_micro_batches_still_holds_the_state_of_its_step(tmp_path):
