@@ -15,6 +15,7 @@ engine. Targets: FSDP FULL_SHARD and ZeRO-3 model state at most 1/N of DDP's + 5
 
     .venv/bin/python bench/memory.py               # 2 and 4 processes (~1 min)
     .venv/bin/python bench/memory.py --nproc 2     # one size
+    .venv/bin/python bench/memory.py --nproc 4 --strategies ddp model_parallel   # some engines
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ ENGINES = {"DDP": ("ddp", {}, "no", "DDP"),
                                   "no", None),
            "TP x FSDP (tp=2, dp=rest)": ("model_parallel", {"tp_size": 2, "parallelize": "megatron_pairs"}, "no", None),
            "TP (tp=all, dp=1)": ("model_parallel", {"tp_size": "all", "parallelize": "megatron_pairs"}, "no", None)}
+STRATEGIES = ("ddp", "fsdp", "model_parallel", "deepspeed")
 DEEPSPEED_ENGINES = {f"ZeRO-{k}{' bf16' if p == 'bf16' else ''}": ("deepspeed", {"zero_stage": k}, p, f"ZeRO-{k}")
                      for p in ("no", "bf16") for k in (1, 2, 3)}
 
@@ -134,7 +136,7 @@ def measure(strategy: str, kwargs: dict, precision: str) -> dict[str, int]:
     return probe.bytes
 
 
-def worker() -> None:
+def worker(strategies: list[str]) -> None:
     import importlib.util
 
     from cadence.distributed.env import rank, setup_distrib, world_size
@@ -143,6 +145,7 @@ def worker() -> None:
 
     setup_distrib()
     engines = {**ENGINES, **(DEEPSPEED_ENGINES if importlib.util.find_spec("deepspeed") else {})}
+    engines = {name: engine for name, engine in engines.items() if engine[0] in strategies}
     rows = {}
     for name, (strategy, kwargs, precision, _) in engines.items():
         per_rank = gather_object(measure(strategy, kwargs, precision))
@@ -167,15 +170,17 @@ def model_state(row: dict[str, int]) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES,
+                   help="the engines to measure, by strategy (DDP's row is every ratio's base: always measured)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if is_worker():
-        return worker()
+        return worker(["ddp", *args.strategies])
     print("| processes | engine | params MiB | grads MiB | optimizer MiB | model state MiB | estimate MiB | of DDP "
           "| buffers MiB | with buffers, of DDP |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in args.nproc:
-        print(relaunch(n, __file__, []), end="")
+        print(relaunch(n, __file__, ["--strategies", *args.strategies]), end="")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ def _table(script, *args) -> list[list[str]]:
 
 @pytest.mark.slow
 def test_2d_and_tp_over_four_processes_hold_a_quarter_of_ddps_model_state_per_rank():
-    total = {r[1]: float(r[5]) for r in _table("memory.py", "--nproc", "4")}
+    total = {r[1]: float(r[5]) for r in _table("memory.py", "--nproc", "4", "--strategies", "model_parallel")}
+    assert set(total) == {"DDP", "TP x FSDP (tp=2, dp=rest)", "TP (tp=all, dp=1)"}
     assert total["DDP"] > 20
     assert total["TP x FSDP (tp=2, dp=rest)"] <= total["DDP"] / 4 * 1.05   # 1/(tp x dp_shard) + 5%
     assert total["TP (tp=all, dp=1)"] <= total["DDP"] / 4 * 1.05
