@@ -91,7 +91,8 @@ def _save_files(engine: Any, directory: str) -> None:
     engine._create_checkpoint_file(directory, TAG, False)
     whole = {}
     if kept is not None and sum(d.numel() * d.element_size() for _, d in kept.values()) <= PERSISTENT_MAX_BYTES:
-        whole = {PERSISTENT: {name: data for name, (_, data) in kept.items()}}
+        whole = {PERSISTENT: {name: data.clone() for name, (_, data) in kept.items()}}  # a view's whole storage
+        # would be saved with it (one process: views of the flat partition of every parameter)
     engine._save_checkpoint(directory, TAG, client_state=whole)
     if engine.save_zero_checkpoint:
         engine._create_zero_checkpoint_files(directory, TAG)

@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 from safetensors.torch import load_file
 
 from cadence.callbacks.checkpoint import Checkpoint, read_state
@@ -394,6 +395,26 @@ def test_deepspeed_async_saves_copy_into_host_memory_reserved_at_the_first_step(
         for f in files:
             assert_same_contents(torch.load(f, weights_only=False),
                                  torch.load(tmp_path / "async" / name / "deepspeed" / f.name, weights_only=False))
+
+
+def test_zero3_model_states_file_holds_the_persistent_parameters_not_the_partitions_they_view(dls, tmp_path):
+    """ZeRO-3 on one process: a persistent parameter (every one but the 512 x 512 weight, under DeepSpeed's 100k
+    elements) views the flat partition of every parameter, and saving that view would save the whole partition: the
+    model-states file holds each persistent parameter on its own, and the large weight only in the optimizer's
+    file."""
+    from fixtures import make_learner
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 3))
+    learn = make_learner(dls, tmp_path, [Checkpoint("ckpt", every_n_steps=2)], model=model)
+    with learn.distrib_ctx(strategy="deepspeed", zero_stage=3):
+        learn.fit(1)
+        persistent = {name: p.detach().clone() for name, p in model.named_parameters() if name != "2.weight"}
+    last = tmp_path / "ckpt" / (tmp_path / "ckpt" / "latest").read_text() / "deepspeed"
+    states, = last.glob("*model_states.pt")
+    saved = torch.load(states, weights_only=False)[PERSISTENT]
+    assert saved.keys() == persistent.keys() and all(torch.equal(saved[k], persistent[k]) for k in persistent)
+    assert states.stat().st_size < 100_000 < 512 * 512 * 4, states.stat().st_size  # the 512 x 512 weight is 1 MiB
 
 
 def assert_same_contents(a, b):
