@@ -141,12 +141,14 @@ class BackgroundWrite:
                        f"done); a slow disk? (it fails after io_timeout={self.io_timeout} s)", file=sys.stderr)
 
     def _measure(self) -> dict[str, Any]:
-        """What this save cost on this rank: seconds from start to commit, how long the loop was held, the peak
-        and the resident host memory before the save (bytes; None where the system does not say)."""
+        """What this save cost on this rank: seconds from the loop's stop for it to its commit (with what the engine
+        wrote at the save point), how long the loop was held, the peak and the resident host memory before the save
+        (bytes; None where the system does not say)."""
+        seconds = time.perf_counter() - self.since
         if self.blocking:
-            self.held_s = time.perf_counter() - self.since
+            self.held_s = seconds
         copy_wait = self.staging.waited_s if self.staging is not None else 0.0
-        return {"name": self.directory.name, "seconds": self.elapsed, "held_s": self.held_s + copy_wait,
+        return {"name": self.directory.name, "seconds": seconds, "held_s": self.held_s + copy_wait,
                 "waited_s": self.waited_s, "copy_wait_s": copy_wait,
                 "peak": self.memory.stop() if self.memory else None,
                 "resident": self.memory.resident if self.memory else None}
