@@ -2,8 +2,8 @@
 
 An MLP of `--width` x `--width` layers (default 5 of 2048: 21M parameters, 84 MB of weights, 252 MB of state
 with AdamW's two moments) trains on `cadence launch --cpu` for each engine (DDP, FSDP2, DeepSpeed ZeRO-3) and
-number of processes, 12 optimizer steps on every process with a Checkpoint every 3, first synchronous, then
-`async_save=True`.
+number of processes, 12 optimizer steps on every process: with no checkpoint, then with a Checkpoint every 3 steps,
+synchronous, then with `async_save=True`.
 For each it measures, in the same run:
 
 - write throughput: checkpoint bytes / the synchronous save's time (the loop held, from taking the state to the
@@ -17,8 +17,10 @@ For each it measures, in the same run:
   writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
   reads (safetensors `load_file` with each tensor read once, `torch.load` with its defaults (DeepSpeed's files as its
-  engine reads them), or a `torch.load` of each tensor of the rank's .distcp shard file); each 5 times, alternating, the best of each, every rank starting together;
-- memory: the peak host memory (sampled every 5 ms) over the resident memory before the save, worst rank.
+  engine reads them), or a `torch.load` of each tensor of the rank's .distcp shard file); each 9 times, alternating, the best of each, every rank starting together;
+- memory: the peak host memory (sampled every 5 ms) over the resident memory before the save, worst rank; and,
+  since an async save's peak is sampled while the next steps run (their own transient memory in it), the peak of
+  the whole async fit over that of the same fit with no checkpoint (run first), worst rank: what async saving adds.
 
     .venv/bin/python bench/checkpoint.py                            # 1, 2, 4 processes x ddp, fsdp, zero3
     .venv/bin/python bench/checkpoint.py --procs 1 2 --engines ddp --layers 3
@@ -43,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 ENGINES = {"ddp": ("ddp", {}), "fsdp": ("fsdp", {}), "zero3": ("deepspeed", {"zero_stage": 3})}
 CHUNK = 8 << 20
 STEPS = 12  # optimizer steps per fit on every process: 4 saves, 3 of them followed by a step
-RESUMES = 5  # resumes and plain loads measured, alternating; the best of each is reported
+RESUMES = 9  # resumes and plain loads measured, alternating; the best of each is reported
 
 
 # ---------------------------------------------------------------------------- the launched part
@@ -113,6 +115,7 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
 
     from cadence import DataLoaders, Learner
     from cadence.callbacks.checkpoint import Checkpoint
+    from cadence.callbacks.checkpoint.memory import PeakMemory
     from cadence.distributed.env import rank, world_size
     from cadence.distributed.ops import gather_object
 
@@ -125,13 +128,16 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
     root = out.parent / f"ckpt-{out.stem}"
     learn = Learner(dls, model, loss_func=nn.MSELoss(), opt_func=torch.optim.AdamW, lr=1e-4)
     learn.remove_cb(learn.progress)
-    result = {}
+    result, fit_peak = {}, {}
     with learn.distrib_ctx(strategy=name, **kwargs):
-        for mode in ("sync", "async"):
-            ckpt = Checkpoint(root / mode, every_n_steps=3, every_epoch=False, keep_last=1,
-                              async_save=mode == "async")
-            learn.fit(1, cbs=[ckpt])
-            result[mode] = ckpt.saves
+        for mode in ("none", "sync", "async"):
+            ckpt = None if mode == "none" else Checkpoint(root / mode, every_n_steps=3, every_epoch=False,
+                                                          keep_last=1, async_save=mode == "async")
+            meter = PeakMemory().start()
+            learn.fit(1, cbs=[ckpt] if ckpt else [])
+            fit_peak[mode] = meter.stop()
+            if ckpt:
+                result[mode] = ckpt.saves
         last = root / "sync" / (root / "sync" / "latest").read_text()
         resume, plain = [], []
         profiler = None
@@ -155,7 +161,8 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
             profiler.dump_stats(profile / f"resume-{engine}-{world_size()}-rank{rank()}.prof")
         size = sum(p.stat().st_size for p in last.rglob("*") if p.is_file())
         disk = disk_write(root / "disk-probe", size) if rank() == 0 else None
-        everyone = gather_object({"saves": result, "resume": resume, "plain": plain, "disk": disk, "size": size})
+        everyone = gather_object({"saves": result, "resume": resume, "plain": plain, "disk": disk, "size": size,
+                                  "fit_peak": fit_peak})
     if rank() == 0:
         out.write_text(json.dumps(everyone))
 
@@ -187,6 +194,7 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     waited = max(max(s["waited_s"] for s in saves) for saves in zip(*async_))
     copy_wait = max(max(s["copy_wait_s"] for s in saves) for saves in trained_on)
     resume, plain = max(r["resume"] for r in ranks), max(r["plain"] for r in ranks)
+    fit_peaks = max(r["fit_peak"]["async"] / r["fit_peak"]["none"] for r in ranks)
 
     def memory(runs):
         return max(s["peak"] / s["resident"] for saves in runs for s in saves if s["peak"] and s["resident"])
@@ -194,13 +202,14 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     return (f"| {engine} | {nproc} | {size / mb:.0f} | {size / mb / sync_s:.0f} | {size / mb / disk:.0f} | "
             f"{disk / sync_s:.2f} | {held_sync:.2f} | {held_async:.3f} | {copy_wait:.3f} | {held_async / held_sync:.3f} | "
             f"{waited:.2f} | "
-            f"{resume:.3f} | {plain:.3f} | {resume / plain:.2f} | {memory(sync):.2f} | {memory(async_):.2f} |")
+            f"{resume:.3f} | {plain:.3f} | {resume / plain:.2f} | {memory(sync):.2f} | {memory(async_):.2f} | "
+            f"{fit_peaks:.2f} |")
 
 
 HEADER = ("| engine | procs | checkpoint MiB | save MiB/s | disk MiB/s | save/disk | sync held s | async held s | "
           "of it copy wait s | async/sync | async waits s | resume s | plain load s | resume/plain | "
-          "peak/resident sync | peak/resident async |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "peak/resident sync | peak/resident async | async fit peak/no-save fit peak |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> None:
