@@ -3,7 +3,7 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
 
   async_checkpoint.py --ckpt DIR --out FILE [--sync] [--write-delay S] [--kill-after S] [--kill-at-step N] [--sigterm-in-write N]
                       [--fsize BYTES] [--keep-last N] [--strategy NAME [--zero-stage N]] [--batchnorm] [--copy-delay S]
-                      [--classes N] [--disk-delay S]
+                      [--classes N] [--disk-delay S] [--device cpu|cuda|default]
 --sync: Checkpoint(async_save=False) (the default here is async).
 --write-delay: every checkpoint's RNG files are written S seconds late (a slow disk: the write is in flight
   for longer, while training goes on).
@@ -20,13 +20,14 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
 --disk-delay: every file that `torch.save` writes to disk (DeepSpeed's engine files among them, whichever thread
   writes them) and every file serialized in memory first (`HostFile.write_to`) reaches the disk S seconds late;
   a save into memory is not delayed.
+--device: where the batches (and so the model) go: cpu (the default), cuda, or cadence's default.
 --classes: the number of classes (3; 4 gives every parameter an even size: DeepSpeed pads no partition on 2
   processes, and its padding holds whatever memory it was given).
 Every rank prints `LOAD_COLLECTIVES <n>` and `SAVE_COLLECTIVES <n>`: the collectives (torch.distributed calls) its
 resume (`load_state`) and its saves' taking of the state (`stage_state`, at the save point) made on the main thread,
 and `WROTE save_model_file|save_optimizer_file <rank>` for each base-format file it wrote.
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
-Prints `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
+Prints `DEVICE <where the model trained>`, `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
 the end; rank 0 writes the final weights to FILE.
 """
 
@@ -194,6 +195,7 @@ def main():
     p.add_argument("--classes", type=int, default=3)
     p.add_argument("--disk-delay", type=float, default=0.0)
     p.add_argument("--copy-delay", type=float, default=0.0)
+    p.add_argument("--device", default="cpu", help="'default': cadence's (a GPU where there is one)")
     args = p.parse_args()
     Path(args.ckpt).mkdir(parents=True, exist_ok=True)
     if args.write_delay or args.sigterm_in_write:
@@ -208,7 +210,7 @@ def main():
         slow_disk(args.disk_delay)
     collectives = count_collectives()
     report_file_writers()
-    dls, model = data_and_model(classes=args.classes)
+    dls, model = data_and_model(classes=args.classes, device=None if args.device == "default" else args.device)
     if args.batchnorm:
         model.insert(1, nn.BatchNorm1d(model[0].out_features))
     ckpt = Checkpoint(args.ckpt, every_n_steps=4, keep_last=args.keep_last, async_save=not args.sync)
@@ -225,13 +227,14 @@ def main():
         options = {} if args.zero_stage is None else {"zero_stage": args.zero_stage}
         with learn.distrib_ctx(strategy=args.strategy, **options):
             learn.fit_one_cycle(3, lr_max=1e-2, resume="auto")
+            print(f"DEVICE {next(learn.model.parameters()).device}", flush=True)
     except Exception as e:
         print(f"ERROR {type(e).__name__}: {e}\nSTEP {learn.step}", flush=True)
         raise SystemExit(1)
     print(f"LOAD_COLLECTIVES {collectives['load']}", flush=True)
     print(f"SAVE_COLLECTIVES {collectives['save']}", flush=True)
     if is_main_process():
-        save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
+        save_file({k: v.detach().cpu().contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
         print(f"BLOCKED {json.dumps([save['held_s'] for save in ckpt.saves])}", flush=True)
         print(f"COPYWAIT {json.dumps([save.get('copy_wait_s', 0.0) for save in ckpt.saves])}", flush=True)

@@ -82,15 +82,15 @@ class KillInSave(Callback):
         pass
 
 
-def data_and_model(hidden: int = 32, dropout: float = 0.3, classes: int = 3):
+def data_and_model(hidden: int = 32, dropout: float = 0.3, classes: int = 3, device: str | None = "cpu"):
     """What every resume script trains: 96 samples (6 features, `classes` classes, shuffled, batches of 8), an MLP,
-    seeded."""
+    seeded; batches go to `device` (None: cadence's default, a GPU where there is one)."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 6, generator=g)
     y = (x @ torch.randn(6, classes, generator=g)).argmax(1)
     dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True),
-                      DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device="cpu")
+                      DataLoader(TensorDataset(x[:40], y[:40]), batch_size=8), device=device)
     return dls, nn.Sequential(nn.Linear(6, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, classes))
 
 

@@ -1,0 +1,46 @@
+"""Async checkpoints of state in GPU memory: the copy to host memory that overlaps the next step's forward and
+backward (into cadence's host buffers, reserved at the first step) still writes the bytes a synchronous save
+writes, and training ends with the same weights: on one device, and under FSDP2 on one process (which shards
+nothing and saves the base format). FSDP2's sharded save on a GPU (torch's stager on a stream of its own, into
+pinned memory) needs two GPUs: not run by these.
+
+These need a CUDA GPU, which CI does not have: they are skipped there and run where one is (docs/checkpoints.md
+says where and when they last ran). Everything else about async saves is tested on the CPU in
+test_checkpoint_async.py, whose helpers these use.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import REPO, SCRIPTS, cadence_env
+from tests.callbacks.test_checkpoint_async import assert_equal, assert_same_checkpoints, finished
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+
+
+def run_on_gpu(*args, strategy=None):
+    """async_checkpoint.py on the GPU: one process, on its own (one device) or under `cadence launch` (`strategy`)."""
+    script = [str(SCRIPTS / "async_checkpoint.py"), *map(str, args), "--device", "default"]
+    cmd = ([sys.executable, "-m", "cadence.cli", "launch", "--num_processes", "1", *script, "--strategy", strategy]
+           if strategy else [sys.executable, *script])
+    env = cadence_env(CUDA_VISIBLE_DEVICES="0", CUBLAS_WORKSPACE_CONFIG=":4096:8",  # deterministic cuBLAS
+                      PYTHONPATH=f"{SCRIPTS}:{REPO}:{os.environ.get('PYTHONPATH', '')}")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+
+
+@pytest.mark.parametrize("strategy", [None, "fsdp"])
+def test_async_saves_from_gpu_memory_write_the_synchronous_bytes(tmp_path, strategy):
+    """The copy to host memory made 0.3 s late, while the next micro-batches run on the GPU: the loop waits for it
+    before the optimizer step, so every checkpoint holds its own step's state, byte for byte the synchronous one."""
+    for mode in ("sync", "async"):
+        flags = ["--sync"] if mode == "sync" else ["--copy-delay", 0.3]
+        proc = run_on_gpu("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", *flags, strategy=strategy)
+        finished(proc)
+        assert "cuda" in proc.stdout, proc.stdout  # the script says where the model trained
+    assert_equal(load_file(str(tmp_path / "async.st")), load_file(str(tmp_path / "sync.st")))
+    assert_same_checkpoints(tmp_path / "sync", tmp_path / "async")
