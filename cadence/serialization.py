@@ -24,6 +24,7 @@ import re
 import shutil
 import struct
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -150,13 +151,44 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: s
         raise ValueError("\n".join(lines))
 
 
-def save_torch(obj, path: str | os.PathLike, zipfile: bool = True) -> None:
+def save_torch(obj, path: str | os.PathLike, zipfile: bool = True, host_tags: bool = True) -> None:
     """`torch.save` to `path` atomically, on disk (fsync) before it gets its name (`zipfile`: torch's format, else
-    its legacy one)."""
+    its legacy one; `host_tags`: under `host_tagged`)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        torch.save(obj, f, _use_new_zipfile_serialization=zipfile)
+        with host_tagged() if host_tags else contextlib.nullcontext():
+            torch.save(obj, f, _use_new_zipfile_serialization=zipfile)
         f.flush()
         os.fsync(f.fileno())
+
+
+_HOST_TAGS = threading.local()
+
+
+@contextlib.contextmanager
+def host_tagged() -> Iterator[None]:
+    """While in it, `torch.save` in this thread records every storage as host memory ("cpu"), wherever it is: a file
+    written from a GPU's memory is then the very file written from a host copy of it (an async checkpoint's), and
+    it loads as host tensors on any machine, GPU or not (the state is copied to its device when loaded into place).
+
+    >>> with host_tagged(): torch.save(optimizer.state_dict(), f)
+    """
+    before, _HOST_TAGS.on = getattr(_HOST_TAGS, "on", False), True
+    try:
+        yield
+    finally:
+        _HOST_TAGS.on = before
+
+
+def _host_tag(storage) -> str | None:
+    return "cpu" if getattr(_HOST_TAGS, "on", False) else None
+
+
+def _restored_elsewhere(storage, location: str) -> None:
+    return None  # "cpu" is torch's own tag: its own deserializer restores it
+
+
+# before torch's own taggers (cpu 10, cuda 20, ...): an odd priority, since two equal ones would be compared as tuples
+torch.serialization.register_package(-271, _host_tag, _restored_elsewhere)
 
 
 def load_torch(path: str | os.PathLike, map_location="cpu"):

@@ -27,6 +27,6 @@ def save_object(obj: Any, f: str | os.PathLike, safe_serialization: bool, is_mai
     if safe_serialization:
         save_weights(obj, f)
     elif isinstance(f, (str, os.PathLike)):
-        save_torch(obj, f)      # written under a temporary name, renamed when complete
+        save_torch(obj, f, host_tags=False)  # under a temporary name, renamed when complete; torch.save's tags
     else:
         torch.save(obj, f)      # a file object

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..serialization import save_torch, sibling
+from ..serialization import host_tagged, save_torch, sibling
 from .staging import HostBuffers, HostFile, Staging, storage_key
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
@@ -188,7 +188,8 @@ class _Files:
         snapshot = self._host.snapshot(state_dict, Path(path).name, late=self._staging)
         if snapshot is None:  # tensors off the CPU: serialized now (torch.save copies them to the host)
             snapshot = self._host.file(Path(path).name)
-            torch.save(state_dict, snapshot, _use_new_zipfile_serialization=self._engine.zipfile_serialization)
+            with host_tagged():  # as `save_torch` writes
+                torch.save(state_dict, snapshot, _use_new_zipfile_serialization=self._engine.zipfile_serialization)
         self._pending.append((path, snapshot))
 
     def write(self) -> None:

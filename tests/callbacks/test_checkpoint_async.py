@@ -434,6 +434,39 @@ def test_the_save_log_line_counts_what_the_engine_wrote_at_the_save_point(dls, t
         assert written >= held >= 0.01, line
 
 
+def test_checkpoint_files_record_device_memory_as_host_memory_as_their_async_copies_do(tmp_path, monkeypatch):
+    """torch.save records where each storage lives ("cuda:0"); an async save writes from a host copy ("cpu"). On a
+    GPU that made the synchronous and async optimizer files differ (seen on an H200, tests/callbacks/
+    test_checkpoint_gpu.py), so a checkpoint file records every storage as host memory, wherever it is (and loads
+    on a machine without that GPU). A stand-in tag plays the GPU's here (this machine has none); the tagging is the
+    saving thread's alone, and `Accelerator.save` keeps torch's tags."""
+    import io
+    import threading
+    import zipfile
+
+    from cadence.accelerate.saving import save_object
+    from cadence.serialization import _HOST_TAGS, host_tagged, save_torch
+
+    ours, *torchs = torch.serialization._package_registry
+    monkeypatch.setattr(torch.serialization, "_package_registry", [ours, (0, lambda s: "gpu:7", lambda s, l: None),
+                                                                   *torchs])
+    state = {"exp_avg": torch.ones(3)}
+
+    def tags(path):
+        with zipfile.ZipFile(path) as z:
+            pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+        return {tag for tag in (b"cpu", b"gpu:7") if tag in pickled}
+    save_torch(state, tmp_path / "optimizer.pt")
+    save_object(state, tmp_path / "user.pt", safe_serialization=False, is_main_process=True)
+    assert tags(tmp_path / "optimizer.pt") == {b"cpu"} and tags(tmp_path / "user.pt") == {b"gpu:7"}
+    other = io.BytesIO()
+    with host_tagged():
+        thread = threading.Thread(target=torch.save, args=(state, other))
+        thread.start()
+        thread.join()
+    assert tags(other) == {b"gpu:7"} and not _HOST_TAGS.on
+
+
 def assert_same_contents(a, b):
     """Nested dicts and lists alike, their tensors equal (dtype and all), numbers and strings equal."""
     if isinstance(a, dict):
