@@ -1,8 +1,8 @@
-"""Async checkpoints of state in GPU memory: the copy to host memory that overlaps the next step's forward and
-backward (into cadence's host buffers, reserved at the first step) still writes the bytes a synchronous save
-writes, and training ends with the same weights: on one device, and under FSDP2 on one process (which shards
-nothing and saves the base format). FSDP2's sharded save on a GPU (torch's stager on a stream of its own, into
-pinned memory) needs two GPUs: not run by these.
+"""Async checkpoints of state in GPU memory. The Checkpoint callback's copy to host memory overlaps the next step's
+forward and backward (into cadence's host buffers, reserved at the first step); the Accelerator's `save_state`
+copies at the call. Either still writes the bytes a synchronous save writes, and training ends with the same
+weights: on one device, and under FSDP2 on one process (which shards nothing and saves the base format). FSDP2's
+sharded save on a GPU (torch's stager on a stream of its own, into pinned memory) needs two GPUs: not run by these.
 
 These need a CUDA GPU, which CI does not have: they are skipped there and run where one is (docs/checkpoints.md
 says where and when they last ran). Everything else about async saves is tested on the CPU in
@@ -44,3 +44,29 @@ def test_async_saves_from_gpu_memory_write_the_synchronous_bytes(tmp_path, strat
         assert "cuda" in proc.stdout, proc.stdout  # the script says where the model trained
     assert_equal(load_file(str(tmp_path / "async.st")), load_file(str(tmp_path / "sync.st")))
     assert_same_checkpoints(tmp_path / "sync", tmp_path / "async")
+
+
+def test_accelerator_async_save_state_of_gpu_state_writes_the_synchronous_bytes(tmp_path):
+    """`Accelerator.save_state(async_save=True)` copies the GPU's state to host memory at the call and writes it
+    behind; the step after it does not reach the copy, and every file is the synchronous save's, byte for byte."""
+    from cadence import Accelerator
+
+    torch.manual_seed(0)
+    acc = Accelerator()
+    net = torch.nn.Linear(64, 32)
+    model, opt = acc.prepare(net, torch.optim.AdamW(net.parameters(), lr=0.1))
+    assert next(model.parameters()).is_cuda
+
+    def step():
+        acc.backward(model(torch.randn(8, 64, device=acc.device)).square().mean())
+        opt.step()
+        opt.zero_grad()
+    step()
+    acc.save_state(tmp_path / "sync")
+    acc.save_state(tmp_path / "async", async_save=True)
+    step()  # training goes on while it is written: the checkpoint keeps the state of its own step
+    acc.end_training()
+    files = sorted(p.name for p in (tmp_path / "sync").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "async").iterdir()) and "optimizer.pt" in files
+    for f in files:
+        assert (tmp_path / "sync" / f).read_bytes() == (tmp_path / "async" / f).read_bytes(), f
