@@ -26,6 +26,7 @@ For each it measures, in the same run:
     .venv/bin/python bench/checkpoint.py --procs 1 2 --engines ddp --layers 3
     .venv/bin/python bench/checkpoint.py --batch-size 64      # a longer step for the async copy to overlap
     .venv/bin/python bench/checkpoint.py --procs 4 --engines fsdp --profile /tmp/prof   # where a resume's time goes
+    python bench/checkpoint.py --gpu --procs 1 --engines ddp fsdp --layers 8 --width 8192  # on a GPU
 
 The page cache is warm for the loads (the files were just written). Figures are for the machine it runs on.
 """
@@ -108,7 +109,8 @@ def distcp_load(directory: Path, name: str) -> None:
             torch.load(io.BytesIO(f.read(length)), map_location="cpu")
 
 
-def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None = None, batch_size: int = 4) -> None:
+def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None = None, batch_size: int = 4,
+           gpu: bool = False) -> None:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -122,7 +124,7 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
     torch.manual_seed(0)
     samples = STEPS * batch_size * world_size()  # every process takes STEPS steps, whatever the number of processes
     x, y = torch.randn(samples, width), torch.randn(samples, width)
-    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=batch_size), device="cpu")
+    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=batch_size), device=None if gpu else "cpu")
     model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers)])
     name, kwargs = ENGINES[engine]
     root = out.parent / f"ckpt-{out.stem}"
@@ -169,12 +171,11 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
 
 # ---------------------------------------------------------------------------- the driver
 def run(engine: str, nproc: int, layers: int, width: int, workdir: Path, profile: str | None,
-        batch_size: int) -> dict | str:
+        batch_size: int, gpu: bool = False) -> dict | str:
     out = workdir / f"{engine}-{nproc}.json"
-    cmd = [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_processes", str(nproc), __file__,
-           "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out),
-           "--batch-size", str(batch_size),
-           *(["--profile", profile] if profile else [])]
+    cmd = [sys.executable, "-m", "cadence.cli", "launch", *([] if gpu else ["--cpu"]), "--num_processes", str(nproc),
+           __file__, "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out),
+           "--batch-size", str(batch_size), *(["--profile", profile] if profile else []), *(["--gpu"] if gpu else [])]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
     if proc.returncode != 0:
@@ -223,12 +224,13 @@ def main() -> None:
     p.add_argument("--dir", help="where the checkpoints go (default: a temporary directory on the disk of /tmp)")
     p.add_argument("--profile", help="a directory: each rank's resumes but the first (learn.load_state, the page cache "
                                      "warm) profiled with cProfile into resume-<engine>-<procs>-rank<r>.prof there")
+    p.add_argument("--gpu", action="store_true", help="train on the GPUs (one per process), not the CPU")
     p.add_argument("--worker", choices=list(ENGINES), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args.worker, args.layers, args.width, Path(args.out), args.profile and Path(args.profile),
-                      args.batch_size)
+                      args.batch_size, args.gpu)
     params = args.layers * (args.width * args.width + args.width)
     print(f"model: {args.layers} x Linear({args.width}, {args.width}): {params / 1e6:.1f}M parameters, "
           f"{params * 4 / 1e6:.0f} MB of weights, {params * 12 / 1e6:.0f} MB with AdamW's state; "
@@ -240,7 +242,7 @@ def main() -> None:
         for nproc in args.procs:
             for engine in args.engines:
                 result = run(engine, nproc, args.layers, args.width, Path(tmp),
-                             args.profile and str(Path(args.profile).resolve()), args.batch_size)
+                             args.profile and str(Path(args.profile).resolve()), args.batch_size, args.gpu)
                 print(row(engine, nproc, result) if isinstance(result, list) else f"| {engine} | {nproc} | {result} |",
                       flush=True)
                 for leftover in Path(tmp).glob("ckpt-*"):
