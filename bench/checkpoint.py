@@ -207,6 +207,15 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
             f"{fit_peaks:.2f} |")
 
 
+def each_save(engine: str, nproc: int, ranks: list[dict]) -> str:
+    """Every save's held seconds (its wait for the save before left out) and copy wait, slowest rank."""
+    def held(mode):
+        saves = zip(*[r["saves"][mode] for r in ranks])
+        return ", ".join(f"{max(s['held_s'] - s['waited_s'] for s in each):.3f} "
+                         f"({max(s['copy_wait_s'] for s in each):.3f})" for each in saves)
+    return f"  {engine} {nproc}: each save held s (copy wait s): sync {held('sync')}; async {held('async')}"
+
+
 HEADER = ("| engine | procs | checkpoint MiB | save MiB/s | disk MiB/s | save/disk | sync held s | async held s | "
           "of it copy wait s | async/sync | async waits s | resume s | plain load s | resume/plain | "
           "peak/resident sync | peak/resident async | async fit peak/no-save fit peak |\n"
@@ -225,6 +234,8 @@ def main() -> None:
     p.add_argument("--profile", help="a directory: each rank's resumes but the first (learn.load_state, the page cache "
                                      "warm) profiled with cProfile into resume-<engine>-<procs>-rank<r>.prof there")
     p.add_argument("--gpu", action="store_true", help="train on the GPUs (one per process), not the CPU")
+    p.add_argument("--each-save", action="store_true", help="after each row, every save's held seconds (less its wait "
+                                                            "for the save before) and copy wait, slowest rank")
     p.add_argument("--worker", choices=list(ENGINES), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -245,6 +256,8 @@ def main() -> None:
                              args.profile and str(Path(args.profile).resolve()), args.batch_size, args.gpu)
                 print(row(engine, nproc, result) if isinstance(result, list) else f"| {engine} | {nproc} | {result} |",
                       flush=True)
+                if args.each_save and isinstance(result, list):
+                    print(each_save(engine, nproc, result), flush=True)
                 for leftover in Path(tmp).glob("ckpt-*"):
                     subprocess.run(["rm", "-rf", str(leftover)], check=False)
 
