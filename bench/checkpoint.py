@@ -17,7 +17,8 @@ For each it measures, in the same run:
   writes them);
 - resume: `learn.load_state` of the last checkpoint (slowest rank), against plain loads of the files that rank
   reads (safetensors `load_file` with each tensor read once, `torch.load` with its defaults (DeepSpeed's files as its
-  engine reads them), or a `torch.load` of each tensor of the rank's .distcp shard file); each 9 times, alternating, the best of each, every rank starting together;
+  engine reads them), or a `torch.load` of each tensor of the rank's .distcp shard file); each 9 times,
+  alternating, the best of each, every rank starting together;
 - memory: the peak host memory (sampled every 5 ms) over the resident memory before the save, worst rank; and,
   since an async save's peak is sampled while the next steps run (their own transient memory in it), the peak of
   the whole async fit over that of the same fit with no checkpoint (run first), worst rank: what async saving adds.

@@ -126,7 +126,8 @@ def _load_files(engine: Any, directory: str) -> None:
 
 
 def _fits(saved: Any, param: torch.nn.Parameter) -> bool:
-    return isinstance(saved, torch.Tensor) and saved.dtype == param.dtype and tuple(saved.shape) == tuple(param.ds_shape)
+    return (isinstance(saved, torch.Tensor) and saved.dtype == param.dtype
+            and tuple(saved.shape) == tuple(param.ds_shape))
 
 
 def _put_back(whole: Any) -> None:

@@ -340,10 +340,15 @@ def test_accelerator_async_save_state_holds_the_state_of_its_step_and_is_finishe
     assert time.perf_counter() - start < 0.4 and not (tmp_path / "async").exists()  # the loop goes on at once
     step()  # training goes on while it is written: the checkpoint keeps the state of its own step
     acc.end_training()
-    files = sorted(p.name for p in (tmp_path / "sync").iterdir())
-    assert files == sorted(p.name for p in (tmp_path / "async").iterdir()) and "optimizer.pt" in files
+    assert_same_files(tmp_path / "sync", tmp_path / "async")
+
+
+def assert_same_files(sync, async_):
+    """The Accelerator's two `save_state` directories hold the same files, byte for byte (the optimizer's too)."""
+    files = sorted(p.name for p in sync.iterdir())
+    assert files == sorted(p.name for p in async_.iterdir()) and "optimizer.pt" in files
     for f in files:
-        assert (tmp_path / "sync" / f).read_bytes() == (tmp_path / "async" / f).read_bytes(), f
+        assert (sync / f).read_bytes() == (async_ / f).read_bytes(), f
 
 
 @pytest.mark.parametrize("strategy", [None, "fsdp"])
