@@ -126,12 +126,11 @@ def _read_into(f: BinaryIO, offset: int, length: int, target: torch.Tensor) -> b
     """Read the tensor `torch.save`d at [offset, offset + length) of `f` into `target`; False (nothing written) when
     it is not exactly `target`'s dtype, shape and contiguous layout, stored uncompressed in this machine's byte order.
     The record's zip directory and its first bytes (the pickle, the byte order) are read once each."""
-    tail = _read_at(f, offset + max(0, length - _TAIL), min(length, _TAIL))
-    entries = _zip_entries(tail, length)
-    if entries is None:
-        return False
-    head = _read_at(f, offset, min(length, _HEAD))
     try:
+        entries = _zip_entries(_read_at(f, offset + max(0, length - _TAIL), min(length, _TAIL)), length)
+        if entries is None:
+            return False
+        head = _read_at(f, offset, min(length, _HEAD))
         root = next(iter(entries)).split("/", 1)[0]
         saved = _TensorPickle(io.BytesIO(_member(f, offset, head, entries[f"{root}/data.pkl"]))).load()
         order = entries.get(f"{root}/byteorder")
@@ -140,14 +139,13 @@ def _read_into(f: BinaryIO, offset: int, length: int, target: torch.Tensor) -> b
             return False
         dtype, key, numel = saved.storage
         record = entries[f"{root}/data/{key}"]
+        start = _data_start(f, offset, head, record[0])
     except (pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error, StopIteration):
-        return False
+        return False  # UnicodeDecodeError is a ValueError
     size = target.numel() * target.element_size()
     if (dtype != target.dtype or saved.size != tuple(target.shape) or saved.offset != 0 or numel != target.numel()
-            or saved.stride != target.stride() or byteorder != sys.byteorder or record[1] != size):
-        return False
-    start = _data_start(f, offset, head, record[0])
-    if start is None or start + size > length:
+            or saved.stride != target.stride() or byteorder != sys.byteorder or record[1] != size
+            or start is None or start + size > length):
         return False
     f.seek(offset + start)
     if size and f.readinto(memoryview(target.view(-1).view(torch.uint8).numpy())) != size:

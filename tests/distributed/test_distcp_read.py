@@ -58,3 +58,25 @@ def test_a_truncated_or_missing_shard_file_is_refused_before_reading(checkpoint)
     shard.unlink()
     with pytest.raises(ValueError, match=rf"{shard.name} is missing"):
         DirectReader(checkpoint).check()
+
+
+def test_a_record_it_cannot_parse_is_left_to_torchs_reader(tmp_path):
+    """`_read_into` parses a saved tensor's zip record itself; a record that is not what torch writes (a damaged
+    central directory, an entry count or a name beyond it) writes nothing into the target and says so, raising nothing."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(torch.arange(12.0), buffer)
+    record = buffer.getvalue()
+    directory = record.rfind(b"PK\x01\x02")  # the last entry of the central directory
+    end = record.rfind(b"PK\x05\x06")
+    damaged = {"signature": record[:directory] + b"XX" + record[directory + 2:],
+               "count": record[:end + 8] + (500).to_bytes(2, "little") * 2 + record[end + 12:],
+               "name length": record[:directory + 28] + (60000).to_bytes(2, "little") + record[directory + 30:]}
+    for what, data in {"whole": record, **damaged}.items():
+        path = tmp_path / what
+        path.write_bytes(data)
+        target = torch.zeros(12)
+        with open(path, "rb") as f:
+            read = distcp_read._read_into(f, 0, len(data), target)
+        assert read == (what == "whole") and torch.equal(target, torch.arange(12.0) if read else torch.zeros(12)), what
