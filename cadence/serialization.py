@@ -161,7 +161,8 @@ def save_torch(obj, path: str | os.PathLike, zipfile: bool = True, host_tags: bo
         os.fsync(f.fileno())
 
 
-_HOST_TAGS = threading.local()
+# kept on torch's module, so that a reload of this one (autoreload) shares it with functions imported before
+_HOST_TAGS = vars(torch.serialization).setdefault("_cadence_host_tags", threading.local())
 
 
 @contextlib.contextmanager
@@ -187,7 +188,11 @@ def _restored_elsewhere(storage, location: str) -> None:
     return None  # "cpu" is torch's own tag: its own deserializer restores it
 
 
-# before torch's own taggers (cpu 10, cuda 20, ...): an odd priority, since two equal ones would be compared as tuples
+# before torch's own taggers (cpu 10, cuda 20, ...): an odd priority, since two equal ones would be compared as
+# tuples; a reload of this module (autoreload) replaces the tagger an earlier load registered
+torch.serialization._package_registry[:] = [entry for entry in torch.serialization._package_registry
+                                            if getattr(entry[1], "__qualname__", "") != "_host_tag"
+                                            or getattr(entry[1], "__module__", "") != __name__]
 torch.serialization.register_package(-271, _host_tag, _restored_elsewhere)
 
 

@@ -139,7 +139,7 @@ def _read_into(f: BinaryIO, offset: int, length: int, target: torch.Tensor) -> b
             return False
         dtype, key, numel = saved.storage
         record = entries[f"{root}/data/{key}"]
-        start = _data_start(f, offset, head, record[0])
+        start = _data_start(f, offset, head, record)
     except (pickle.UnpicklingError, KeyError, ValueError, TypeError, EOFError, struct.error, StopIteration):
         return False  # UnicodeDecodeError is a ValueError
     size = target.numel() * target.element_size()
@@ -159,8 +159,8 @@ def _read_at(f: BinaryIO, position: int, size: int) -> bytes:
     return f.read(size)
 
 
-def _zip_entries(tail: bytes, length: int) -> dict[str, tuple[int, int]] | None:
-    """{name: (local header offset, size)} of the stored (uncompressed) entries of the zip record of `length` bytes
+def _zip_entries(tail: bytes, length: int) -> dict[str, tuple[int, int, bytes]] | None:
+    """{name: (local header offset, size, name)} of the stored (uncompressed) entries of the zip record of `length` bytes
     whose last bytes are `tail`, from its central directory; None when that is not all in `tail`, an entry is
     compressed, or the record is zip64 (a tensor of 4 GiB or more; torch's reader takes those)."""
     end = tail.rfind(b"PK\x05\x06")
@@ -176,24 +176,28 @@ def _zip_entries(tail: bytes, length: int) -> dict[str, tuple[int, int]] | None:
         if fields[0] != b"PK\x01\x02" or fields[4] != zipfile.ZIP_STORED or 0xFFFFFFFF in (*fields[8:10], fields[16]):
             return None
         name_size, extra_size, comment_size = fields[10:13]
-        name = tail[at + _CENTRAL.size: at + _CENTRAL.size + name_size].decode()
-        entries[name] = (fields[16], fields[9])
+        name = tail[at + _CENTRAL.size: at + _CENTRAL.size + name_size]
+        entries[name.decode()] = (fields[16], fields[9], name)
         at += _CENTRAL.size + name_size + extra_size + comment_size
     return entries
 
 
-def _data_start(f: BinaryIO, offset: int, head: bytes, header_offset: int) -> int | None:
-    """Where the data of the entry whose local header is at `header_offset` starts, within the record."""
-    local = head[header_offset: header_offset + _LOCAL_HEADER.size]
-    if len(local) < _LOCAL_HEADER.size:
-        local = _read_at(f, offset + header_offset, _LOCAL_HEADER.size)
-    header = _LOCAL_HEADER.unpack(local)
-    return header_offset + _LOCAL_HEADER.size + header[-2] + header[-1] if header[0] == b"PK\x03\x04" else None
+def _data_start(f: BinaryIO, offset: int, head: bytes, entry: tuple[int, int, bytes]) -> int | None:
+    """Where the data of `entry` (from `_zip_entries`) starts, within the record; None unless its local header is
+    there, naming it as the central directory does (a damaged length there would shift the bytes read)."""
+    header_offset, _, name = entry
+    local = head[header_offset: header_offset + _LOCAL_HEADER.size + len(name)]
+    if len(local) < _LOCAL_HEADER.size + len(name):
+        local = _read_at(f, offset + header_offset, _LOCAL_HEADER.size + len(name))
+    header = _LOCAL_HEADER.unpack(local[:_LOCAL_HEADER.size])
+    if header[0] != b"PK\x03\x04" or header[-2] != len(name) or local[_LOCAL_HEADER.size:] != name:
+        return None
+    return header_offset + _LOCAL_HEADER.size + header[-2] + header[-1]
 
 
-def _member(f: BinaryIO, offset: int, head: bytes, entry: tuple[int, int]) -> bytes:
+def _member(f: BinaryIO, offset: int, head: bytes, entry: tuple[int, int, bytes]) -> bytes:
     """The bytes of a small entry (the pickle, the byte order), from `head` when they lie there."""
-    start = _data_start(f, offset, head, entry[0])
+    start = _data_start(f, offset, head, entry)
     if start is None:
         raise ValueError("not a zip entry")
     data = head[start: start + entry[1]]

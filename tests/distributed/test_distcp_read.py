@@ -62,7 +62,8 @@ def test_a_truncated_or_missing_shard_file_is_refused_before_reading(checkpoint)
 
 def test_a_record_it_cannot_parse_is_left_to_torchs_reader(tmp_path):
     """`_read_into` parses a saved tensor's zip record itself; a record that is not what torch writes (a damaged
-    central directory, an entry count or a name beyond it) writes nothing into the target and says so, raising nothing."""
+    central directory, an entry count or a name beyond it, a local header whose name length is off, which would
+    shift the bytes read) writes nothing into the target and says so, raising nothing."""
     import io
 
     buffer = io.BytesIO()
@@ -73,6 +74,8 @@ def test_a_record_it_cannot_parse_is_left_to_torchs_reader(tmp_path):
     damaged = {"signature": record[:directory] + b"XX" + record[directory + 2:],
                "count": record[:end + 8] + (500).to_bytes(2, "little") * 2 + record[end + 12:],
                "name length": record[:directory + 28] + (60000).to_bytes(2, "little") + record[directory + 30:]}
+    data = record.find(b"PK\x03\x04", record.find(b"archive/byteorder"))  # the tensor's bytes' local header
+    damaged["local name length"] = record[:data + 26] + (17).to_bytes(2, "little") + record[data + 28:]
     for what, data in {"whole": record, **damaged}.items():
         path = tmp_path / what
         path.write_bytes(data)
