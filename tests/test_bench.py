@@ -49,9 +49,10 @@ def test_checkpoint_bench_measures_saves_resumes_and_memory_per_engine():
     rows = _bench_table("checkpoint.py", "--procs", "2", "--engines", "ddp", "zero3", "--layers", "1", "--width", "512")
     assert [r[:2] for r in rows] == [["ddp", "2"], ["zero3", "2"]]
     for r in rows:
-        assert len(r) == 17 and all(float(v) > 0 for v in r[2:8] + r[9:10] + r[11:]), r  # measured (the copy's
-        # wait and the wait for the save before may be 0)
-        assert 0.9 < float(r[15]) and 0.9 < float(r[16]), r   # peaks against the resident memory and the no-save fit
+        assert len(r) == 17 and all(float(v) >= 0 for v in r[2:]), r  # every cell measured (a tiny model's times
+        # may round to 0)
+        assert all(float(v) > 0 for v in r[2:6] + r[13:14]), r  # size, throughputs, their ratio, resume/plain
+        assert 0.9 < float(r[14]) and 0.9 < float(r[15]) and 0.9 < float(r[16]), r  # peaks: resident, no-save fit
 
 
 @pytest.mark.slow
