@@ -27,7 +27,7 @@ For each it measures, in the same run:
     .venv/bin/python bench/checkpoint.py --procs 1 2 --engines ddp --layers 3
     .venv/bin/python bench/checkpoint.py --batch-size 64      # a longer step for the async copy to overlap
     .venv/bin/python bench/checkpoint.py --procs 4 --engines fsdp --profile /tmp/prof   # where a resume's time goes
-    python bench/checkpoint.py --gpu --procs 1 --engines ddp fsdp --layers 8 --width 8192  # on a GPU
+    python bench/checkpoint.py --gpu --procs 1 --engines ddp fsdp --layers 4 --width 8192 --batch-size 64  # a GPU
 
 The page cache is warm for the loads (the files were just written). Figures are for the machine it runs on.
 """
@@ -192,9 +192,9 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     sync_s = held_sync  # a synchronous save holds the loop from taking the state to the commit: all of it
     # the fit's last save is left out: its copy is waited for by the end of the fit, with no step to overlap
     trained_on = list(zip(*async_))[:-1] or list(zip(*async_))
-    held_async = max(max(s["held_s"] - s["waited_s"] for s in saves) for saves in trained_on)  # the copy's wait in
+    held_async = max(map(held, trained_on))  # the copy's wait in
     waited = max(max(s["waited_s"] for s in saves) for saves in zip(*async_))
-    copy_wait = max(max(s["copy_wait_s"] for s in saves) for saves in trained_on)
+    copy_wait = max(map(copy_wait_of, trained_on))
     resume, plain = max(r["resume"] for r in ranks), max(r["plain"] for r in ranks)
     fit_peaks = max(r["fit_peak"]["async"] / r["fit_peak"]["none"] for r in ranks)
 
@@ -208,13 +208,21 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
             f"{fit_peaks:.2f} |")
 
 
+def held(save: tuple[dict, ...]) -> float:
+    """One save's (every rank's figures) held seconds less its wait for the save before, slowest rank."""
+    return max(s["held_s"] - s["waited_s"] for s in save)
+
+
+def copy_wait_of(save: tuple[dict, ...]) -> float:
+    return max(s["copy_wait_s"] for s in save)
+
+
 def each_save(engine: str, nproc: int, ranks: list[dict]) -> str:
     """Every save's held seconds (its wait for the save before left out) and copy wait, slowest rank."""
-    def held(mode):
-        saves = zip(*[r["saves"][mode] for r in ranks])
-        return ", ".join(f"{max(s['held_s'] - s['waited_s'] for s in each):.3f} "
-                         f"({max(s['copy_wait_s'] for s in each):.3f})" for each in saves)
-    return f"  {engine} {nproc}: each save held s (copy wait s): sync {held('sync')}; async {held('async')}"
+    def saves(mode):
+        return ", ".join(f"{held(save):.3f} ({copy_wait_of(save):.3f})"
+                         for save in zip(*[r["saves"][mode] for r in ranks]))
+    return f"  {engine} {nproc}: each save held s (copy wait s): sync {saves('sync')}; async {saves('async')}"
 
 
 HEADER = ("| engine | procs | checkpoint MiB | save MiB/s | disk MiB/s | save/disk | sync held s | async held s | "

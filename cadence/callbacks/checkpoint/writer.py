@@ -144,10 +144,10 @@ class BackgroundWrite:
         """What this save cost on this rank: seconds from the loop's stop for it to its commit (with what the engine
         wrote at the save point; not the wait for the save before), how long the loop was held, the peak and the
         resident host memory before the save (bytes; None where the system does not say)."""
-        since = time.perf_counter() - self.since
+        since_stop = time.perf_counter() - self.since
         if self.blocking:
-            self.held_s = since
-        seconds = since - self.waited_s
+            self.held_s = since_stop
+        seconds = since_stop - self.waited_s
         copy_wait = self.staging.waited_s if self.staging is not None else 0.0
         return {"name": self.directory.name, "seconds": seconds, "held_s": self.held_s + copy_wait,
                 "waited_s": self.waited_s, "copy_wait_s": copy_wait,
