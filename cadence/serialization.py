@@ -32,6 +32,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from .streaming import host_pieces, record_storage, save_torch_streaming
+
 _ALIASES_KEY = "cadence_aliases"
 
 
@@ -82,7 +84,8 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
     """Write `tensors` in the safetensors layout one tensor at a time, from their own memory, and fsync the file.
 
     safetensors' `save_file` builds the whole file in memory first: twice the model's size at the peak.
-    Here only one tensor at a time is copied, and only if it is not a contiguous CPU tensor already.
+    Here a CPU tensor is written from its own memory (copied first only if it is not contiguous), and a device
+    tensor through two page-locked buffers, the next piece's copy overlapping the last one's write (`host_pieces`).
     """
     header: dict = {"__metadata__": metadata} if metadata else {}
     offset = 0
@@ -95,8 +98,8 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
-        for t in tensors.values():
-            f.write(memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+        for piece in host_pieces(tensors.values()):
+            f.write(piece)
         f.flush()
         os.fsync(f.fileno())
 
@@ -153,9 +156,12 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: s
 
 def save_torch(obj, path: str | os.PathLike, zipfile: bool = True, host_tags: bool = True) -> None:
     """`torch.save` to `path` atomically, on disk (fsync) before it gets its name (`zipfile`: torch's format, else
-    its legacy one; `host_tags`: under `host_tagged`)."""
+    its legacy one; `host_tags`: under `host_tagged`, device memory written through `save_torch_streaming`)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        with host_tagged() if host_tags else contextlib.nullcontext():
+        if host_tags and zipfile:
+            with host_tagged():
+                save_torch_streaming(obj, f)
+        else:
             torch.save(obj, f, _use_new_zipfile_serialization=zipfile)
         f.flush()
         os.fsync(f.fileno())
@@ -181,7 +187,10 @@ def host_tagged() -> Iterator[None]:
 
 
 def _host_tag(storage) -> str | None:
-    return "cpu" if getattr(_HOST_TAGS, "on", False) else None
+    if not getattr(_HOST_TAGS, "on", False):
+        return None
+    record_storage(storage)  # for `save_torch_streaming`, when it runs
+    return "cpu"
 
 
 def _restored_elsewhere(storage, location: str) -> None:

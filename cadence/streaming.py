@@ -1,0 +1,226 @@
+"""Writing tensors from a device's memory to a file at the disk's speed: the copy of the next piece to host memory
+runs while the last piece is written.
+
+A plain save of GPU state copies each tensor to fresh host memory and then writes it, one after the other, so the
+save takes the copy's time plus the disk's (torch.save copies each storage that way). Here device memory goes
+through two page-locked buffers of `CHUNK_BYTES` in turn (`host_pieces`): the GPU copies the next piece into one
+while the disk takes the other, and no more than the two buffers is held in host memory, whatever the state's size.
+A CPU tensor is written from its own memory.
+
+`save_torch_streaming` writes torch's own file format that way: `torch.save` lays the file out with its storages'
+bytes left out (`torch.serialization.skip_data`), then each storage's bytes are written into their place and the
+checksums the zip format and torch's serialization id hold are filled in: the file is the one `torch.save` writes,
+byte for byte.
+
+>>> with open("optimizer.pt", "wb") as f: save_torch_streaming(optimizer.state_dict(), f)
+>>> for piece in host_pieces(model.state_dict().values()): f.write(piece)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import struct
+import threading
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import BinaryIO
+
+import torch
+
+CHUNK_BYTES = 64 << 20  # a piece of device memory copied to host memory at a time (two such buffers)
+
+
+def host_pieces(tensors: Iterable[torch.Tensor], chunk_bytes: int = CHUNK_BYTES,
+                staged: Callable[[torch.Tensor], bool] = lambda t: t.device.type != "cpu") -> Iterator[memoryview]:
+    """The bytes of `tensors`, in order, as host memory to write before asking for the next piece: a CPU tensor's own
+    memory (a non-contiguous one copied first); a device tensor's in pieces of at most `chunk_bytes`, copied into two
+    page-locked buffers in turn, the next piece's copy running while the caller writes the last (`staged`: which
+    tensors go through the buffers).
+
+    >>> for piece in host_pieces(state.values()): f.write(piece)
+    """
+    buffers: list[torch.Tensor] = []
+    in_flight: collections.deque = collections.deque()  # (host view, event or None, its buffer), oldest first
+    for t in tensors:
+        if not t.numel():
+            continue
+        data = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if not staged(t):
+            while in_flight:
+                yield _arrived(in_flight, buffers)
+            yield memoryview(data.numpy())
+            continue
+        for start in range(0, data.numel(), chunk_bytes):
+            piece = data[start:start + chunk_bytes]
+            if len(in_flight) == 2:  # both buffers taken: the caller writes the older while the newer copies
+                yield _arrived(in_flight, buffers)
+            buffer = buffers.pop() if buffers else torch.empty(chunk_bytes, dtype=torch.uint8,
+                                                               pin_memory=piece.is_cuda)
+            view = buffer[:piece.numel()]
+            view.copy_(piece, non_blocking=piece.is_cuda)  # on the stream that computed it: after its last write
+            event = None
+            if piece.is_cuda:
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(piece.device))
+            in_flight.append((view, event, buffer))
+    while in_flight:
+        yield _arrived(in_flight, buffers)
+
+
+def _arrived(in_flight: collections.deque, buffers: list[torch.Tensor]) -> memoryview:
+    """The oldest copy in flight, once it has arrived; its buffer is free again when the caller asks for more."""
+    view, event, buffer = in_flight.popleft()
+    if event is not None:
+        event.synchronize()
+    buffers.append(buffer)  # reused only after the caller has written `view` (the generator resumes after that)
+    return memoryview(view.numpy())
+
+
+# ---------------------------------------------------------------------------- torch's format
+class _Unstreamable(Exception):
+    """The file is not laid out as expected: written with plain `torch.save` instead."""
+
+
+_SEEN = threading.local()  # the storages `torch.save` meets in this thread, in the order it numbers them
+
+
+def record_storage(storage: torch.UntypedStorage) -> None:
+    """Called for every storage `torch.save` serializes (by `serialization`'s location tagger): while
+    `save_torch_streaming` runs in this thread, keeps each new one, in the order torch names their records."""
+    seen = getattr(_SEEN, "storages", None)
+    if seen is not None:
+        seen.setdefault(storage._cdata, storage)
+
+
+@contextlib.contextmanager
+def _recording() -> Iterator[dict[int, torch.UntypedStorage]]:
+    before, _SEEN.storages = getattr(_SEEN, "storages", None), {}
+    try:
+        yield _SEEN.storages
+    finally:
+        _SEEN.storages = before
+
+
+def save_torch_streaming(obj, f: BinaryIO) -> None:
+    """`torch.save(obj, f)`, the same bytes, with every storage off the CPU written through `host_pieces`: at about
+    the disk's speed and in host memory of two pieces. `f`: a file opened for writing at its start (its path is
+    reopened to read the layout back). Needs `serialization.host_tagged` around it (which records the storages);
+    without torch's `skip_data` (torch < 2.5), or for a tensor it cannot lay out, this is plain `torch.save`.
+
+    >>> with host_tagged(), open(path, "wb") as f: save_torch_streaming(optimizer.state_dict(), f)
+    """
+    skip_data = getattr(torch.serialization, "skip_data", None)
+    if skip_data is None:
+        return torch.save(obj, f)
+    try:
+        with _recording() as seen, skip_data():
+            try:
+                torch.save(obj, f)  # the layout: headers, pickle, directory; each storage's bytes left as a hole
+            except RuntimeError as e:  # a tensor `skip_data` refuses (nested, quantized, XLA's)
+                raise _Unstreamable from e
+        f.flush()
+        _fill(f, list(seen.values()))
+    except _Unstreamable:
+        f.seek(0)
+        f.truncate()
+        torch.save(obj, f)
+
+
+def _fill(f: BinaryIO, storages: list[torch.UntypedStorage]) -> None:
+    """Write each storage's bytes into its record of the file `torch.save` laid out with `skip_data`, then the
+    checksums: each record's CRC-32 (its data descriptor and its central directory entry) and torch's serialization
+    id, whose second half combines every record's CRC-32 in the order written."""
+    with open(f.name, "rb") as reader:
+        with zipfile.ZipFile(reader) as archive:
+            entries = archive.infolist()
+            central = _central_offsets(reader, archive.start_dir, len(entries))
+            places = {e.filename: (_data_offset(reader, e), e, at) for e, at in zip(entries, central)}
+        prefix = entries[0].filename.split("/")[0]
+        records = [places.get(f"{prefix}/data/{key}") for key in range(len(storages))]
+        if (len(places) != len(entries) or any(r is None for r in records)
+                or sum(e.filename.startswith(f"{prefix}/data/") for e in entries) != len(storages)
+                or any(r[1].file_size != s.nbytes() for r, s in zip(records, storages))):
+            raise _Unstreamable
+        files = (reader.fileno(), f.fileno())
+        crcs = {e.filename: e.CRC for e in entries}
+        pieces = host_pieces(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s) for s in storages)
+        for (offset, entry, _), storage in zip(records, storages):
+            crc, position, end = 0, offset, offset + storage.nbytes()
+            while position < end:
+                piece = next(pieces)
+                crc = zlib.crc32(piece, crc)
+                _write_at(f.fileno(), piece, position)
+                position += piece.nbytes
+            crcs[entry.filename] = crc
+        for name, (offset, entry, at) in places.items():
+            if entry.file_size and not name.endswith(_SERIALIZATION_ID):  # an empty record has no descriptor, CRC 0
+                _set_crc(files, offset + entry.file_size, at, crcs[name])
+        _set_serialization_id(files, entries, places, crcs)
+
+
+_SERIALIZATION_ID = ".data/serialization_id"
+
+
+def _set_crc(files: tuple[int, int], descriptor: int, central_entry: int, crc: int) -> None:
+    """Write `crc` into a record's data descriptor (at `descriptor`, after its bytes) and its central directory
+    entry (`files`: the file's descriptors to read and to write); the local header's stays 0, as torch leaves it."""
+    read, write = files
+    if os.pread(read, 4, descriptor) != b"PK\x07\x08" or os.pread(read, 4, central_entry) != b"PK\x01\x02":
+        raise _Unstreamable
+    packed = struct.pack("<L", crc)
+    _write_at(write, packed, descriptor + 4)
+    _write_at(write, packed, central_entry + 16)
+
+
+def _set_serialization_id(files: tuple[int, int], entries: list[zipfile.ZipInfo], places: dict, crcs: dict[str, int]) -> None:
+    """torch's `.data/serialization_id`: 20 digits hashing the records' names (left as written) and 20 combining
+    the CRC-32s of the records with a data descriptor (all but empty ones), in the order written, as c10's
+    `hash_combine` does when torch's writer writes each descriptor."""
+    name = next((e.filename for e in entries if e.filename.endswith(_SERIALIZATION_ID)), None)
+    if name is None:
+        return
+    offset, entry, at = places[name]
+    combined, mask = 0, (1 << 64) - 1
+    for e in entries:
+        if e.filename != name and e.file_size:
+            combined ^= (crcs[e.filename] + 0x9E3779B9 + ((combined << 6) & mask) + (combined >> 2)) & mask
+    text = os.pread(files[0], entry.file_size, offset)
+    if len(text) != 40:
+        raise _Unstreamable
+    text = text[:20] + f"{combined:020d}".encode()
+    _write_at(files[1], text, offset)
+    _set_crc(files, offset + entry.file_size, at, zlib.crc32(text))
+
+
+def _data_offset(reader: BinaryIO, entry: zipfile.ZipInfo) -> int:
+    """Where a record's bytes start: after its local header, its name and its extra field (torch's alignment)."""
+    reader.seek(entry.header_offset)
+    header = reader.read(30)
+    if header[:4] != b"PK\x03\x04" or entry.compress_type != zipfile.ZIP_STORED:
+        raise _Unstreamable
+    name_length, extra_length = struct.unpack("<2H", header[26:30])
+    return entry.header_offset + 30 + name_length + extra_length
+
+
+def _central_offsets(reader: BinaryIO, start: int, count: int) -> list[int]:
+    """The offset of each central directory entry, in the directory's order (zipfile's `infolist` order)."""
+    offsets, position = [], start
+    for _ in range(count):
+        reader.seek(position)
+        entry = reader.read(46)
+        if entry[:4] != b"PK\x01\x02":
+            raise _Unstreamable
+        offsets.append(position)
+        position += 46 + sum(struct.unpack("<3H", entry[28:34]))
+    return offsets
+
+
+def _write_at(fd: int, data, position: int) -> None:
+    """All of `data` at `position` of the file (`os.pwrite` may write less than asked)."""
+    remaining = memoryview(data).cast("B")
+    while remaining.nbytes:
+        written = os.pwrite(fd, remaining, position)
+        remaining, position = remaining[written:], position + written
