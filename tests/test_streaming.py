@@ -26,12 +26,14 @@ def torch_saved(obj) -> bytes:
 
 def optimizer_like_state():
     """What an optimizer file holds: per-parameter tensors of several dtypes, a scalar step, an empty tensor, one
-    storage seen through two views and the whole of it, a transposed (non-contiguous) view."""
+    storage seen through two views and the whole of it, a transposed (non-contiguous) view, and a tensor over the
+    size whose checksum is summed in a thread of its own while it is written."""
     torch.manual_seed(0)
     flat = torch.randn(300, 50)
     return {"state": {0: {"exp_avg": torch.randn(1000, 37), "step": torch.tensor(3.0), "part": flat[10:20],
                           "flat": flat, "bf16": torch.randn(777).to(torch.bfloat16)},
-                      1: {"empty": torch.empty(0), "mask": torch.rand(9) > 0.5, "count": torch.arange(11)}},
+                      1: {"empty": torch.empty(0), "mask": torch.rand(9) > 0.5, "count": torch.arange(11),
+                          "large": torch.randn(600_000)}},
             "param_groups": [{"lr": 0.1, "params": [0, 1]}], "transposed": flat.t()}
 
 
