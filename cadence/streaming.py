@@ -35,11 +35,11 @@ CHUNK_BYTES = 64 << 20  # a piece of device memory copied to host memory at a ti
 
 
 def host_pieces(tensors: Iterable[torch.Tensor], chunk_bytes: int = CHUNK_BYTES,
-                staged: Callable[[torch.Tensor], bool] = lambda t: t.device.type != "cpu") -> Iterator[memoryview]:
+                staged: Callable[[torch.Tensor], bool] = lambda t: t.is_cuda) -> Iterator[memoryview]:
     """The bytes of `tensors`, in order, as host memory to write before asking for the next piece: a CPU tensor's own
-    memory (a non-contiguous one copied first); a device tensor's in pieces of at most `chunk_bytes`, copied into two
+    memory (a non-contiguous one copied first); a CUDA tensor's in pieces of at most `chunk_bytes`, copied into two
     page-locked buffers in turn, the next piece's copy running while the caller writes the last (`staged`: which
-    tensors go through the buffers).
+    tensors go through the buffers; the tests send CPU tensors there too); another device's copied whole.
 
     >>> for piece in host_pieces(state.values()): f.write(piece)
     """
@@ -48,12 +48,12 @@ def host_pieces(tensors: Iterable[torch.Tensor], chunk_bytes: int = CHUNK_BYTES,
     for t in tensors:
         if not t.numel():
             continue
-        data = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        if not staged(t):
+        if not staged(t) or t.device.type not in ("cuda", "cpu"):
             while in_flight:
                 yield _arrived(in_flight, buffers)
-            yield memoryview(data.numpy())
+            yield _host_bytes(t.detach().cpu())
             continue
+        data = t.detach().contiguous().reshape(-1).view(torch.uint8)
         for start in range(0, data.numel(), chunk_bytes):
             piece = data[start:start + chunk_bytes]
             if len(in_flight) == 2:  # both buffers taken: the caller writes the older while the newer copies
@@ -61,7 +61,8 @@ def host_pieces(tensors: Iterable[torch.Tensor], chunk_bytes: int = CHUNK_BYTES,
             buffer = buffers.pop() if buffers else torch.empty(chunk_bytes, dtype=torch.uint8,
                                                                pin_memory=piece.is_cuda)
             view = buffer[:piece.numel()]
-            view.copy_(piece, non_blocking=piece.is_cuda)  # on the stream that computed it: after its last write
+            # queued on the device's current stream, after the work queued there; the event says when it has landed
+            view.copy_(piece, non_blocking=piece.is_cuda)
             event = None
             if piece.is_cuda:
                 event = torch.cuda.Event()
@@ -71,13 +72,18 @@ def host_pieces(tensors: Iterable[torch.Tensor], chunk_bytes: int = CHUNK_BYTES,
         yield _arrived(in_flight, buffers)
 
 
+def _host_bytes(t: torch.Tensor) -> memoryview:
+    """A CPU tensor's bytes (a non-contiguous one copied first)."""
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
 def _arrived(in_flight: collections.deque, buffers: list[torch.Tensor]) -> memoryview:
     """The oldest copy in flight, once it has arrived; its buffer is free again when the caller asks for more."""
     view, event, buffer = in_flight.popleft()
     if event is not None:
         event.synchronize()
     buffers.append(buffer)  # reused only after the caller has written `view` (the generator resumes after that)
-    return memoryview(view.numpy())
+    return _host_bytes(view)
 
 
 # ---------------------------------------------------------------------------- torch's format
