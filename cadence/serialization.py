@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from .streaming import host_pieces, record_storage, save_torch_streaming
+from .streaming import holds_cuda_tensors, host_pieces, register_tagger, save_torch_streaming
 
 _ALIASES_KEY = "cadence_aliases"
 
@@ -156,13 +156,14 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: s
 
 def save_torch(obj, path: str | os.PathLike, zipfile: bool = True, host_tags: bool = True) -> None:
     """`torch.save` to `path` atomically, on disk (fsync) before it gets its name (`zipfile`: torch's format, else
-    its legacy one; `host_tags`: under `host_tagged`, device memory written through `save_torch_streaming`)."""
+    its legacy one; `host_tags`: under `host_tagged`); a state holding CUDA tensors is written through
+    `save_torch_streaming`, the copy to host memory overlapping the disk."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        if host_tags and zipfile:
-            with host_tagged():
+        with host_tagged() if host_tags else contextlib.nullcontext():
+            if zipfile and holds_cuda_tensors(obj):
                 save_torch_streaming(obj, f)
-        else:
-            torch.save(obj, f, _use_new_zipfile_serialization=zipfile)
+            else:
+                torch.save(obj, f, _use_new_zipfile_serialization=zipfile)
         f.flush()
         os.fsync(f.fileno())
 
@@ -187,22 +188,10 @@ def host_tagged() -> Iterator[None]:
 
 
 def _host_tag(storage) -> str | None:
-    if not getattr(_HOST_TAGS, "on", False):
-        return None
-    record_storage(storage)  # for `save_torch_streaming`, when it runs
-    return "cpu"
+    return "cpu" if getattr(_HOST_TAGS, "on", False) else None
 
 
-def _restored_elsewhere(storage, location: str) -> None:
-    return None  # "cpu" is torch's own tag: its own deserializer restores it
-
-
-# before torch's own taggers (cpu 10, cuda 20, ...): an odd priority, since two equal ones would be compared as
-# tuples; a reload of this module (autoreload) replaces the tagger an earlier load registered
-torch.serialization._package_registry[:] = [entry for entry in torch.serialization._package_registry
-                                            if getattr(entry[1], "__qualname__", "") != "_host_tag"
-                                            or getattr(entry[1], "__module__", "") != __name__]
-torch.serialization.register_package(-271, _host_tag, _restored_elsewhere)
+register_tagger(-271, _host_tag)  # before torch's own taggers (cpu 10, cuda 20, ...)
 
 
 def load_torch(path: str | os.PathLike, map_location="cpu"):

@@ -12,7 +12,7 @@ bytes left out (`torch.serialization.skip_data`), then each storage's bytes are 
 checksums the zip format and torch's serialization id hold are filled in: the file is the one `torch.save` writes,
 byte for byte.
 
->>> with open("optimizer.pt", "wb") as f: save_torch_streaming(optimizer.state_dict(), f)
+>>> with open("optimizer.pt", "wb") as f: save_torch_streaming(optimizer.state_dict(), f)  # on a GPU
 >>> for piece in host_pieces(model.state_dict().values()): f.write(piece)
 """
 
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import os
+import pickle
 import struct
 import threading
 import zipfile
@@ -91,55 +93,94 @@ class _Unstreamable(Exception):
     """The file is not laid out as expected: written with plain `torch.save` instead."""
 
 
-_SEEN = threading.local()  # the storages `torch.save` meets in this thread, in the order it numbers them
+_SEEN = threading.local()  # what `torch.save` meets in this thread while `save_torch_streaming` lays a file out
 
 
-def record_storage(storage: torch.UntypedStorage) -> None:
-    """Called for every storage `torch.save` serializes (by `serialization`'s location tagger): while
-    `save_torch_streaming` runs in this thread, keeps each new one, in the order torch names their records."""
+def register_tagger(priority: int, tagger: Callable[[torch.UntypedStorage], str | None]) -> None:
+    """Register `tagger` with torch's serialization registry, asked for every storage `torch.save` writes (a tag
+    such as "cpu", or None: the next tagger's), at `priority` (torch's own: cpu 10, cuda 20, ...; an odd one, since
+    two equal priorities would be compared as tuples). A reload of its module (autoreload) replaces the tagger an
+    earlier load registered, instead of adding a second one. Loads are torch's own (its tags' deserializers).
+
+    >>> register_tagger(-275, lambda storage: "cpu")   # every storage recorded as host memory
+    """
+    torch.serialization._package_registry[:] = [
+        entry for entry in torch.serialization._package_registry
+        if (getattr(entry[1], "__qualname__", ""), getattr(entry[1], "__module__", ""))
+        != (tagger.__qualname__, tagger.__module__)]
+    torch.serialization.register_package(priority, tagger, _restored_by_torch)
+
+
+def _restored_by_torch(storage, location: str) -> None:
+    return None  # tags are torch's own ("cpu", "cuda:0"): its own deserializers restore them
+
+
+def _record_storage(storage: torch.UntypedStorage) -> None:
+    """Asked first for every storage `torch.save` serializes: while `save_torch_streaming` lays a file out in this
+    thread, keeps each new one, in the order torch names their records, and counts every call (one per reference
+    the file's pickle holds, unless a save runs inside it). Tags none (None: the next tagger's)."""
     seen = getattr(_SEEN, "storages", None)
     if seen is not None:
         seen.setdefault(storage._cdata, storage)
+        _SEEN.calls += 1
+
+
+register_tagger(-273, _record_storage)  # before every other tagger, cadence's host tagger (-271) included
 
 
 @contextlib.contextmanager
 def _recording() -> Iterator[dict[int, torch.UntypedStorage]]:
-    before, _SEEN.storages = getattr(_SEEN, "storages", None), {}
+    before = getattr(_SEEN, "storages", None), getattr(_SEEN, "calls", 0)
+    _SEEN.storages, _SEEN.calls = {}, 0
     try:
         yield _SEEN.storages
     finally:
-        _SEEN.storages = before
+        _SEEN.storages, _SEEN.calls = before
+
+
+def holds_cuda_tensors(obj) -> bool:
+    """Whether nested dicts, lists and tuples `obj` hold a tensor in CUDA memory (what `save_torch` streams)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.is_cuda
+    if isinstance(obj, dict):
+        return any(holds_cuda_tensors(v) for v in obj.values())
+    return isinstance(obj, (list, tuple)) and any(holds_cuda_tensors(v) for v in obj)
 
 
 def save_torch_streaming(obj, f: BinaryIO) -> None:
-    """`torch.save(obj, f)`, the same bytes, with every storage off the CPU written through `host_pieces`: at about
-    the disk's speed and in host memory of two pieces. `f`: a file opened for writing at its start (its path is
-    reopened to read the layout back). Needs `serialization.host_tagged` around it (which records the storages);
-    without torch's `skip_data` (torch < 2.5), or for a tensor it cannot lay out, this is plain `torch.save`.
+    """`torch.save(obj, f)`, the same bytes, with each storage's bytes written through `host_pieces`: CUDA memory at
+    about the disk's speed and in host memory of two pieces. `f`: a file opened for writing at its start (its path
+    is reopened to read the layout back). Plain `torch.save` instead without torch's `skip_data` (torch < 2.5), with
+    its CRC-32s turned off, for a tensor `skip_data` refuses (quantized, nested, XLA's) or a layout other than
+    expected (an object whose pickling runs a `torch.save` of its own).
 
-    >>> with host_tagged(), open(path, "wb") as f: save_torch_streaming(optimizer.state_dict(), f)
+    >>> with open(path, "wb") as f: save_torch_streaming(optimizer.state_dict(), f)
     """
     skip_data = getattr(torch.serialization, "skip_data", None)
-    if skip_data is None:
+    if skip_data is None or not torch.serialization.get_crc32_options():
         return torch.save(obj, f)
     try:
         with _recording() as seen, skip_data():
             try:
                 torch.save(obj, f)  # the layout: headers, pickle, directory; each storage's bytes left as a hole
-            except RuntimeError as e:  # a tensor `skip_data` refuses (nested, quantized, XLA's)
+            except RuntimeError as e:
+                if "skip_data" not in str(e):  # a failed write, or what torch.save refuses too: as torch.save says
+                    raise
                 raise _Unstreamable from e
+            calls = _SEEN.calls
         f.flush()
-        _fill(f, list(seen.values()))
+        _fill(f, list(seen.values()), calls)
     except _Unstreamable:
         f.seek(0)
         f.truncate()
         torch.save(obj, f)
 
 
-def _fill(f: BinaryIO, storages: list[torch.UntypedStorage]) -> None:
+def _fill(f: BinaryIO, storages: list[torch.UntypedStorage], calls: int) -> None:
     """Write each storage's bytes into its record of the file `torch.save` laid out with `skip_data`, then the
     checksums: each record's CRC-32 (its data descriptor and its central directory entry) and torch's serialization
-    id, whose second half combines every record's CRC-32 in the order written."""
+    id, whose second half combines every record's CRC-32 in the order written. `calls`: the tagger's calls while
+    laying out, which must be the pickle's references to storages (else a save ran inside it: `_Unstreamable`)."""
     with open(f.name, "rb") as reader:
         with zipfile.ZipFile(reader) as archive:
             entries = archive.infolist()
@@ -152,6 +193,9 @@ def _fill(f: BinaryIO, storages: list[torch.UntypedStorage]) -> None:
                 or any(r[1].file_size != s.nbytes() for r, s in zip(records, storages))):
             raise _Unstreamable
         files = (reader.fileno(), f.fileno())
+        pickle_at, pickle_entry, _ = places[f"{prefix}/data.pkl"]
+        if _storage_references(os.pread(files[0], pickle_entry.file_size, pickle_at)) != calls:
+            raise _Unstreamable
         crcs = {e.filename: e.CRC for e in entries}
         pieces = host_pieces(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s) for s in storages)
         with ThreadPoolExecutor(1, thread_name_prefix="checkpoint crc32") as checksums:
@@ -176,6 +220,49 @@ def _fill(f: BinaryIO, storages: list[torch.UntypedStorage]) -> None:
 
 _SERIALIZATION_ID = ".data/serialization_id"
 _SUM_APART_BYTES = 1 << 20  # a piece this large has its checksum computed in a thread while it is written
+
+
+class _Inert:
+    """Whatever a pickle would build, built as nothing: counting its storage references runs none of its code."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Inert()
+
+    def __setstate__(self, state):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+    def append(self, value):
+        pass
+
+    def extend(self, values):
+        pass
+
+
+class _ReferenceCounter(pickle.Unpickler):
+    references = 0
+
+    def find_class(self, module: str, name: str) -> type:
+        return _Inert
+
+    def persistent_load(self, pid) -> _Inert:
+        self.references += 1
+        return _Inert()
+
+
+def _storage_references(data: bytes) -> int:
+    """How many storage references (persistent ids) torch's pickle `data` holds, read without building anything."""
+    counter = _ReferenceCounter(io.BytesIO(data))
+    try:
+        counter.load()
+    except Exception as e:  # a pickle it cannot walk with stand-ins
+        raise _Unstreamable from e
+    return counter.references
 
 
 def _set_crc(files: tuple[int, int], descriptor: int, central_entry: int, crc: int) -> None:

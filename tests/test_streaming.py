@@ -16,12 +16,19 @@ from safetensors.torch import load_file
 
 from cadence import streaming
 from cadence.serialization import load_torch, save_torch, write_safetensors
+from cadence.streaming import save_torch_streaming
 
 
 def torch_saved(obj) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
+
+
+def streamed(obj, path) -> bytes:
+    with open(path, "wb") as f:
+        save_torch_streaming(obj, f)
+    return path.read_bytes()
 
 
 def optimizer_like_state():
@@ -56,8 +63,7 @@ def test_a_streamed_torch_save_is_torch_saves_file_byte_for_byte(tmp_path, monke
     writes, which loads with storages shared as they were."""
     given = counting_pieces(monkeypatch, **options)
     state = optimizer_like_state()
-    save_torch(state, tmp_path / "optimizer.pt")
-    assert (tmp_path / "optimizer.pt").read_bytes() == torch_saved(state)
+    assert streamed(state, tmp_path / "optimizer.pt") == torch_saved(state)
     storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in streaming_tensors(state)}
     assert sum(given) == sum(storages.values())  # every byte streamed, none left to torch.save
     assert len(given) == (len([n for n in storages.values() if n]) if not options else
@@ -66,6 +72,52 @@ def test_a_streamed_torch_save_is_torch_saves_file_byte_for_byte(tmp_path, monke
     assert torch.equal(loaded["state"][0]["part"], state["state"][0]["part"])
     assert loaded["state"][0]["part"].untyped_storage().data_ptr() == loaded["state"][0]["flat"].untyped_storage().data_ptr()
     assert torch.equal(loaded["transposed"], state["transposed"])
+
+
+def test_save_torch_streams_only_a_state_in_cuda_memory(tmp_path, monkeypatch):
+    """On the CPU a checkpoint file is torch.save's own writing (the same bytes; streaming gains nothing there)."""
+    given = counting_pieces(monkeypatch)
+    state = optimizer_like_state()
+    save_torch(state, tmp_path / "optimizer.pt")
+    assert (tmp_path / "optimizer.pt").read_bytes() == torch_saved(state)
+    assert not given and not streaming.holds_cuda_tensors(state)
+
+
+class SavedInside:
+    """Pickles its tensor as torch.save's bytes: a save inside the save."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __getstate__(self):
+        buffer = io.BytesIO()
+        torch.save(self.t, buffer)
+        return {"saved": buffer.getvalue()}
+
+    def __setstate__(self, state):
+        self.t = torch.load(io.BytesIO(state["saved"]), weights_only=True)
+
+
+@pytest.mark.parametrize("order", ["inside first", "tensor first"])
+def test_an_object_that_saves_inside_the_save_gets_torch_saves_file(tmp_path, monkeypatch, order):
+    """The save inside would be laid out too (its bytes left out) and its storages counted with the file's: the
+    references the file's pickle holds do not add up, so the file is torch.save's, its tensors whole."""
+    given = counting_pieces(monkeypatch)
+    a, b = torch.randn(4), torch.randn(4)
+    state = {"inside": SavedInside(a), "b": b, "a": a} if order == "inside first" else {"a": a, "inside": SavedInside(a)}
+    assert streamed(state, tmp_path / "state.pt") == torch_saved(state)
+    loaded = torch.load(tmp_path / "state.pt", weights_only=False)
+    assert torch.equal(loaded["inside"].t, a) and torch.equal(loaded["a"], a) and not given
+
+
+def test_with_torchs_checksums_turned_off_the_file_is_torch_saves(tmp_path, monkeypatch):
+    given = counting_pieces(monkeypatch)
+    state = optimizer_like_state()
+    torch.serialization.set_crc32_options(False)
+    try:
+        assert streamed(state, tmp_path / "optimizer.pt") == torch_saved(state) and not given
+    finally:
+        torch.serialization.set_crc32_options(True)
 
 
 def streaming_tensors(obj):
@@ -79,9 +131,25 @@ def test_a_state_torch_cannot_lay_out_first_is_saved_by_torch_save(tmp_path, mon
     """A nested tensor, which torch's `skip_data` refuses: the file is torch.save's all the same."""
     given = counting_pieces(monkeypatch)
     state = {"nested": torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]), "w": torch.randn(100)}
-    save_torch(state, tmp_path / "state.pt")
-    assert (tmp_path / "state.pt").read_bytes() == torch_saved(state)
+    assert streamed(state, tmp_path / "state.pt") == torch_saved(state)
     assert not given
+
+
+def test_what_torch_save_refuses_is_refused_as_torch_save_says(tmp_path):
+    """One memory seen as two dtypes: torch.save's own error, raised from the one pickling, not a fallback's second."""
+    w, pickled = torch.randn(8), []
+    with pytest.raises(RuntimeError, match="view the same data as different types"):
+        streamed({"counted": Counted(pickled), "w": w, "bits": w.view(torch.int32)}, tmp_path / "state.pt")
+    assert len(pickled) == 1
+
+
+class Counted:
+    def __init__(self, pickled: list):
+        self.pickled = pickled
+
+    def __reduce__(self):
+        self.pickled.append(1)
+        return (int, (0,))
 
 
 def test_host_pieces_hold_two_buffers_and_give_every_byte_in_order():

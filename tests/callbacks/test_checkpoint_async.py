@@ -452,8 +452,9 @@ def test_checkpoint_files_record_device_memory_as_host_memory_as_their_async_cop
     from cadence.accelerate.saving import save_object
     from cadence.serialization import _HOST_TAGS, host_tagged, save_torch
 
-    ours, *torchs = torch.serialization._package_registry
-    monkeypatch.setattr(torch.serialization, "_package_registry", [ours, (0, lambda s: "gpu:7", lambda s, l: None),
+    registry = torch.serialization._package_registry
+    ours, torchs = [e for e in registry if e[0] < 0], [e for e in registry if e[0] >= 0]
+    monkeypatch.setattr(torch.serialization, "_package_registry", [*ours, (0, lambda s: "gpu:7", lambda s, l: None),
                                                                    *torchs])
     state = {"exp_avg": torch.ones(3)}
 
@@ -464,6 +465,9 @@ def test_checkpoint_files_record_device_memory_as_host_memory_as_their_async_cop
     save_torch(state, tmp_path / "optimizer.pt")
     save_object(state, tmp_path / "user.pt", safe_serialization=False, is_main_process=True)
     assert tags(tmp_path / "optimizer.pt") == {b"cpu"} and tags(tmp_path / "user.pt") == {b"gpu:7"}
+    save_torch(state, tmp_path / "legacy.pt", zipfile=False)  # torch's legacy format (a DeepSpeed setting)
+    legacy = (tmp_path / "legacy.pt").read_bytes()
+    assert b"cpu" in legacy and b"gpu:7" not in legacy
     other = io.BytesIO()
     with host_tagged():
         thread = threading.Thread(target=torch.save, args=(state, other))
