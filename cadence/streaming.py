@@ -41,7 +41,8 @@ def host_pieces(tensors: Iterable[torch.Tensor], chunk_bytes: int = CHUNK_BYTES,
     """The bytes of `tensors`, in order, as host memory to write before asking for the next piece: a CPU tensor's own
     memory (a non-contiguous one copied first); a CUDA tensor's in pieces of at most `chunk_bytes`, copied into two
     page-locked buffers in turn, the next piece's copy running while the caller writes the last (`staged`: which
-    tensors go through the buffers; the tests send CPU tensors there too); another device's copied whole.
+    tensors go through the buffers; the tests send CPU tensors there too); a non-contiguous CUDA tensor, or another
+    device's, copied whole to host memory.
 
     >>> for piece in host_pieces(state.values()): f.write(piece)
     """
@@ -50,7 +51,8 @@ def host_pieces(tensors: Iterable[torch.Tensor], chunk_bytes: int = CHUNK_BYTES,
     for t in tensors:
         if not t.numel():
             continue
-        if not staged(t) or t.device.type not in ("cuda", "cpu"):
+        if not staged(t) or t.device.type not in ("cuda", "cpu") or (t.is_cuda and not t.is_contiguous()):
+            # another device's memory, or a strided view on the GPU (made contiguous there, it would take GPU memory)
             while in_flight:
                 yield _arrived(in_flight, buffers)
             yield _host_bytes(t.detach().cpu())
@@ -67,7 +69,7 @@ def host_pieces(tensors: Iterable[torch.Tensor], chunk_bytes: int = CHUNK_BYTES,
             view.copy_(piece, non_blocking=piece.is_cuda)
             event = None
             if piece.is_cuda:
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(blocking=True)  # its wait sleeps rather than spinning a core
                 event.record(torch.cuda.current_stream(piece.device))
             in_flight.append((view, event, buffer))
     while in_flight:
