@@ -6,6 +6,10 @@ skipped without CUDA, runs it on GPU memory. Every file is compared byte for byt
 safetensors writes of the same state.
 """
 
+import argparse
+import collections
+import dataclasses
+import enum
 import functools
 import io
 
@@ -72,6 +76,40 @@ def test_a_streamed_torch_save_is_torch_saves_file_byte_for_byte(tmp_path, monke
     assert torch.equal(loaded["state"][0]["part"], state["state"][0]["part"])
     assert loaded["state"][0]["part"].untyped_storage().data_ptr() == loaded["state"][0]["flat"].untyped_storage().data_ptr()
     assert torch.equal(loaded["transposed"], state["transposed"])
+
+
+class Stage(enum.Enum):
+    ONE = 1
+
+
+@dataclasses.dataclass
+class Scaler:
+    scale: float
+    history: list
+
+
+class Slotted:
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Keyed(dict):
+    pass
+
+
+def test_objects_beside_the_tensors_are_streamed_as_torch_save_writes_them(tmp_path, monkeypatch):
+    """What DeepSpeed's files hold beside tensors (its config, loss scaler, enums): the pickle's storage references
+    are counted by walking it with stand-ins for every class, whatever the objects, and the file is streamed."""
+    given = counting_pieces(monkeypatch)
+    w = torch.randn(1000)
+    state = {"ordered": collections.OrderedDict(w=w), "default": collections.defaultdict(list, a=[w[:10]]),
+             "scaler": Scaler(2.0**16, [1, 2]), "stage": Stage.ONE, "args": argparse.Namespace(lr=0.1, t=w),
+             "sets": ({1, 2}, frozenset({3})), "slotted": Slotted(w[5:]), "keyed": Keyed(x=torch.ones(3)),
+             "bytes": b"\x00\x01", "none": None}
+    assert streamed(state, tmp_path / "state.pt") == torch_saved(state)
+    assert sum(given) == w.nbytes + 12  # w's storage once, and the ones
 
 
 def test_save_torch_streams_only_a_state_in_cuda_memory(tmp_path, monkeypatch):
