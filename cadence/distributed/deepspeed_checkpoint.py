@@ -116,6 +116,9 @@ def _load_files(engine: Any, directory: str) -> None:
     engine.optimizer.checkpoint_event_prologue()
     load_path, client_state = engine._load_checkpoint(directory, TAG, load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=True)
+    reader = engine.checkpoint_engine
+    if isinstance(reader, _ReadOnce) and not getattr(engine.optimizer, "swap_optimizer", False):
+        reader.masters = engine.optimizer.fp32_partitioned_groups_flat
     if load_path is not None and not engine._load_zero_checkpoint(directory, TAG, load_optimizer_states=True):
         engine.optimizer._restore_from_bit16_weights()
     whole = (client_state or {}).get(PERSISTENT) or {}
@@ -300,6 +303,7 @@ class _ReadOnce:
 
     def __init__(self, engine: Any):
         self._engine, self._last = engine, None
+        self.masters: list[torch.Tensor] | None = None  # ZeRO-3's fp32 partitions, read into place (`_load_files`)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -308,9 +312,62 @@ class _ReadOnce:
         last, self._last = self._last, None
         if last is not None and last[0] == path:
             return last[1]  # handed out a second time, then let go
-        state = self._engine.load(path, map_location=map_location)
+        state = None
+        if self.masters is not None and str(path).endswith("optim_states.pt"):
+            state = load_masters_in_place(path, map_location, self.masters)
+        if state is None:
+            state = self._engine.load(path, map_location=map_location)
         self._last = (path, state)
         return state
+
+
+def load_masters_in_place(path: str, map_location: Any, masters: list[torch.Tensor]) -> Any | None:
+    """A ZeRO-3 optimizer-states file as `torch.load` reads it, but its fp32 master partitions read from the file
+    straight into `masters` (the engine's own), which stand in the loaded state: the engine's copy of them into
+    itself is then a copy onto itself, which torch skips. So a resume copies those bytes once, not twice. The file
+    is mapped (`mmap=True`), the masters filled from the mapping and every other tensor copied out of it (views
+    of one storage stay views of one copy), so nothing loaded keeps the file mapped. None where that does not
+    hold (torch's legacy format, another layout, dtype or shape, a master off the CPU): the caller loads as usual.
+
+    >>> state = load_masters_in_place(optim_file, "cpu", engine.optimizer.fp32_partitioned_groups_flat)
+    """
+    from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DICT
+
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=False, mmap=True)
+    except RuntimeError:  # a file in torch's legacy format cannot be mapped
+        return None
+    saved = state.get(OPTIMIZER_STATE_DICT) if isinstance(state, dict) else None
+    saved = saved.get(FP32_FLAT_GROUPS) if isinstance(saved, dict) else None
+    if not (isinstance(saved, list) and len(saved) == len(masters)
+            and all(isinstance(s, torch.Tensor) and s.dtype == m.dtype and s.shape == m.shape
+                    and m.device.type == "cpu" and m.is_contiguous() for s, m in zip(saved, masters))):
+        return None
+    for i, master in enumerate(masters):
+        master.data.copy_(saved[i])
+        saved[i] = master
+    return _copied_out(state, {id(m) for m in masters}, {})
+
+
+def _copied_out(obj: Any, keep: set[int], copies: dict[int, torch.UntypedStorage]) -> Any:
+    """`obj` (nested dicts, lists and tuples) with every tensor but those in `keep` in memory of its own: each storage
+    copied once (`copies`, by storage), each tensor the same view of its storage's copy."""
+    if isinstance(obj, torch.Tensor) and id(obj) not in keep:
+        storage = obj.untyped_storage()
+        copied = copies.get(storage._cdata)
+        if copied is None:
+            copied = copies[storage._cdata] = storage.clone()
+        view = torch.empty(0, dtype=obj.dtype).set_(copied, obj.storage_offset(), obj.size(), obj.stride())
+        if isinstance(obj, torch.nn.Parameter):
+            return torch.nn.Parameter(view, requires_grad=obj.requires_grad)
+        return view.requires_grad_(obj.requires_grad) if obj.is_leaf else view
+    if isinstance(obj, dict):
+        obj.update((k, _copied_out(v, keep, copies)) for k, v in list(obj.items()))
+    elif isinstance(obj, list):
+        obj[:] = [_copied_out(v, keep, copies) for v in obj]
+    elif type(obj) is tuple:
+        return tuple(_copied_out(v, keep, copies) for v in obj)
+    return obj
 
 
 def link_optimizer_state(opt: Any) -> None:

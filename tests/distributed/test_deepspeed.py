@@ -352,3 +352,38 @@ def test_an_async_engine_file_holds_the_state_of_its_save_point_and_the_synchron
                 assert written[key][0].untyped_storage().data_ptr() == written["flat"].untyped_storage().data_ptr()
             else:
                 assert torch.equal(written[key], value) if isinstance(value, torch.Tensor) else written[key] == value
+
+
+def test_a_zero3_resume_reads_the_fp32_masters_into_place_and_keeps_nothing_of_the_file_mapped(tmp_path):
+    """A ZeRO-3 optimizer-states file (laid out as DeepSpeed writes it): its fp32 master partitions are read into the
+    engine's own, which stand in the loaded state (so the engine's copy of them is a copy onto itself, skipped: one
+    copy of those bytes per resume, not two); every other tensor is torch.load's, views of one storage still one
+    storage, and in memory of its own: the file rewritten afterwards (here zeroed in place) changes nothing loaded.
+    A file it cannot place that way is left to the usual load (None)."""
+    from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DICT
+
+    from cadence.distributed.deepspeed_checkpoint import load_masters_in_place
+
+    torch.manual_seed(0)
+    groups, exp_avg = [torch.randn(1000), torch.randn(24)], torch.randn(1024)
+    state = {OPTIMIZER_STATE_DICT: {"zero_stage": 3, "loss_scaler": {"cur_scale": 1.0},
+                                    OPTIMIZER_STATE_DICT: {"state": {0: {"exp_avg": exp_avg, "part": exp_avg[:24],
+                                                                         "step": torch.tensor(6.0)}},
+                                                           "param_groups": [{"lr": 0.1, "params": [0]}]},
+                                    FP32_FLAT_GROUPS: groups}, "ds_config": {"train_batch_size": 8}}
+    path = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save(state, path)
+    expected = torch.load(path, weights_only=False)
+    masters = [torch.zeros(1000), torch.zeros(24)]
+    loaded = load_masters_in_place(str(path), "cpu", masters)
+    assert all(a is b for a, b in zip(loaded[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS], masters, strict=True))
+    assert all(torch.equal(m, g) for m, g in zip(masters, groups))
+    saved = loaded[OPTIMIZER_STATE_DICT][OPTIMIZER_STATE_DICT]["state"][0]
+    assert saved["part"].untyped_storage().data_ptr() == saved["exp_avg"].untyped_storage().data_ptr()
+    path.write_bytes(bytes(path.stat().st_size))  # the file rewritten in place after the resume
+    assert torch.equal(saved["exp_avg"], exp_avg) and torch.equal(saved["part"], exp_avg[:24])
+    assert saved["step"] == 6 and loaded["ds_config"] == expected["ds_config"]
+    torch.save(state, path)
+    assert load_masters_in_place(str(path), "cpu", [torch.zeros(999), torch.zeros(24)]) is None  # another layout
+    torch.save(state, path, _use_new_zipfile_serialization=False)
+    assert load_masters_in_place(str(path), "cpu", masters) is None  # torch's legacy format: not mapped
