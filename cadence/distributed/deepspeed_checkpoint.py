@@ -117,8 +117,10 @@ def _load_files(engine: Any, directory: str) -> None:
     load_path, client_state = engine._load_checkpoint(directory, TAG, load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=True)
     reader = engine.checkpoint_engine
-    if isinstance(reader, _ReadOnce) and not getattr(engine.optimizer, "swap_optimizer", False):
-        reader.masters = engine.optimizer.fp32_partitioned_groups_flat
+    if (isinstance(reader, _ReadOnce) and not getattr(engine.optimizer, "swap_optimizer", False)
+            and hasattr(engine, "_get_zero_ckpt_name")):
+        # this rank's own file only: with `elastic_checkpoint` DeepSpeed reads every rank's, all of the same shapes
+        reader.masters = (engine._get_zero_ckpt_name(directory, TAG), engine.optimizer.fp32_partitioned_groups_flat)
     if load_path is not None and not engine._load_zero_checkpoint(directory, TAG, load_optimizer_states=True):
         engine.optimizer._restore_from_bit16_weights()
     whole = (client_state or {}).get(PERSISTENT) or {}
@@ -303,7 +305,8 @@ class _ReadOnce:
 
     def __init__(self, engine: Any):
         self._engine, self._last = engine, None
-        self.masters: list[torch.Tensor] | None = None  # ZeRO-3's fp32 partitions, read into place (`_load_files`)
+        self.masters: tuple[str, list[torch.Tensor]] | None = None  # ZeRO-3: the rank's optimizer-states file and
+        # its fp32 partitions, read into place (`_load_files`)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -313,8 +316,8 @@ class _ReadOnce:
         if last is not None and last[0] == path:
             return last[1]  # handed out a second time, then let go
         state = None
-        if self.masters is not None and str(path).endswith("optim_states.pt"):
-            state = load_masters_in_place(path, map_location, self.masters)
+        if self.masters is not None and str(path) == self.masters[0]:
+            state = load_masters_in_place(path, map_location, self.masters[1])
         if state is None:
             state = self._engine.load(path, map_location=map_location)
         self._last = (path, state)
@@ -325,9 +328,11 @@ def load_masters_in_place(path: str, map_location: Any, masters: list[torch.Tens
     """A ZeRO-3 optimizer-states file as `torch.load` reads it, but its fp32 master partitions read from the file
     straight into `masters` (the engine's own), which stand in the loaded state: the engine's copy of them into
     itself is then a copy onto itself, which torch skips. So a resume copies those bytes once, not twice. The file
-    is mapped (`mmap=True`), the masters filled from the mapping and every other tensor copied out of it (views
-    of one storage stay views of one copy), so nothing loaded keeps the file mapped. None where that does not
-    hold (torch's legacy format, another layout, dtype or shape, a master off the CPU): the caller loads as usual.
+    is mapped (`mmap=True`), the masters filled from the mapping and every tensor in the state's dicts, lists and
+    tuples copied out of it (views of one storage stay views of one copy; DeepSpeed's files hold tensors nowhere
+    else), so nothing loaded keeps the file mapped. `path` must be the rank's own file (its masters). None where
+    that does not hold (torch's legacy format, another layout, dtype or shape, a master off the CPU): the caller
+    loads as usual.
 
     >>> state = load_masters_in_place(optim_file, "cpu", engine.optimizer.fp32_partitioned_groups_flat)
     """

@@ -387,3 +387,22 @@ def test_a_zero3_resume_reads_the_fp32_masters_into_place_and_keeps_nothing_of_t
     assert load_masters_in_place(str(path), "cpu", [torch.zeros(999), torch.zeros(24)]) is None  # another layout
     torch.save(state, path, _use_new_zipfile_serialization=False)
     assert load_masters_in_place(str(path), "cpu", masters) is None  # torch's legacy format: not mapped
+
+
+def test_only_the_ranks_own_optimizer_file_is_read_into_its_masters(tmp_path):
+    """With `elastic_checkpoint` DeepSpeed's load reads every rank's optimizer-states file on every rank, all of the
+    same shapes: only the rank's own fills its fp32 masters (another rank's went there last, silently)."""
+    from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DICT
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    from cadence.distributed.deepspeed_checkpoint import _ReadOnce
+
+    files = {rank: tmp_path / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)}
+    for rank, path in files.items():
+        torch.save({OPTIMIZER_STATE_DICT: {FP32_FLAT_GROUPS: [torch.full((8,), float(rank + 1))]}}, path)
+    masters = [torch.zeros(8)]
+    reader = _ReadOnce(TorchCheckpointEngine())
+    reader.masters = (str(files[0]), masters)
+    own, other = (reader.load(str(files[rank]), map_location="cpu") for rank in (0, 1))
+    assert own[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS][0] is masters[0] and torch.equal(masters[0], torch.ones(8))
+    assert torch.equal(other[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS][0], torch.full((8,), 2.0))
