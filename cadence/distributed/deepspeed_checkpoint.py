@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 from ..serialization import host_tagged, save_torch, sibling
+from .ops import map_tensors
 from .staging import HostBuffers, HostFile, Staging, storage_key
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
@@ -329,10 +330,10 @@ def load_masters_in_place(path: str, map_location: Any, masters: list[torch.Tens
     straight into `masters` (the engine's own), which stand in the loaded state: the engine's copy of them into
     itself is then a copy onto itself, which torch skips. So a resume copies those bytes once, not twice. The file
     is mapped (`mmap=True`), the masters filled from the mapping and every tensor in the state's dicts, lists and
-    tuples copied out of it (views of one storage stay views of one copy; DeepSpeed's files hold tensors nowhere
-    else), so nothing loaded keeps the file mapped. `path` must be the rank's own file (its masters). None where
-    that does not hold (torch's legacy format, another layout, dtype or shape, a master off the CPU): the caller
-    loads as usual.
+    tuples (namedtuples too) copied out of it (views of one storage stay views of one copy; DeepSpeed's files
+    hold tensors nowhere else), so nothing loaded keeps the file mapped. `path` must be the rank's own file (its
+    masters). None where that does not hold (torch's legacy format, another layout, dtype or shape, a master off
+    the CPU, a container `map_tensors` cannot rebuild): the caller loads as usual.
 
     >>> state = load_masters_in_place(optim_file, "cpu", engine.optimizer.fp32_partitioned_groups_flat)
     """
@@ -351,28 +352,21 @@ def load_masters_in_place(path: str, map_location: Any, masters: list[torch.Tens
     for i, master in enumerate(masters):
         master.data.copy_(saved[i])
         saved[i] = master
-    return _copied_out(state, {id(m) for m in masters}, {})
+    copies: dict[int, torch.UntypedStorage] = {}  # by the mapped storage: each copied once, its views kept views
 
-
-def _copied_out(obj: Any, keep: set[int], copies: dict[int, torch.UntypedStorage]) -> Any:
-    """`obj` (nested dicts, lists and tuples) with every tensor but those in `keep` in memory of its own: each storage
-    copied once (`copies`, by storage), each tensor the same view of its storage's copy."""
-    if isinstance(obj, torch.Tensor) and id(obj) not in keep:
-        storage = obj.untyped_storage()
-        copied = copies.get(storage._cdata)
-        if copied is None:
-            copied = copies[storage._cdata] = storage.clone()
-        view = torch.empty(0, dtype=obj.dtype).set_(copied, obj.storage_offset(), obj.size(), obj.stride())
-        if isinstance(obj, torch.nn.Parameter):
-            return torch.nn.Parameter(view, requires_grad=obj.requires_grad)
-        return view.requires_grad_(obj.requires_grad) if obj.is_leaf else view
-    if isinstance(obj, dict):
-        obj.update((k, _copied_out(v, keep, copies)) for k, v in list(obj.items()))
-    elif isinstance(obj, list):
-        obj[:] = [_copied_out(v, keep, copies) for v in obj]
-    elif type(obj) is tuple:
-        return tuple(_copied_out(v, keep, copies) for v in obj)
-    return obj
+    def copied_out(t: torch.Tensor) -> torch.Tensor:
+        if any(t is m for m in masters):
+            return t
+        storage = t.untyped_storage()
+        if storage._cdata not in copies:
+            copies[storage._cdata] = storage.clone()
+        view = torch.empty(0, dtype=t.dtype).set_(copies[storage._cdata], t.storage_offset(), t.size(), t.stride())
+        return torch.nn.Parameter(view, t.requires_grad) if isinstance(t, torch.nn.Parameter) else \
+            view.requires_grad_(t.requires_grad)
+    try:
+        return map_tensors(copied_out, state)
+    except TypeError:  # a mapping that cannot be rebuilt from a dict (a defaultdict)
+        return None
 
 
 def link_optimizer_state(opt: Any) -> None:

@@ -22,12 +22,13 @@ import copy
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
 import torch
 from torch import nn
 
+from ..streaming import tensors_in
 from .ops import map_tensors
 
 T = TypeVar("T")
@@ -130,7 +131,7 @@ class HostBuffers:
 
         >>> copy = buffers.snapshot(optimizer_state, "optim.pt"); ...training goes on...; torch.save(copy, f)
         """
-        tensors = list(_tensors(state))
+        tensors = list(tensors_in(state))
         if any(t.device.type != "cpu" or type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
             return None
         kept, used, storages, deferred = self._snapshots.get(name, []), [], {}, []
@@ -251,18 +252,6 @@ class HostFile:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in nested dicts, lists and tuples, in order."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors(value)
 
 
 def step_written(model: nn.Module, opt: torch.optim.Optimizer | None) -> set[int]:
