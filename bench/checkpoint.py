@@ -177,7 +177,7 @@ def run(engine: str, nproc: int, layers: int, width: int, workdir: Path, profile
     cmd = [sys.executable, "-m", "cadence.cli", "launch", *([] if gpu else ["--cpu"]), "--num_processes", str(nproc),
            __file__, "--worker", engine, "--layers", str(layers), "--width", str(width), "--out", str(out),
            "--batch-size", str(batch_size), *(["--profile", profile] if profile else []), *(["--gpu"] if gpu else [])]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
     if proc.returncode != 0:
         return f"failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}"

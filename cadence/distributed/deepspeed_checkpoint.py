@@ -193,7 +193,7 @@ class _Files:
         if self._host is None:
             return save_torch(state_dict, path, zipfile=self._engine.zipfile_serialization)
         snapshot = self._host.snapshot(state_dict, Path(path).name, late=self._staging)
-        if snapshot is None:  # tensors off the CPU: serialized now (torch.save copies them to the host)
+        if snapshot is None:  # what a snapshot cannot copy (another device's tensors, a subclass): serialized now
             snapshot = self._host.file(Path(path).name)
             with host_tagged():  # as `save_torch` writes
                 torch.save(state_dict, snapshot, _use_new_zipfile_serialization=self._engine.zipfile_serialization)

@@ -125,35 +125,42 @@ class HostBuffers:
         host memory kept for the next snapshot of `name`: each storage copied once, so views, shared tensors and
         whole storages stay as they were and `torch.save` of the copy writes the bytes it writes of `state`.
         A view with autograd history (DeepSpeed's slice of a master partition) becomes the same view of the copy,
-        `requires_grad` kept. None where that cannot hold (a tensor off the CPU, a subclass, an object that cannot
-        be deep-copied): the caller serializes `state` at once instead. `late`: the storages it says are late are
+        `requires_grad` kept. GPU memory is copied into page-locked host memory (the copies queued, then waited for
+        once). None where that cannot hold (a tensor on another device, a subclass, an object that cannot be
+        deep-copied): the caller serializes `state` at once instead. `late`: the storages it says are late are
         copied by `copy_late` (the writer's thread), not now.
 
         >>> copy = buffers.snapshot(optimizer_state, "optim.pt"); ...training goes on...; torch.save(copy, f)
         """
         tensors = list(tensors_in(state))
-        if any(t.device.type != "cpu" or type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
+        if any(t.device.type not in ("cpu", "cuda") or type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
             return None
-        kept, used, storages, deferred = self._snapshots.get(name, []), [], {}, []
+        kept, used, storages, deferred, queued = self._snapshots.get(name, []), [], {}, [], set()
         for t in tensors:
             storage = t.untyped_storage()
             if storage._cdata in storages:
                 continue
-            i = len(used)
-            reuse = i < len(kept) and kept[i].nbytes() == storage.nbytes()
-            copied = kept[i] if reuse else self._host_storage(storage.nbytes())
+            i, on_gpu = len(used), storage.device.type == "cuda"
+            reuse = i < len(kept) and kept[i].nbytes() == storage.nbytes() and (not on_gpu or kept[i].is_pinned())
+            copied = kept[i] if reuse else self._host_storage(storage.nbytes(), pinned=on_gpu)
             if late is not None and late.is_late(t):
                 deferred.append((copied, storage))
             else:
-                copied.copy_(storage)
+                copied.copy_(storage, non_blocking=on_gpu)
+                if on_gpu:
+                    queued.add(storage.device)
             used.append(copied)
             storages[storage._cdata] = copied
+        for device in queued:  # the copies were queued behind the work that computes the tensors
+            torch.cuda.current_stream(device).synchronize()
         self._snapshots[name] = used
         memo: dict[Any, Any] = {"torch": storages}  # a tensor's deepcopy takes its storage from memo["torch"]
         for t in tensors:
-            if not t.is_leaf:  # which deepcopy refuses: made here, and found by deepcopy in the memo
+            if not t.is_leaf or t.is_cuda:  # which deepcopy refuses, or would copy to the GPU: made here, found by
+                # deepcopy in the memo
                 view = torch.empty(0, dtype=t.dtype).set_(storages[t.untyped_storage()._cdata], t.storage_offset(),
                                                           t.size(), t.stride())
+                view = nn.Parameter(view, t.requires_grad) if type(t) is nn.Parameter else view
                 memo[id(t)] = view.requires_grad_(t.requires_grad)
         try:
             snap = copy.deepcopy(state, memo)
@@ -169,9 +176,9 @@ class HostBuffers:
             copied.copy_(storage)
         self._spare.clear()  # what `reserve_storages` allocated and no snapshot took
 
-    def _host_storage(self, nbytes: int) -> torch.UntypedStorage:
-        spare = self._spare.get(nbytes)
-        return spare.pop() if spare else torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
+    def _host_storage(self, nbytes: int, pinned: bool = False) -> torch.UntypedStorage:
+        spare = self._spare.get((nbytes, pinned))
+        return spare.pop() if spare else torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
 
     def reserve(self, model: nn.Module | None, opt: torch.optim.Optimizer | None) -> None:
         """Allocate (and fault in) the memory for the late copy of `model`'s parameters and `opt`'s state now, in a
@@ -185,17 +192,18 @@ class HostBuffers:
         self._allocate(allocate)
 
     def reserve_storages(self, tensors: list[torch.Tensor]) -> None:
-        """Allocate (and fault in) now, in a thread, host memory the size of each storage `tensors` view (on the
-        host), which the first `snapshot` of such a storage takes; `ready` waits for it.
+        """Allocate (and fault in) now, in a thread, host memory the size of each storage `tensors` view (page-locked
+        for GPU memory), which the first `snapshot` of such a storage takes; `ready` waits for it.
 
         >>> buffers.reserve_storages(optimizer_partitions); buffers.ready(); buffers.snapshot(state, "optim.pt")
         """
-        sizes = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors
-                 if t.device.type == "cpu" and t.numel()}
+        sizes = {t.untyped_storage()._cdata: (t.untyped_storage().nbytes(), t.is_cuda) for t in tensors
+                 if t.device.type in ("cpu", "cuda") and t.numel()}
 
         def allocate() -> None:
-            for nbytes in sizes.values():
-                self._spare.setdefault(nbytes, []).append(torch.zeros(nbytes, dtype=torch.uint8).untyped_storage())
+            for nbytes, pinned in sizes.values():
+                memory = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+                self._spare.setdefault((nbytes, pinned), []).append(memory)
         self._allocate(allocate)
 
     def _allocate(self, allocate: Callable[[], None]) -> None:

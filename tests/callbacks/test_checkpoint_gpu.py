@@ -1,14 +1,17 @@
 """Async checkpoints of state in GPU memory. The Checkpoint callback's copy to host memory overlaps the next step's
 forward and backward (into cadence's host buffers, reserved at the first step); the Accelerator's `save_state`
 copies at the call. Either still writes the bytes a synchronous save writes, and training ends with the same
-weights: on one device, and under FSDP2 on one process (which shards nothing and saves the base format). FSDP2's
-sharded save on a GPU (torch's stager on a stream of its own, into pinned memory) needs two GPUs: not run by these.
+weights: on one device, under FSDP2 on one process (which shards nothing and saves the base format), and under
+DeepSpeed ZeRO-1 and ZeRO-3 on one process (the engine's files copied into page-locked host memory, what only its
+step writes copied late). FSDP2's sharded save on a GPU (torch's stager on a stream of its own, into pinned memory)
+needs two GPUs: not run by these.
 
 These need a CUDA GPU, which CI does not have: they are skipped there and run where one is (docs/checkpoints.md
 says where and when they last ran). Everything else about async saves is tested on the CPU in
 test_checkpoint_async.py, whose helpers these use.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +45,26 @@ def test_async_saves_from_gpu_memory_write_the_synchronous_bytes(tmp_path, strat
         proc = run_on_gpu("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", *flags, strategy=strategy)
         finished(proc)
         assert "cuda" in proc.stdout, proc.stdout  # the script says where the model trained
+    assert_equal(load_file(str(tmp_path / "async.st")), load_file(str(tmp_path / "sync.st")))
+    assert_same_checkpoints(tmp_path / "sync", tmp_path / "async")
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_deepspeed_async_saves_copy_gpu_state_late_and_write_the_synchronous_bytes(tmp_path, stage):
+    """DeepSpeed's engine files hold GPU memory: an async save copies it into page-locked host memory, what only the
+    engine's step writes (weights, fp32 master partitions, optimizer state) by the writer's thread, here 0.3 s late
+    while the next micro-batches run, the loop waiting for it before the step. Every checkpoint is byte for byte the
+    synchronous one and training ends with the same weights. (Serializing the files at the save point instead, as
+    cadence did for GPU state, held the loop for all of it and left no late copy to wait for.)"""
+    pytest.importorskip("deepspeed")
+    for mode in ("sync", "async"):
+        flags = ["--sync"] if mode == "sync" else ["--copy-delay", 0.3]
+        proc = run_on_gpu("--ckpt", tmp_path / mode, "--out", tmp_path / f"{mode}.st", "--zero-stage", stage,
+                          "--classes", 4, *flags, strategy="deepspeed")
+        finished(proc)
+        assert "DEVICE cuda" in proc.stdout, proc.stdout
+    copy_waits = json.loads(proc.stdout.split("COPYWAIT ", 1)[1].splitlines()[0])
+    assert max(copy_waits) > 0.2, copy_waits  # the loop waited for the late copy before a step
     assert_equal(load_file(str(tmp_path / "async.st")), load_file(str(tmp_path / "sync.st")))
     assert_same_checkpoints(tmp_path / "sync", tmp_path / "async")
 
