@@ -155,13 +155,15 @@ class HostBuffers:
             torch.cuda.current_stream(device).synchronize()
         self._snapshots[name] = used
         memo: dict[Any, Any] = {"torch": storages}  # a tensor's deepcopy takes its storage from memo["torch"]
-        for t in tensors:
-            if not t.is_leaf or t.is_cuda:  # which deepcopy refuses, or would copy to the GPU: made here, found by
-                # deepcopy in the memo
-                view = torch.empty(0, dtype=t.dtype).set_(storages[t.untyped_storage()._cdata], t.storage_offset(),
-                                                          t.size(), t.stride())
-                view = nn.Parameter(view, t.requires_grad) if type(t) is nn.Parameter else view
-                memo[id(t)] = view.requires_grad_(t.requires_grad)
+        made = {id(t): t for t in tensors if not t.is_leaf or t.is_cuda}  # which deepcopy refuses, or would copy
+        for t in made.values():  # to the GPU: made here, and found by deepcopy in the memo
+            view = torch.empty(0, dtype=t.dtype).set_(storages[t.untyped_storage()._cdata], t.storage_offset(),
+                                                      t.size(), t.stride())
+            view = nn.Parameter(view, t.requires_grad) if type(t) is nn.Parameter else view
+            memo[id(t)] = view.requires_grad_(t.requires_grad)
+        for t in made.values():  # with the tensor's Python attributes (DeepSpeed's `ds_id`), which torch.save writes
+            if t.__dict__:
+                memo[id(t)].__dict__ = copy.deepcopy(t.__dict__, memo)
         try:
             snap = copy.deepcopy(state, memo)
         except Exception:  # an object whose deepcopy fails (torch.save may still pickle it)

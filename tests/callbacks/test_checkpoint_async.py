@@ -369,6 +369,32 @@ def test_one_process_async_saves_reserve_their_host_memory_at_the_first_step(dls
     assert reserved == [True] and len(ckpt.saves) >= 2
 
 
+def test_a_snapshot_writes_the_states_bytes_with_views_that_have_history_and_python_attributes():
+    """DeepSpeed's files hold slices of a master partition with autograd history (made by the snapshot itself, as
+    deepcopy refuses them) and partitions carrying a Python attribute (`ds_id`), which torch.save writes: the
+    snapshot's file is the state's, byte for byte, and stays so when training changes the state after it."""
+    import io
+
+    from cadence.distributed.staging import HostBuffers
+
+    def saved(obj):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return buffer.getvalue()
+    master = torch.arange(12, dtype=torch.float32).requires_grad_()
+    master.ds_id = "0_11"
+    piece = master.narrow(0, 2, 4)
+    piece.ds_id = "2_5"
+    state = {"flat": [master], "pieces": [piece], "step": torch.tensor(3.0)}
+    assert not piece.is_leaf
+    snapshot = HostBuffers().snapshot(state, "optim_states.pt")
+    expected = saved(state)
+    assert saved(snapshot) == expected
+    with torch.no_grad():
+        master.add_(1)
+    assert saved(snapshot) == expected
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 def test_deepspeed_async_saves_copy_into_host_memory_reserved_at_the_first_step(dls, tmp_path, monkeypatch, stage):
     """Under DeepSpeed (one process) the weights, master partitions and optimizer state that the writer copies late
