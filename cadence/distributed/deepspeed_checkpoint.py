@@ -328,12 +328,14 @@ class _ReadOnce:
 def load_masters_in_place(path: str, map_location: Any, masters: list[torch.Tensor]) -> Any | None:
     """A ZeRO-3 optimizer-states file as `torch.load` reads it, but its fp32 master partitions read from the file
     straight into `masters` (the engine's own), which stand in the loaded state: the engine's copy of them into
-    itself is then a copy onto itself, which torch skips. So a resume copies those bytes once, not twice. The file
+    itself is then a copy onto itself, which torch skips. So a resume copies those bytes once, not twice (masters
+    in GPU memory: one copy from the file's pages to the GPU, not a read into fresh host memory first). The file
     is mapped (`mmap=True`), the masters filled from the mapping and every tensor in the state's dicts, lists and
     tuples (namedtuples too) copied out of it (views of one storage stay views of one copy; DeepSpeed's files
     hold tensors nowhere else), so nothing loaded keeps the file mapped. `path` must be the rank's own file (its
-    masters). None where that does not hold (torch's legacy format, another layout, dtype or shape, a master off
-    the CPU, a container `map_tensors` cannot rebuild): the caller loads as usual.
+    masters). None where that does not hold (torch's legacy format, another layout, dtype or shape, a master
+    neither in host nor in CUDA memory, a `map_location` off the CPU, a container `map_tensors` cannot rebuild):
+    the caller loads as usual.
 
     >>> state = load_masters_in_place(optim_file, "cpu", engine.optimizer.fp32_partitioned_groups_flat)
     """
@@ -346,8 +348,8 @@ def load_masters_in_place(path: str, map_location: Any, masters: list[torch.Tens
     saved = state.get(OPTIMIZER_STATE_DICT) if isinstance(state, dict) else None
     saved = saved.get(FP32_FLAT_GROUPS) if isinstance(saved, dict) else None
     if not (isinstance(saved, list) and len(saved) == len(masters)
-            and all(isinstance(s, torch.Tensor) and s.dtype == m.dtype and s.shape == m.shape
-                    and m.device.type == "cpu" and m.is_contiguous() for s, m in zip(saved, masters))):
+            and all(isinstance(s, torch.Tensor) and s.dtype == m.dtype and s.shape == m.shape and s.device.type == "cpu"
+                    and m.device.type in ("cpu", "cuda") and m.is_contiguous() for s, m in zip(saved, masters))):
         return None
     for i, master in enumerate(masters):
         master.data.copy_(saved[i])

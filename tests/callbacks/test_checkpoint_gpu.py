@@ -69,6 +69,23 @@ def test_deepspeed_async_saves_copy_gpu_state_late_and_write_the_synchronous_byt
     assert_same_checkpoints(tmp_path / "sync", tmp_path / "async")
 
 
+def test_a_zero3_run_killed_on_the_gpu_resumes_into_its_fp32_masters_to_the_same_weights(tmp_path):
+    """ZeRO-3 keeps its fp32 master partitions in GPU memory: a run SIGKILLed after step 10 resumes from its
+    checkpoint of step 8, the masters read from the mapped optimizer-states file straight into GPU memory, and ends
+    with the uninterrupted run's weights, bit for bit."""
+    pytest.importorskip("deepspeed")
+    flags = ["--zero-stage", 3, "--classes", 4, "--sync"]
+    finished(run_on_gpu("--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st", *flags, strategy="deepspeed"))
+    killed = run_on_gpu("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", *flags, "--kill-at-step", 10,
+                        strategy="deepspeed")
+    assert killed.returncode != 0 and "STEPS" not in killed.stdout, killed.stdout
+    assert (tmp_path / "run" / "latest").read_text() == "step-00000008"
+    resumed = run_on_gpu("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", *flags, strategy="deepspeed")
+    finished(resumed)
+    assert "MASTERS_IN_PLACE 1" in resumed.stdout, resumed.stdout
+    assert_equal(load_file(str(tmp_path / "run.st")), load_file(str(tmp_path / "ref.st")))
+
+
 def test_accelerator_async_save_state_of_gpu_state_writes_the_synchronous_bytes(tmp_path):
     """`Accelerator.save_state(async_save=True)` copies the GPU's state to host memory at the call and writes it
     behind; the step after it does not reach the copy, and every file is the synchronous save's, byte for byte."""
