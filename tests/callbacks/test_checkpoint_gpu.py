@@ -3,7 +3,8 @@ forward and backward (into cadence's host buffers, reserved at the first step); 
 copies at the call. Either still writes the bytes a synchronous save writes, and training ends with the same
 weights: on one device, under FSDP2 on one process (which shards nothing and saves the base format), and under
 DeepSpeed ZeRO-1 and ZeRO-3 on one process (the engine's files copied into page-locked host memory, what only its
-step writes copied late). FSDP2's sharded save on a GPU (torch's stager on a stream of its own, into pinned memory)
+step writes copied late); and a ZeRO-3 run killed on the GPU resumes, its fp32 masters read from the mapped file
+straight into GPU memory, to the uninterrupted run's weights. FSDP2's sharded save on a GPU (torch's stager on a stream of its own, into pinned memory)
 needs two GPUs: not run by these.
 
 These need a CUDA GPU, which CI does not have: they are skipped there and run where one is (docs/checkpoints.md
