@@ -111,7 +111,8 @@ class HostBuffers:
         self._files: dict[str, HostFile] = {}
         self._snapshots: dict[str, list[torch.UntypedStorage]] = {}
         self._late: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []  # (copy, storage): `copy_late`'s
-        self._spare: dict[int, list[torch.UntypedStorage]] = {}  # by size: `reserve_storages`' memory not yet taken
+        self._spare: dict[tuple[int, bool], list[torch.UntypedStorage]] = {}  # by (size, page-locked):
+        # `reserve_storages`' memory not yet taken
         self._reserving: threading.Thread | None = None
 
     def file(self, name: str) -> HostFile:
@@ -124,16 +125,19 @@ class HostBuffers:
         """A deep copy of `state` (a file's worth of nested dicts and lists, `name` its file) whose tensors' memory is
         host memory kept for the next snapshot of `name`: each storage copied once, so views, shared tensors and
         whole storages stay as they were and `torch.save` of the copy writes the bytes it writes of `state`.
-        A view with autograd history (DeepSpeed's slice of a master partition) becomes the same view of the copy,
-        `requires_grad` kept. GPU memory is copied into page-locked host memory (the copies queued, then waited for
-        once). None where that cannot hold (a tensor on another device, a subclass, an object that cannot be
-        deep-copied): the caller serializes `state` at once instead. `late`: the storages it says are late are
-        copied by `copy_late` (the writer's thread), not now.
+        Every tensor becomes the same view of the copy with what torch.save writes of it (`requires_grad`, its
+        Python attributes such as DeepSpeed's `ds_id`; the class of an `nn.Parameter`) and nothing else (no `.grad`),
+        a view with autograd history too (DeepSpeed's slice of a master partition, which deepcopy refuses). GPU
+        memory is copied into page-locked host memory (the copies queued, then waited for once). None where that
+        cannot hold (a tensor on another device, a subclass, not strided, quantized, a lazy conjugate or negative;
+        an object that cannot be deep-copied): the caller serializes `state` at once instead. `late`: the storages
+        it says are late are copied by `copy_late` (the writer's thread), not now.
 
         >>> copy = buffers.snapshot(optimizer_state, "optim.pt"); ...training goes on...; torch.save(copy, f)
         """
         tensors = list(tensors_in(state))
-        if any(t.device.type not in ("cpu", "cuda") or type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
+        if any(t.device.type not in ("cpu", "cuda") or type(t) not in (torch.Tensor, nn.Parameter)
+               or t.layout != torch.strided or t.is_quantized or t.is_conj() or t.is_neg() for t in tensors):
             return None
         kept, used, storages, deferred, queued = self._snapshots.get(name, []), [], {}, [], set()
         for t in tensors:
@@ -154,17 +158,16 @@ class HostBuffers:
         for device in queued:  # the copies were queued behind the work that computes the tensors
             torch.cuda.current_stream(device).synchronize()
         self._snapshots[name] = used
-        memo: dict[Any, Any] = {"torch": storages}  # a tensor's deepcopy takes its storage from memo["torch"]
-        made = {id(t): t for t in tensors if not t.is_leaf or t.is_cuda}  # which deepcopy refuses, or would copy
-        for t in made.values():  # to the GPU: made here, and found by deepcopy in the memo
+        memo: dict[Any, Any] = {"torch": storages}  # what deepcopy finds made: each tensor's view, by id
+        for t in tensors:
             view = torch.empty(0, dtype=t.dtype).set_(storages[t.untyped_storage()._cdata], t.storage_offset(),
                                                       t.size(), t.stride())
             view = nn.Parameter(view, t.requires_grad) if type(t) is nn.Parameter else view
             memo[id(t)] = view.requires_grad_(t.requires_grad)
-        for t in made.values():  # with the tensor's Python attributes (DeepSpeed's `ds_id`), which torch.save writes
-            if t.__dict__:
-                memo[id(t)].__dict__ = copy.deepcopy(t.__dict__, memo)
         try:
+            for t in tensors:  # the attributes once every view is made (one may name another tensor)
+                if t.__dict__:
+                    memo[id(t)].__dict__ = copy.deepcopy(t.__dict__, memo)
             snap = copy.deepcopy(state, memo)
         except Exception:  # an object whose deepcopy fails (torch.save may still pickle it)
             return None

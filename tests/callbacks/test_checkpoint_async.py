@@ -6,6 +6,7 @@ every 4 steps and every epoch end); its --write-delay makes each save's RNG file
 so that the saves are in flight for most of the run. Real processes, real kills and a real file-size limit.
 """
 
+import io
 import json
 import random
 import re
@@ -369,18 +370,19 @@ def test_one_process_async_saves_reserve_their_host_memory_at_the_first_step(dls
     assert reserved == [True] and len(ckpt.saves) >= 2
 
 
+def saved(obj) -> bytes:
+    """What torch.save writes of `obj`."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
 def test_a_snapshot_writes_the_states_bytes_with_views_that_have_history_and_python_attributes():
     """DeepSpeed's files hold slices of a master partition with autograd history (made by the snapshot itself, as
     deepcopy refuses them) and partitions carrying a Python attribute (`ds_id`), which torch.save writes: the
     snapshot's file is the state's, byte for byte, and stays so when training changes the state after it."""
-    import io
-
     from cadence.distributed.staging import HostBuffers
 
-    def saved(obj):
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        return buffer.getvalue()
     master = torch.arange(12, dtype=torch.float32).requires_grad_()
     master.ds_id = "0_11"
     piece = master.narrow(0, 2, 4)
@@ -393,6 +395,27 @@ def test_a_snapshot_writes_the_states_bytes_with_views_that_have_history_and_pyt
     with torch.no_grad():
         master.add_(1)
     assert saved(snapshot) == expected
+
+
+def test_a_snapshot_copies_only_what_torch_save_writes_and_refuses_what_a_view_would_change():
+    """A master's `.grad` (ZeRO-3 with its optimizer offloaded keeps it set) is not copied at the save point, as
+    torch.save does not write it; a Parameter keeps its class, its attributes and the part of the storage it views,
+    byte for byte; a lazily conjugated tensor, whose conjugation a view of the copy would lose, leaves the file to
+    be serialized at once (None)."""
+    from cadence.distributed.staging import HostBuffers
+
+    master = torch.zeros(1000, requires_grad=True)
+    master.grad = torch.ones(1000)
+    whole = torch.arange(10.0)
+    param = nn.Parameter(whole[2:6])
+    param.ds_id = "2_5"
+    state = {"flat": [master], "whole": whole, "param": param}
+    snapshot = HostBuffers().snapshot(state, "optim_states.pt")
+    assert saved(snapshot) == saved(state)
+    assert snapshot["flat"][0].grad is None and snapshot["flat"][0].requires_grad
+    assert type(snapshot["param"]) is nn.Parameter and snapshot["param"].ds_id == "2_5"
+    assert snapshot["param"].untyped_storage().data_ptr() == snapshot["whole"].untyped_storage().data_ptr()
+    assert HostBuffers().snapshot({"c": torch.randn(3, dtype=torch.cfloat).conj()}, "c.pt") is None
 
 
 @pytest.mark.parametrize("stage", [1, 3])
