@@ -32,7 +32,7 @@ import torch
 
 from ..serialization import host_tagged, save_torch, sibling
 from .ops import map_tensors
-from .staging import HostBuffers, HostFile, Staging, storage_key
+from .staging import HostBuffers, HostFile, Staging, storage_key, view_like
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 META = "cadence.json"
@@ -362,9 +362,7 @@ def load_masters_in_place(path: str, map_location: Any, masters: list[torch.Tens
         storage = t.untyped_storage()
         if storage._cdata not in copies:
             copies[storage._cdata] = storage.clone()
-        view = torch.empty(0, dtype=t.dtype).set_(copies[storage._cdata], t.storage_offset(), t.size(), t.stride())
-        return torch.nn.Parameter(view, t.requires_grad) if isinstance(t, torch.nn.Parameter) else \
-            view.requires_grad_(t.requires_grad)
+        return view_like(t, copies[storage._cdata])
     try:
         return map_tensors(copied_out, state)
     except TypeError:  # a mapping that cannot be rebuilt from a dict (a defaultdict)

@@ -47,6 +47,16 @@ def storage_key(t: torch.Tensor) -> int:
     return local.untyped_storage().data_ptr()
 
 
+def view_like(t: torch.Tensor, storage: torch.UntypedStorage) -> torch.Tensor:
+    """`t`'s view (offset, size, stride, dtype) of `storage` instead of its own memory, as a leaf with its
+    `requires_grad` and, for an `nn.Parameter`, its class.
+
+    >>> view_like(opt_state["exp_avg"], copied_storage)   # the same tensor, on the copy
+    """
+    view = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.size(), t.stride())
+    return nn.Parameter(view, t.requires_grad) if isinstance(t, nn.Parameter) else view.requires_grad_(t.requires_grad)
+
+
 def host_copy(state: T, only: Callable[[torch.Tensor], bool] | None = None, into: HostBuffers | None = None) -> T:
     """`state` (nested dicts and lists) with every tensor copied to host memory; tensors viewing the same memory
     (tied weights) stay one tensor, so a file written from the copy is the file written from `state`.
@@ -160,10 +170,7 @@ class HostBuffers:
         self._snapshots[name] = used
         memo: dict[Any, Any] = {"torch": storages}  # what deepcopy finds made: each tensor's view, by id
         for t in tensors:
-            view = torch.empty(0, dtype=t.dtype).set_(storages[t.untyped_storage()._cdata], t.storage_offset(),
-                                                      t.size(), t.stride())
-            view = nn.Parameter(view, t.requires_grad) if type(t) is nn.Parameter else view
-            memo[id(t)] = view.requires_grad_(t.requires_grad)
+            memo[id(t)] = view_like(t, storages[t.untyped_storage()._cdata])
         try:
             for t in tensors:  # the attributes once every view is made (one may name another tensor)
                 if t.__dict__:
