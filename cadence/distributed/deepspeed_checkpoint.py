@@ -31,8 +31,8 @@ from typing import Any, Callable
 import torch
 
 from ..serialization import host_tagged, save_torch, sibling
-from .ops import map_tensors
-from .staging import HostBuffers, HostFile, Staging, storage_key, view_like
+from .load_in_place import copied_out, fits, load_mapped, optimizer_state_into
+from .staging import HostBuffers, HostFile, Staging, storage_key
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
 META = "cadence.json"
@@ -121,7 +121,7 @@ def _load_files(engine: Any, directory: str) -> None:
     if (isinstance(reader, _ReadOnce) and not getattr(engine.optimizer, "swap_optimizer", False)
             and hasattr(engine, "_get_zero_ckpt_name")):
         # this rank's own file only: with `elastic_checkpoint` DeepSpeed reads every rank's, all of the same shapes
-        reader.masters = (engine._get_zero_ckpt_name(directory, TAG), engine.optimizer.fp32_partitioned_groups_flat)
+        reader.in_place = (engine._get_zero_ckpt_name(directory, TAG), engine.optimizer)
     if load_path is not None and not engine._load_zero_checkpoint(directory, TAG, load_optimizer_states=True):
         engine.optimizer._restore_from_bit16_weights()
     whole = (client_state or {}).get(PERSISTENT) or {}
@@ -306,8 +306,8 @@ class _ReadOnce:
 
     def __init__(self, engine: Any):
         self._engine, self._last = engine, None
-        self.masters: tuple[str, list[torch.Tensor]] | None = None  # ZeRO-3: the rank's optimizer-states file and
-        # its fp32 partitions, read into place (`_load_files`)
+        self.in_place: tuple[str, Any] | None = None  # ZeRO-3: the rank's optimizer-states file and the engine's
+        # optimizer, the file read into its tensors (`_load_files`)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -317,56 +317,56 @@ class _ReadOnce:
         if last is not None and last[0] == path:
             return last[1]  # handed out a second time, then let go
         state = None
-        if self.masters is not None and str(path) == self.masters[0]:
-            state = load_masters_in_place(path, map_location, self.masters[1])
+        if self.in_place is not None and str(path) == self.in_place[0]:
+            state = load_zero3_in_place(path, map_location, self.in_place[1])
         if state is None:
             state = self._engine.load(path, map_location=map_location)
         self._last = (path, state)
         return state
 
 
-def load_masters_in_place(path: str, map_location: Any, masters: list[torch.Tensor]) -> Any | None:
-    """A ZeRO-3 optimizer-states file as `torch.load` reads it, but its fp32 master partitions read from the file
-    straight into `masters` (the engine's own), which stand in the loaded state: the engine's copy of them into
-    itself is then a copy onto itself, which torch skips. So a resume copies those bytes once, not twice (masters
-    in GPU memory: one copy from the file's pages to the GPU, not a read into fresh host memory first). The file
-    is mapped (`mmap=True`), the masters filled from the mapping and every tensor in the state's dicts, lists and
-    tuples (namedtuples too) copied out of it (views of one storage stay views of one copy; DeepSpeed's files
-    hold tensors nowhere else), so nothing loaded keeps the file mapped. `path` must be the rank's own file (its
-    masters). None where that does not hold (torch's legacy format, another layout, dtype or shape, a master
-    neither in host nor in CUDA memory, a `map_location` off the CPU, a container `map_tensors` cannot rebuild):
-    the caller loads as usual.
+def load_zero3_in_place(path: str, map_location: Any, optimizer: Any) -> Any | None:
+    """A ZeRO-3 optimizer-states file as `torch.load` reads it, but read from the file straight into the engine's own
+    tensors (`load_in_place`): its fp32 master partitions into `optimizer.fp32_partitioned_groups_flat`, and each
+    optimizer state tensor (Adam's moments) into the live one of its partition. Those stand in the loaded state, so
+    the engine's copy of the masters into themselves is a copy onto itself, which torch skips, and the inner
+    optimizer's `load_state_dict` keeps its own moments: a resume copies those bytes once, into memory already
+    there (masters in GPU memory: one copy from the file's pages to the GPU). Every other tensor is copied out of
+    the mapping, so nothing loaded keeps the file mapped. `path` must be the rank's own file (its masters). None
+    where that does not hold (torch's legacy format, another layout, dtype or shape, a master neither in host nor in
+    CUDA memory, a `map_location` off the CPU, a container `map_tensors` cannot rebuild): the caller loads as usual.
 
-    >>> state = load_masters_in_place(optim_file, "cpu", engine.optimizer.fp32_partitioned_groups_flat)
+    >>> state = load_zero3_in_place(optim_file, "cpu", engine.optimizer)
     """
     from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DICT
 
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=False, mmap=True)
-    except RuntimeError:  # a file in torch's legacy format cannot be mapped
-        return None
-    saved = state.get(OPTIMIZER_STATE_DICT) if isinstance(state, dict) else None
-    saved = saved.get(FP32_FLAT_GROUPS) if isinstance(saved, dict) else None
+    masters = optimizer.fp32_partitioned_groups_flat
+    state = load_mapped(path, map_location, weights_only=False)
+    zero = state.get(OPTIMIZER_STATE_DICT) if isinstance(state, dict) else None
+    saved = zero.get(FP32_FLAT_GROUPS) if isinstance(zero, dict) else None
     if not (isinstance(saved, list) and len(saved) == len(masters)
-            and all(isinstance(s, torch.Tensor) and s.dtype == m.dtype and s.shape == m.shape and s.device.type == "cpu"
-                    and m.device.type in ("cpu", "cuda") and m.is_contiguous() for s, m in zip(saved, masters))):
+            and all(fits(s, m) and m.is_contiguous() for s, m in zip(saved, masters))):
         return None
     for i, master in enumerate(masters):
         master.data.copy_(saved[i])
         saved[i] = master
-    copies: dict[int, torch.UntypedStorage] = {}  # by the mapped storage: each copied once, its views kept views
-
-    def copied_out(t: torch.Tensor) -> torch.Tensor:
-        if any(t is m for m in masters):
-            return t
-        storage = t.untyped_storage()
-        if storage._cdata not in copies:
-            copies[storage._cdata] = storage.clone()
-        return view_like(t, copies[storage._cdata])
+    inner, live = zero.get(OPTIMIZER_STATE_DICT), getattr(optimizer, "optimizer", None)
+    order = _masters_in_group_order(optimizer)
+    moments = (optimizer_state_into(inner, live.state, order)
+               if isinstance(inner, dict) and live is not None and order is not None else [])
     try:
-        return map_tensors(copied_out, state)
+        return copied_out(state, keep=[*masters, *moments])
     except TypeError:  # a mapping that cannot be rebuilt from a dict (a defaultdict)
         return None
+
+
+def _masters_in_group_order(optimizer: Any) -> list[torch.Tensor] | None:
+    """The fp32 master partitions in the order the inner optimizer's state dict numbers them: DeepSpeed puts each
+    sub-group's partition into its parameter group (`_set_fp32_optimizer_param_groups`) around a save and a load."""
+    masters, group_of = optimizer.fp32_partitioned_groups_flat, getattr(optimizer, "sub_group_to_group_id", None)
+    if group_of is None or len(group_of) != len(masters):
+        return None
+    return [m for g in range(len(optimizer.optimizer.param_groups)) for s, m in enumerate(masters) if group_of[s] == g]
 
 
 def link_optimizer_state(opt: Any) -> None:

@@ -6,11 +6,13 @@ start of a DeepSpeed launch is paid once; the tests compare the exported full we
 
 import importlib
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from cadence import Checkpoint
 from cadence.distributed.deepspeed import DeepSpeed, build_config
 from tests.distributed.test_engines import assert_weights_close
 from tests.helpers import SCRIPTS, run_launch
@@ -204,6 +206,9 @@ def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
     # no rank waits for another in its resume: ZeRO-3's persistent parameters come whole from the rank's own file,
     # not gathered from every rank's partitions (4 all-gathers here)
     assert done.stdout.count("ZERO2 LOAD COLLECTIVES 0") == done.stdout.count("ZERO3 LOAD COLLECTIVES 0") == 2
+    # ZeRO-3's optimizer-states file read straight into the engine's fp32 masters on both ranks (a fresh engine has
+    # no moments yet to read into); the bitwise end below says they were read right
+    assert done.stdout.count("ZERO3 IN PLACE [1, 0]") == 2, done.stdout
     for stage in (2, 3):
         a, b = load_file(ref / f"zero{stage}.safetensors"), load_file(run / f"zero{stage}.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage
@@ -354,39 +359,88 @@ def test_an_async_engine_file_holds_the_state_of_its_save_point_and_the_synchron
                 assert torch.equal(written[key], value) if isinstance(value, torch.Tensor) else written[key] == value
 
 
-def test_a_zero3_resume_reads_the_fp32_masters_into_place_and_keeps_nothing_of_the_file_mapped(tmp_path):
-    """A ZeRO-3 optimizer-states file (laid out as DeepSpeed writes it): its fp32 master partitions are read into the
-    engine's own, which stand in the loaded state (so the engine's copy of them is a copy onto itself, skipped: one
-    copy of those bytes per resume, not two); every other tensor is torch.load's, views of one storage still one
-    storage, and in memory of its own: the file rewritten afterwards (here zeroed in place) changes nothing loaded.
-    A file it cannot place that way is left to the usual load (None)."""
+def test_a_zero3_resume_reads_masters_and_moments_into_place_and_keeps_nothing_of_the_file_mapped(tmp_path):
+    """A ZeRO-3 optimizer-states file (laid out as DeepSpeed writes it) read into a trained engine's optimizer: its
+    fp32 master partitions go into the engine's own and each moment into the optimizer's own tensor of that partition
+    (found by DeepSpeed's numbering: group by group, each group's sub-groups in turn), which stand in the loaded
+    state (so the engine copies the masters onto themselves, skipped, and keeps its own moments: one copy of those
+    bytes per resume, into memory already there). A step tensor shared by both partitions' states is not written
+    into; every other tensor is torch.load's, views of one storage still one storage, in memory of its own: the file
+    rewritten afterwards (here zeroed in place) changes nothing loaded. A file it cannot place that way is left to
+    the usual load (None)."""
     from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DICT
 
-    from cadence.distributed.deepspeed_checkpoint import load_masters_in_place
+    from cadence.distributed.deepspeed_checkpoint import load_zero3_in_place
 
     torch.manual_seed(0)
-    groups, exp_avg = [torch.randn(1000), torch.randn(24)], torch.randn(1024)
+    groups, extra = [torch.randn(1000), torch.randn(24)], torch.randn(64)
+    moments = [{"exp_avg": torch.randn(24), "step": torch.tensor(6.0)},  # position 0: group 0's partition (sub-group 1)
+               {"exp_avg": torch.randn(1000), "step": torch.tensor(6.0), "extra": extra, "part": extra[:8]}]
     state = {OPTIMIZER_STATE_DICT: {"zero_stage": 3, "loss_scaler": {"cur_scale": 1.0},
-                                    OPTIMIZER_STATE_DICT: {"state": {0: {"exp_avg": exp_avg, "part": exp_avg[:24],
-                                                                         "step": torch.tensor(6.0)}},
-                                                           "param_groups": [{"lr": 0.1, "params": [0]}]},
+                                    OPTIMIZER_STATE_DICT: {"state": dict(enumerate(moments)),
+                                                           "param_groups": [{"lr": 0.1, "params": [0]},
+                                                                            {"lr": 0.2, "params": [1]}]},
                                     FP32_FLAT_GROUPS: groups}, "ds_config": {"train_batch_size": 8}}
     path = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     torch.save(state, path)
     expected = torch.load(path, weights_only=False)
     masters = [torch.zeros(1000), torch.zeros(24)]
-    loaded = load_masters_in_place(str(path), "cpu", masters)
+    step = torch.tensor(1.0)  # one tensor in both partitions' states
+    inner = SimpleNamespace(param_groups=[{"params": []}, {"params": []}],
+                            state={masters[1]: {"exp_avg": torch.zeros(24), "step": step},
+                                   masters[0]: {"exp_avg": torch.zeros(1000), "step": step}})
+    engine_optimizer = SimpleNamespace(fp32_partitioned_groups_flat=masters, sub_group_to_group_id={0: 1, 1: 0},
+                                       optimizer=inner)
+    live = {i: inner.state[m]["exp_avg"] for i, m in enumerate(masters)}
+    loaded = load_zero3_in_place(str(path), "cpu", engine_optimizer)
     assert all(a is b for a, b in zip(loaded[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS], masters, strict=True))
     assert all(torch.equal(m, g) for m, g in zip(masters, groups))
-    saved = loaded[OPTIMIZER_STATE_DICT][OPTIMIZER_STATE_DICT]["state"][0]
-    assert saved["part"].untyped_storage().data_ptr() == saved["exp_avg"].untyped_storage().data_ptr()
+    saved = loaded[OPTIMIZER_STATE_DICT][OPTIMIZER_STATE_DICT]["state"]
+    assert saved[0]["exp_avg"] is live[1] and saved[1]["exp_avg"] is live[0]
+    assert saved[0]["step"] is not step and saved[1]["step"] is not step and step == 1  # the shared one left alone
+    assert saved[1]["part"].untyped_storage().data_ptr() == saved[1]["extra"].untyped_storage().data_ptr()
     path.write_bytes(bytes(path.stat().st_size))  # the file rewritten in place after the resume
-    assert torch.equal(saved["exp_avg"], exp_avg) and torch.equal(saved["part"], exp_avg[:24])
-    assert saved["step"] == 6 and loaded["ds_config"] == expected["ds_config"]
+    for position, values in enumerate(moments):
+        assert saved[position].keys() == values.keys()
+        assert all(torch.equal(saved[position][k], v) for k, v in values.items()), position
+    assert loaded["ds_config"] == expected["ds_config"]
     torch.save(state, path)
-    assert load_masters_in_place(str(path), "cpu", [torch.zeros(999), torch.zeros(24)]) is None  # another layout
+    engine_optimizer.fp32_partitioned_groups_flat = [torch.zeros(999), torch.zeros(24)]
+    assert load_zero3_in_place(str(path), "cpu", engine_optimizer) is None  # another layout
+    engine_optimizer.fp32_partitioned_groups_flat = masters
     torch.save(state, path, _use_new_zipfile_serialization=False)
-    assert load_masters_in_place(str(path), "cpu", masters) is None  # torch's legacy format: not mapped
+    assert load_zero3_in_place(str(path), "cpu", engine_optimizer) is None  # torch's legacy format: not mapped
+
+
+def test_a_zero3_load_state_into_a_trained_optimizer_keeps_its_tensors_and_reads_the_checkpoints_values(dls, tmp_path):
+    """`learn.load_state` of a ZeRO-3 checkpoint after more training (one process): AdamW's moments and step are read
+    into the tensors the optimizer holds (no second copy of the optimizer state alive during the load), with the
+    checkpoint's values, and training on from there gives the weights that training on from that checkpoint in a
+    fresh engine gives."""
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+
+    from fixtures import make_learner
+
+    ckpt = tmp_path / "ckpt" / "step-00000002"
+    learn = make_learner(dls, tmp_path)
+    with learn.distrib_ctx(strategy="deepspeed", zero_stage=3):
+        learn.fit(1, cbs=[Checkpoint("ckpt", every_n_steps=2)])
+        optimizer = learn.strategy.engine.optimizer.optimizer
+        before = {id(t) for state in optimizer.state.values() for t in state.values()}
+        learn.load_state(ckpt)
+        (live,) = optimizer.state.values()
+        assert {id(t) for t in live.values()} == before and len(before) == 3, (live, before)
+        file, = (ckpt / "deepspeed").rglob("*optim_states.pt")
+        saved = torch.load(file, weights_only=False)[OPTIMIZER_STATE_DICT][OPTIMIZER_STATE_DICT]["state"][0]
+        assert saved.keys() == live.keys() and all(torch.equal(live[k], v) for k, v in saved.items())
+        learn.fit(1)
+        reloaded = {k: v.detach().clone() for k, v in learn.strategy.full_state_dict(learn.model).items()}
+    fresh = make_learner(dls, tmp_path / "fresh")
+    with fresh.distrib_ctx(strategy="deepspeed", zero_stage=3):
+        fresh.load_state(ckpt)
+        fresh.fit(1)
+        expected = fresh.strategy.full_state_dict(fresh.model)
+    assert reloaded.keys() == expected.keys() and all(torch.equal(reloaded[k], expected[k]) for k in expected)
 
 
 def test_only_the_ranks_own_optimizer_file_is_read_into_its_masters(tmp_path):
@@ -402,7 +456,7 @@ def test_only_the_ranks_own_optimizer_file_is_read_into_its_masters(tmp_path):
         torch.save({OPTIMIZER_STATE_DICT: {FP32_FLAT_GROUPS: [torch.full((8,), float(rank + 1))]}}, path)
     masters = [torch.zeros(8)]
     reader = _ReadOnce(TorchCheckpointEngine())
-    reader.masters = (str(files[0]), masters)
+    reader.in_place = (str(files[0]), SimpleNamespace(fp32_partitioned_groups_flat=masters))
     own, other = (reader.load(str(files[rank]), map_location="cpu") for rank in (0, 1))
     assert own[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS][0] is masters[0] and torch.equal(masters[0], torch.ones(8))
     assert torch.equal(other[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS][0], torch.full((8,), 2.0))

@@ -26,7 +26,8 @@ and every epoch end) with `Checkpoint(async_save=...)`; the same command line st
 Every rank prints `LOAD_COLLECTIVES <n>` and `SAVE_COLLECTIVES <n>`: the collectives (torch.distributed calls) its
 resume (`load_state`) and its saves' taking of the state (`stage_state`, at the save point) made on the main thread,
 and `WROTE save_model_file|save_optimizer_file <rank>` for each base-format file it wrote; under DeepSpeed ZeRO-3,
-`MASTERS_IN_PLACE <n>`: the optimizer-states files its resume read straight into the fp32 master partitions.
+`MASTERS_IN_PLACE <n>`: the optimizer-states files its resume read straight into the fp32 master partitions, and
+`MOMENTS_IN_PLACE <n>`: the optimizer state tensors it read straight into the optimizer's own.
 A failed fit prints `ERROR <type>: <message>` and `STEP <n>` and exits 1.
 Prints `DEVICE <where the model trained>`, `STEPS <n>`, `BLOCKED <seconds per save, json>` and `COPYWAIT <seconds of it waiting for the copy, json>` at
 the end; rank 0 writes the final weights to FILE.
@@ -170,17 +171,23 @@ def count_collectives() -> dict[str, int]:
     return count
 
 
-def count_masters_in_place() -> list[int]:
-    """How many optimizer-states files a ZeRO-3 resume reads straight into the engine's fp32 master partitions."""
+def count_in_place() -> list[int]:
+    """[optimizer-states files, optimizer state tensors] a ZeRO-3 resume read straight into the engine's own tensors
+    (the fp32 master partitions; Adam's moments)."""
     import cadence.distributed.deepspeed_checkpoint as engine_files
 
-    read, load = [0], engine_files.load_masters_in_place
+    read, load, into = [0, 0], engine_files.load_zero3_in_place, engine_files.optimizer_state_into
 
     def counted(*args, **kwargs):
         state = load(*args, **kwargs)
         read[0] += state is not None
         return state
-    engine_files.load_masters_in_place = counted
+
+    def counted_into(*args, **kwargs):
+        live = into(*args, **kwargs)
+        read[1] += len(live)
+        return live
+    engine_files.load_zero3_in_place, engine_files.optimizer_state_into = counted, counted_into
     return read
 
 
@@ -224,7 +231,7 @@ def main():
     if args.disk_delay:
         slow_disk(args.disk_delay)
     collectives = count_collectives()
-    masters_in_place = count_masters_in_place()
+    in_place = count_in_place()
     report_file_writers()
     dls, model = data_and_model(classes=args.classes, device=None if args.device == "default" else args.device)
     if args.batchnorm:
@@ -249,7 +256,8 @@ def main():
         raise SystemExit(1)
     print(f"LOAD_COLLECTIVES {collectives['load']}", flush=True)
     print(f"SAVE_COLLECTIVES {collectives['save']}", flush=True)
-    print(f"MASTERS_IN_PLACE {masters_in_place[0]}", flush=True)
+    print(f"MASTERS_IN_PLACE {in_place[0]}", flush=True)
+    print(f"MOMENTS_IN_PLACE {in_place[1]}", flush=True)
     if is_main_process():
         save_file({k: v.detach().cpu().contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)

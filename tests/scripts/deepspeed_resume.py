@@ -5,7 +5,9 @@ Launched on 2 processes by tests/distributed/test_deepspeed.py:
 STAGES: comma-separated ZeRO stages, trained one after the other (each with its own checkpoints under
 CKPT_ROOT/zero<stage>). --kill-at: SIGKILL every rank right after optimizer step STEP (after its
 checkpoint), mid-epoch. Rank 0 writes OUT_DIR/zero<stage>.safetensors (the final fp32 weights). With --resume,
-every rank prints `ZERO<stage> LOAD COLLECTIVES <n>`: the collectives its resume made.
+every rank prints `ZERO<stage> LOAD COLLECTIVES <n>`: the collectives its resume made, and `ZERO<stage> IN PLACE
+[<files>, <tensors>]`: the optimizer-states files and optimizer state tensors read straight into the engine's own
+(counted over the stages run so far).
 """
 
 import argparse
@@ -18,10 +20,11 @@ from torch import nn
 
 from cadence import Checkpoint, GradAccum, Learner
 from cadence.distributed.env import is_main_process, setup_distrib
-from async_checkpoint import count_collectives  # tests/scripts/async_checkpoint.py
+from async_checkpoint import count_collectives, count_in_place  # tests/scripts/async_checkpoint.py
 from resume import KillAt, data_and_model  # tests/scripts/resume.py: its run, and SIGKILL after a step's checkpoint
 
 COLLECTIVES = count_collectives()  # the torch.distributed calls of the Checkpoint callback's load_state
+IN_PLACE = count_in_place()  # ZeRO-3: [files, optimizer state tensors] its resume read into the engine's tensors
 
 
 def train(stage, args):
@@ -47,6 +50,7 @@ def train(stage, args):
     if args.resume:
         print(f"ZERO{stage} ENGINE FILES READ {sorted(set(reads.values()))}", flush=True)
         print(f"ZERO{stage} LOAD COLLECTIVES {collectives['load']}", flush=True)
+        print(f"ZERO{stage} IN PLACE {IN_PLACE}", flush=True)
 
 
 def fit_and_export(learn, stage, fit, path):

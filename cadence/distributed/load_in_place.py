@@ -1,0 +1,90 @@
+"""A saved optimizer state read straight into the memory that holds its live counterpart.
+
+A plain resume reads each file into fresh memory, which the engine then copies into the optimizer's tensors (fp32
+masters) or keeps in their place (optimizer state): every byte copied twice, or the fresh memory's pages faulted in
+and zeroed first (on a CPU host, worth more than the copy itself). Here the file is mapped (`torch.load(mmap=True)`),
+each saved tensor with a live counterpart of its shape, dtype and memory (host or CUDA) is copied from the file's pages
+into that counterpart and stands in its place in the loaded state; everything else is copied out of the mapping
+(views of one storage stay views of one copy), so nothing loaded keeps the file mapped. The engine's own load then
+copies the live tensors onto themselves (skipped by torch's `copy_`) or keeps them as the state (torch's
+`Optimizer.load_state_dict` keeps a loaded tensor of the parameter's dtype and device as it is).
+
+>>> state = load_mapped(path)                                      # None: a file in torch's legacy format
+>>> live = optimizer_state_into(state, opt.state, [p for g in opt.param_groups for p in g["params"]])
+>>> opt.load_state_dict(copied_out(state, keep=live))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .ops import map_tensors
+from .staging import view_like
+
+
+def load_mapped(path: str, map_location: Any = "cpu", weights_only: bool = True) -> Any | None:
+    """`torch.load` of `path` with its storages mapped from the file, not read; None for a file in torch's legacy
+    format, which cannot be mapped."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=True)
+    except RuntimeError:
+        return None
+
+
+def fits(saved: Any, live: Any) -> bool:
+    """Whether `saved` (a mapped host tensor) can be copied into `live` and stand in for it unchanged: a tensor of
+    the same class, shape and dtype, `live` in host or CUDA memory."""
+    return (type(saved) is torch.Tensor and type(live) in (torch.Tensor, torch.nn.Parameter)
+            and saved.device.type == "cpu" and live.device.type in ("cpu", "cuda")
+            and saved.dtype == live.dtype and saved.shape == live.shape)
+
+
+def optimizer_state_into(saved: dict, live: Mapping[torch.Tensor, dict], params: Sequence[torch.Tensor]
+                         ) -> list[torch.Tensor]:
+    """Copy each tensor of `saved` (an optimizer's `state_dict()`, parameters by position, mapped) into the live
+    state tensor of the same parameter and name (`live`: the optimizer's `state`), and put the live one in its place.
+    `params`: the optimizer's parameters in the order `load_state_dict` pairs them with the saved positions (its
+    groups' in turn). Returns the live tensors now in `saved`. Nothing is copied unless the groups have the saved
+    numbers of parameters; a live tensor shared by several parameters' states (one `step` for all), or whose
+    parameter's dtype or device would make `load_state_dict` convert the loaded one, is left alone."""
+    positions = [i for g in saved.get("param_groups", ()) for i in g.get("params", ())]
+    state = saved.get("state")
+    if len(positions) != len(params) or not isinstance(state, dict):
+        return []
+    counts: dict[int, int] = {}
+    for param in params:
+        for t in live.get(param, {}).values():
+            counts[id(t)] = counts.get(id(t), 0) + 1
+    into = []
+    for position, param in zip(positions, params):
+        saved_state, live_state = state.get(position), live.get(param, {})
+        if not isinstance(saved_state, dict):
+            continue
+        for name, t in saved_state.items():
+            target = live_state.get(name)
+            if (fits(t, target) and counts[id(target)] == 1 and target.device == param.device
+                    and (name == "step" or not param.is_floating_point() or target.dtype == param.dtype)):
+                target.detach().copy_(t)
+                saved_state[name] = target
+                into.append(target)
+    return into
+
+
+def copied_out(state: Any, keep: Sequence[torch.Tensor]) -> Any:
+    """`state` with every tensor but those in `keep` copied out of its (mapped) storage into memory of its own,
+    tensors viewing one storage still viewing one copy. Raises TypeError for a container that cannot be rebuilt
+    from a dict (a defaultdict)."""
+    kept = {id(t) for t in keep}
+    copies: dict[int, torch.UntypedStorage] = {}
+
+    def out(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in kept:
+            return t
+        storage = t.untyped_storage()
+        if storage._cdata not in copies:
+            copies[storage._cdata] = storage.clone()
+        return view_like(t, copies[storage._cdata])
+    return map_tensors(out, state)
