@@ -194,12 +194,16 @@ def _host_tag(storage) -> str | None:
 register_tagger(-271, _host_tag)  # before torch's own taggers (cpu 10, cuda 20, ...)
 
 
-def load_torch(path: str | os.PathLike, map_location="cpu"):
+def load_torch(path: str | os.PathLike, map_location="cpu", mmap: bool = False):
     """`torch.load` with `weights_only=True`: tensors and plain containers only, never arbitrary objects.
+    `mmap`: the tensors' storages mapped from the file, not read (a file in torch's legacy format is read).
 
     A file that is truncated, corrupt or holds other objects raises ValueError naming it.
     """
     try:
+        if mmap:
+            with contextlib.suppress(RuntimeError):  # torch's legacy format cannot be mapped; anything else fails below
+                return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
         return torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
         # torch's message for a refused object suggests weights_only=False, i.e. running the file's code: never

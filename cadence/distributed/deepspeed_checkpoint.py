@@ -334,7 +334,7 @@ def load_zero3_in_place(path: str, map_location: Any, optimizer: Any) -> Any | N
     there (masters in GPU memory: one copy from the file's pages to the GPU). Every other tensor is copied out of
     the mapping, so nothing loaded keeps the file mapped. `path` must be the rank's own file (its masters). None
     where that does not hold (torch's legacy format, another layout, dtype or shape, a master neither in host nor in
-    CUDA memory, a `map_location` off the CPU, a container `map_tensors` cannot rebuild): the caller loads as usual.
+    CUDA memory, a `map_location` off the CPU): the caller loads as usual.
 
     >>> state = load_zero3_in_place(optim_file, "cpu", engine.optimizer)
     """
@@ -351,22 +351,20 @@ def load_zero3_in_place(path: str, map_location: Any, optimizer: Any) -> Any | N
         master.data.copy_(saved[i])
         saved[i] = master
     inner, live = zero.get(OPTIMIZER_STATE_DICT), getattr(optimizer, "optimizer", None)
-    order = _masters_in_group_order(optimizer)
-    moments = (optimizer_state_into(inner, live.state, order)
-               if isinstance(inner, dict) and live is not None and order is not None else [])
-    try:
-        return copied_out(state, keep=[*masters, *moments])
-    except TypeError:  # a mapping that cannot be rebuilt from a dict (a defaultdict)
-        return None
+    groups = _masters_by_group(optimizer)
+    moments = (optimizer_state_into(inner, live.state, groups)
+               if isinstance(inner, dict) and live is not None and groups is not None else [])
+    return copied_out(state, keep=[*masters, *moments])
 
 
-def _masters_in_group_order(optimizer: Any) -> list[torch.Tensor] | None:
-    """The fp32 master partitions in the order the inner optimizer's state dict numbers them: DeepSpeed puts each
-    sub-group's partition into its parameter group (`_set_fp32_optimizer_param_groups`) around a save and a load."""
+def _masters_by_group(optimizer: Any) -> list[list[torch.Tensor]] | None:
+    """The fp32 master partitions of each parameter group of the inner optimizer, as its state dict numbers them:
+    DeepSpeed puts each sub-group's partition into its group (`_set_fp32_optimizer_param_groups`) around a save and
+    a load."""
     masters, group_of = optimizer.fp32_partitioned_groups_flat, getattr(optimizer, "sub_group_to_group_id", None)
     if group_of is None or len(group_of) != len(masters):
         return None
-    return [m for g in range(len(optimizer.optimizer.param_groups)) for s, m in enumerate(masters) if group_of[s] == g]
+    return [[m for s, m in enumerate(masters) if group_of[s] == g] for g in range(len(optimizer.optimizer.param_groups))]
 
 
 def link_optimizer_state(opt: Any) -> None:

@@ -10,7 +10,8 @@ copies the live tensors onto themselves (skipped by torch's `copy_`) or keeps th
 `Optimizer.load_state_dict` keeps a loaded tensor of the parameter's dtype and device as it is).
 
 >>> state = load_mapped(path)                                      # None: a file in torch's legacy format
->>> live = optimizer_state_into(state, opt.state, [p for g in opt.param_groups for p in g["params"]])
+>>> load_optimizer_in_place(opt, state)                         # or, for another layout:
+>>> live = optimizer_state_into(state, opt.state, [g["params"] for g in opt.param_groups])
 >>> opt.load_state_dict(copied_out(state, keep=live))
 """
 
@@ -21,7 +22,6 @@ from typing import Any
 
 import torch
 
-from .ops import map_tensors
 from .staging import view_like
 
 
@@ -42,24 +42,26 @@ def fits(saved: Any, live: Any) -> bool:
             and saved.dtype == live.dtype and saved.shape == live.shape)
 
 
-def optimizer_state_into(saved: dict, live: Mapping[torch.Tensor, dict], params: Sequence[torch.Tensor]
+def optimizer_state_into(saved: dict, live: Mapping[torch.Tensor, dict], groups: Sequence[Sequence[torch.Tensor]]
                          ) -> list[torch.Tensor]:
     """Copy each tensor of `saved` (an optimizer's `state_dict()`, parameters by position, mapped) into the live
     state tensor of the same parameter and name (`live`: the optimizer's `state`), and put the live one in its place.
-    `params`: the optimizer's parameters in the order `load_state_dict` pairs them with the saved positions (its
-    groups' in turn). Returns the live tensors now in `saved`. Nothing is copied unless the groups have the saved
-    numbers of parameters; a live tensor shared by several parameters' states (one `step` for all), or whose
-    parameter's dtype or device would make `load_state_dict` convert the loaded one, is left alone."""
-    positions = [i for g in saved.get("param_groups", ()) for i in g.get("params", ())]
-    state = saved.get("state")
-    if len(positions) != len(params) or not isinstance(state, dict):
+    `groups`: the optimizer's parameters group by group, in the order `load_state_dict` pairs them with the saved
+    positions. Returns the live tensors now in `saved`. Nothing is copied unless the saved groups have the same
+    numbers of parameters (what `load_state_dict` checks); a live tensor shared by several parameters' states (one
+    `step` for all), or whose parameter's dtype or device would make `load_state_dict` convert the loaded one, is
+    left alone."""
+    saved_groups, state = saved.get("param_groups"), saved.get("state")
+    if (not isinstance(saved_groups, list) or not isinstance(state, dict)
+            or [len(g.get("params", ())) for g in saved_groups] != [len(g) for g in groups]):
         return []
+    params = [p for g in groups for p in g]
     counts: dict[int, int] = {}
     for param in params:
         for t in live.get(param, {}).values():
             counts[id(t)] = counts.get(id(t), 0) + 1
     into = []
-    for position, param in zip(positions, params):
+    for position, param in zip((i for g in saved_groups for i in g["params"]), params):
         saved_state, live_state = state.get(position), live.get(param, {})
         if not isinstance(saved_state, dict):
             continue
@@ -73,18 +75,36 @@ def optimizer_state_into(saved: dict, live: Mapping[torch.Tensor, dict], params:
     return into
 
 
+def load_optimizer_in_place(opt: torch.optim.Optimizer, state: dict) -> None:
+    """`opt.load_state_dict(state)` for a `state` read with `load_mapped`: each state tensor copied from the file
+    into the one `opt` holds for it (a trained optimizer: no second copy of its state alive during the load), the
+    rest copied out of the mapping.
+
+    >>> load_optimizer_in_place(opt, load_mapped("checkpoints/step-00000200/optimizer.pt"))
+    """
+    live = optimizer_state_into(state, opt.state, [g["params"] for g in opt.param_groups])
+    opt.load_state_dict(copied_out(state, keep=live))
+
+
 def copied_out(state: Any, keep: Sequence[torch.Tensor]) -> Any:
-    """`state` with every tensor but those in `keep` copied out of its (mapped) storage into memory of its own,
-    tensors viewing one storage still viewing one copy. Raises TypeError for a container that cannot be rebuilt
-    from a dict (a defaultdict)."""
+    """`state` (just loaded: its dicts and lists are changed in place) with every tensor but those in `keep` copied
+    out of its (mapped) storage into memory of its own, tensors viewing one storage still viewing one copy."""
     kept = {id(t) for t in keep}
     copies: dict[int, torch.UntypedStorage] = {}
 
-    def out(t: torch.Tensor) -> torch.Tensor:
-        if id(t) in kept:
-            return t
-        storage = t.untyped_storage()
-        if storage._cdata not in copies:
-            copies[storage._cdata] = storage.clone()
-        return view_like(t, copies[storage._cdata])
-    return map_tensors(out, state)
+    def out(data: Any) -> Any:
+        if isinstance(data, torch.Tensor):
+            if id(data) in kept:
+                return data
+            storage = data.untyped_storage()
+            if storage._cdata not in copies:
+                copies[storage._cdata] = storage.clone()
+            return view_like(data, copies[storage._cdata])
+        if isinstance(data, (dict, list)):
+            for key in (data.keys() if isinstance(data, dict) else range(len(data))):
+                data[key] = out(data[key])
+        elif isinstance(data, tuple):
+            items = [out(o) for o in data]
+            return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
+        return data
+    return out(state)

@@ -45,10 +45,11 @@ def load_model_file(directory: Path, model: nn.Module) -> dict[str, torch.Tensor
     return state
 
 
-def load_optimizer_file(directory: Path) -> dict:
-    """Read `directory/optimizer.pt` (tensors and plain containers only)."""
+def load_optimizer_file(directory: Path, mapped: bool = False) -> dict:
+    """Read `directory/optimizer.pt` (tensors and plain containers only); `mapped`: its tensors mapped from the file
+    (`load_in_place.load_optimizer_in_place` reads them into an optimizer's own)."""
     file = Path(directory) / OPTIMIZER_FILE
     if not file.is_file():
         raise FileNotFoundError(f"{directory} has no {OPTIMIZER_FILE}: the checkpoint is incomplete; "
                                 f"resume from another checkpoint or load only the weights")
-    return load_torch(file)
+    return load_torch(file, mmap=mapped)

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..compile import unwrap_compiled
 from . import env, ops
+from .load_in_place import load_optimizer_in_place
 from .precision import FullPrecision
 from .staging import HostBuffers, Staging, host_copy
 from .state_files import file_writers, load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
@@ -323,10 +324,17 @@ class Strategy:
             buffers.reserve(model if self.dp_rank == model_writer else None, opt if self.dp_rank == opt_writer else None)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded."""
-        model_state, opt_state = load_model_file(directory, self.unwrap(model)), load_optimizer_file(directory)
+        """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded.
+        An engine that loads the optimizer state as torch does (by position, `load_optimizer_state_dict` not its
+        own) reads it from the mapped file straight into the state tensors the optimizer holds."""
+        by_position = type(self).load_optimizer_state_dict is Strategy.load_optimizer_state_dict
+        model_state = load_model_file(directory, self.unwrap(model))
+        opt_state = load_optimizer_file(directory, mapped=by_position)
         self.load_model_state_dict(model, model_state)
-        self.load_optimizer_state_dict(model, opt, opt_state)
+        if by_position:
+            load_optimizer_in_place(opt, opt_state)
+        else:
+            self.load_optimizer_state_dict(model, opt, opt_state)
 
 
 def named_by_position(state: dict, whole: torch.optim.Optimizer, skeleton: nn.Module) -> dict:
