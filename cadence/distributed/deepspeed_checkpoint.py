@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from ..serialization import host_tagged, save_torch, sibling
-from .load_in_place import copied_out, fits, load_mapped, optimizer_state_into
+from .load_in_place import copied_out, fits, in_place_targets, load_mapped, read_into
 from .staging import HostBuffers, HostFile, Staging, storage_key
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
@@ -347,14 +347,17 @@ def load_zero3_in_place(path: str, map_location: Any, optimizer: Any) -> Any | N
     if not (isinstance(saved, list) and len(saved) == len(masters)
             and all(fits(s, m) and m.is_contiguous() for s, m in zip(saved, masters))):
         return None
-    for i, master in enumerate(masters):
-        master.data.copy_(saved[i])
-        saved[i] = master
+    placement = zero.get("ds_zero_partition_groups")  # DeepSpeed refuses another AutoEP placement: before any write
+    if placement is not None and placement != getattr(optimizer, "_zero3_partition_group_metadata", lambda: None)():
+        return None
+    targets = [(saved, i, master) for i, master in enumerate(masters)]
     inner, live = zero.get(OPTIMIZER_STATE_DICT), getattr(optimizer, "optimizer", None)
-    groups = _masters_by_group(optimizer)
-    moments = (optimizer_state_into(inner, live.state, groups)
-               if isinstance(inner, dict) and live is not None and groups is not None else [])
-    return copied_out(state, keep=[*masters, *moments])
+    groups = _masters_by_group(optimizer) if live is not None else None
+    if isinstance(inner, dict) and groups is not None:
+        targets += in_place_targets(inner, live.state, groups)
+    state = copied_out(state, keep=[container[key] for container, key, _ in targets])  # all read before any write
+    read_into(targets)
+    return state
 
 
 def _masters_by_group(optimizer: Any) -> list[list[torch.Tensor]] | None:
@@ -362,9 +365,10 @@ def _masters_by_group(optimizer: Any) -> list[list[torch.Tensor]] | None:
     DeepSpeed puts each sub-group's partition into its group (`_set_fp32_optimizer_param_groups`) around a save and
     a load."""
     masters, group_of = optimizer.fp32_partitioned_groups_flat, getattr(optimizer, "sub_group_to_group_id", None)
-    if group_of is None or len(group_of) != len(masters):
-        return None
-    return [[m for s, m in enumerate(masters) if group_of[s] == g] for g in range(len(optimizer.optimizer.param_groups))]
+    if group_of is None or len(group_of) != len(masters) or any(g["params"] for g in optimizer.optimizer.param_groups):
+        return None  # DeepSpeed appends the partitions to its groups: only empty ones number them so
+    groups = range(len(optimizer.optimizer.param_groups))
+    return [[m for s, m in enumerate(masters) if group_of[s] == g] for g in groups]
 
 
 def link_optimizer_state(opt: Any) -> None:

@@ -11,8 +11,8 @@ copies the live tensors onto themselves (skipped by torch's `copy_`) or keeps th
 
 >>> state = load_mapped(path)                                      # None: a file in torch's legacy format
 >>> load_optimizer_in_place(opt, state)                         # or, for another layout:
->>> live = optimizer_state_into(state, opt.state, [g["params"] for g in opt.param_groups])
->>> opt.load_state_dict(copied_out(state, keep=live))
+>>> targets = in_place_targets(state, opt.state, [g["params"] for g in opt.param_groups])
+>>> state = copied_out(state, keep=[container[key] for container, key, _ in targets]); read_into(targets)
 """
 
 from __future__ import annotations
@@ -42,15 +42,18 @@ def fits(saved: Any, live: Any) -> bool:
             and saved.dtype == live.dtype and saved.shape == live.shape)
 
 
-def optimizer_state_into(saved: dict, live: Mapping[torch.Tensor, dict], groups: Sequence[Sequence[torch.Tensor]]
-                         ) -> list[torch.Tensor]:
-    """Copy each tensor of `saved` (an optimizer's `state_dict()`, parameters by position, mapped) into the live
-    state tensor of the same parameter and name (`live`: the optimizer's `state`), and put the live one in its place.
-    `groups`: the optimizer's parameters group by group, in the order `load_state_dict` pairs them with the saved
-    positions. Returns the live tensors now in `saved`. Nothing is copied unless the saved groups have the same
-    numbers of parameters (what `load_state_dict` checks); a live tensor shared by several parameters' states (one
-    `step` for all), or whose parameter's dtype or device would make `load_state_dict` convert the loaded one, is
-    left alone."""
+Target = tuple[Any, Any, torch.Tensor]  # a loaded container, the key of a mapped tensor in it, the live tensor it fills
+
+
+def in_place_targets(saved: dict, live: Mapping[torch.Tensor, dict], groups: Sequence[Sequence[torch.Tensor]]
+                     ) -> list[Target]:
+    """Where each tensor of `saved` (an optimizer's `state_dict()`, parameters by position, mapped) can be read into
+    place: the live state tensor of the same parameter and name (`live`: the optimizer's `state`) that torch's
+    `load_state_dict` would replace with the loaded one unchanged. `groups`: the optimizer's parameters group by group,
+    in the order `load_state_dict` pairs them with the saved positions. Writes nothing (`read_into` does). None at
+    all unless the saved groups have the same numbers of parameters (what `load_state_dict` checks); a live tensor
+    shared by several parameters' states (one `step` for all), or one that `load_state_dict` would convert (another
+    dtype or device than the parameter's; a `step` as the saved group's `fused`/`capturable` says), is left out."""
     saved_groups, state = saved.get("param_groups"), saved.get("state")
     if (not isinstance(saved_groups, list) or not isinstance(state, dict)
             or [len(g.get("params", ())) for g in saved_groups] != [len(g) for g in groups]):
@@ -60,35 +63,52 @@ def optimizer_state_into(saved: dict, live: Mapping[torch.Tensor, dict], groups:
     for param in params:
         for t in live.get(param, {}).values():
             counts[id(t)] = counts.get(id(t), 0) + 1
-    into = []
-    for position, param in zip((i for g in saved_groups for i in g["params"]), params):
+    targets = []
+    positions = ((i, g) for g in saved_groups for i in g["params"])
+    for (position, group), param in zip(positions, params):
         saved_state, live_state = state.get(position), live.get(param, {})
         if not isinstance(saved_state, dict):
             continue
+        on_device = group.get("fused") or group.get("capturable")  # torch moves `step` to the parameter's device
         for name, t in saved_state.items():
             target = live_state.get(name)
-            if (fits(t, target) and counts[id(target)] == 1 and target.device == param.device
-                    and (name == "step" or not param.is_floating_point() or target.dtype == param.dtype)):
-                target.detach().copy_(t)
-                saved_state[name] = target
-                into.append(target)
-    return into
+            if not (fits(t, target) and counts[id(target)] == 1):
+                continue
+            if name == "step":  # loaded as it is, or as float32 on the parameter's device
+                kept = target.dtype == torch.float32 and target.device == param.device if on_device else (
+                    target.device.type == "cpu")
+            else:
+                kept = target.device == param.device and (not param.is_floating_point() or target.dtype == param.dtype)
+            if kept:
+                targets.append((saved_state, name, target))
+    return targets
+
+
+def read_into(targets: Sequence[Target]) -> list[torch.Tensor]:
+    """Copy each target's mapped tensor into its live tensor and put the live one in its place; returns those."""
+    for container, key, target in targets:
+        target.detach().copy_(container[key])
+        container[key] = target
+    return [target for _, _, target in targets]
 
 
 def load_optimizer_in_place(opt: torch.optim.Optimizer, state: dict) -> None:
     """`opt.load_state_dict(state)` for a `state` read with `load_mapped`: each state tensor copied from the file
     into the one `opt` holds for it (a trained optimizer: no second copy of its state alive during the load), the
-    rest copied out of the mapping.
+    rest copied out of the mapping first, so nothing is written into `opt` before all of the file is read.
 
     >>> load_optimizer_in_place(opt, load_mapped("checkpoints/step-00000200/optimizer.pt"))
     """
-    live = optimizer_state_into(state, opt.state, [g["params"] for g in opt.param_groups])
-    opt.load_state_dict(copied_out(state, keep=live))
+    targets = in_place_targets(state, opt.state, [g["params"] for g in opt.param_groups])
+    state = copied_out(state, keep=[container[key] for container, key, _ in targets])
+    read_into(targets)
+    opt.load_state_dict(state)
 
 
 def copied_out(state: Any, keep: Sequence[torch.Tensor]) -> Any:
     """`state` (just loaded: its dicts and lists are changed in place) with every tensor but those in `keep` copied
-    out of its (mapped) storage into memory of its own, tensors viewing one storage still viewing one copy."""
+    out of its (mapped) storage into memory of its own, tensors viewing one storage still viewing one copy (a tensor
+    subclass, or one not strided, cloned as it is)."""
     kept = {id(t) for t in keep}
     copies: dict[int, torch.UntypedStorage] = {}
 
@@ -96,6 +116,8 @@ def copied_out(state: Any, keep: Sequence[torch.Tensor]) -> Any:
         if isinstance(data, torch.Tensor):
             if id(data) in kept:
                 return data
+            if type(data) not in (torch.Tensor, torch.nn.Parameter) or data.layout != torch.strided:
+                return data.clone()
             storage = data.untyped_storage()
             if storage._cdata not in copies:
                 copies[storage._cdata] = storage.clone()

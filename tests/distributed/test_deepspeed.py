@@ -405,6 +405,20 @@ def test_a_zero3_resume_reads_masters_and_moments_into_place_and_keeps_nothing_o
         assert all(torch.equal(saved[position][k], v) for k, v in values.items()), position
     assert loaded["ds_config"] == expected["ds_config"]
     torch.save(state, path)
+    inner.param_groups[0]["params"].append(masters[1])  # DeepSpeed's numbering holds for empty groups only
+    loaded = load_zero3_in_place(str(path), "cpu", engine_optimizer)
+    assert loaded[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS][0] is masters[0]  # the masters still read into place
+    moments_loaded = loaded[OPTIMIZER_STATE_DICT][OPTIMIZER_STATE_DICT]["state"]
+    assert moments_loaded[0]["exp_avg"] is not live[1] and moments_loaded[1]["exp_avg"] is not live[0]
+    assert torch.equal(moments_loaded[1]["exp_avg"], moments[1]["exp_avg"])
+    inner.param_groups[0]["params"].clear()
+    state[OPTIMIZER_STATE_DICT]["ds_zero_partition_groups"] = [{"families": ["expert"]}]  # an AutoEP placement that
+    torch.save(state, path)  # this engine does not have: DeepSpeed refuses it, so nothing is written first
+    masters[0].zero_()
+    engine_optimizer._zero3_partition_group_metadata = lambda: [{"families": ["replicated"]}]
+    assert load_zero3_in_place(str(path), "cpu", engine_optimizer) is None and not masters[0].any()
+    del state[OPTIMIZER_STATE_DICT]["ds_zero_partition_groups"]
+    torch.save(state, path)
     engine_optimizer.fp32_partitioned_groups_flat = [torch.zeros(999), torch.zeros(24)]
     assert load_zero3_in_place(str(path), "cpu", engine_optimizer) is None  # another layout
     engine_optimizer.fp32_partitioned_groups_flat = masters

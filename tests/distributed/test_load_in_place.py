@@ -1,5 +1,6 @@
 """A saved optimizer state read from the mapped file straight into the tensors a trained optimizer holds
-(`cadence/distributed/load_in_place.py`): the base engines' `load_state` (one device, DDP), real optimizers and files."""
+(`cadence/distributed/load_in_place.py`): the base engines' `load_state` (one device, DDP), real optimizers, real
+files."""
 
 from collections import defaultdict, namedtuple
 
@@ -8,7 +9,8 @@ import torch
 from torch import nn
 
 from cadence import Checkpoint
-from cadence.distributed.load_in_place import copied_out, load_mapped, load_optimizer_in_place, optimizer_state_into
+from cadence.distributed import load_in_place
+from cadence.distributed.load_in_place import copied_out, in_place_targets, load_mapped, load_optimizer_in_place
 from cadence.serialization import load_torch
 
 Pair = namedtuple("Pair", "a b")  # a saved namedtuple (pickled by reference: at module level)
@@ -51,17 +53,22 @@ def test_a_trained_optimizer_loads_a_saved_state_into_its_own_tensors_with_the_f
     assert all(torch.equal(a, b) for a, b in zip(params, twin_params))
 
 
+def live_targets(saved, opt):
+    return [target for _, _, target in in_place_targets(saved, opt.state, [g["params"] for g in opt.param_groups])]
+
+
 def test_what_cannot_stand_in_for_the_loaded_tensor_is_copied_out_and_loaded_as_torch_does(tmp_path):
     """Groups of other sizes: nothing is written into the optimizer (torch's `load_state_dict` refuses them). A step
-    tensor shared by two parameters' states, a state of another dtype or shape, or a parameter of another dtype
-    (torch would convert the loaded state): copied out of the mapping, the live tensor untouched."""
+    tensor shared by two parameters' states, a state of another dtype or shape, a parameter of another dtype (torch
+    would convert the loaded state), a step that torch would move to the parameter's device as float32 (a fused or
+    capturable saved group) or keep as loaded (neither): copied out of the mapping, the live tensor untouched."""
     torch.manual_seed(0)
     params, opt = trained_adam((3,), (3,))
     state = opt.state_dict()
     other_groups = {**state, "param_groups": [{**state["param_groups"][0], "params": [0, 1]},
                                               {**state["param_groups"][1], "params": []}]}
     before = {id(t): t.clone() for s in opt.state.values() for t in s.values()}
-    assert optimizer_state_into(other_groups, opt.state, [g["params"] for g in opt.param_groups]) == []
+    assert live_targets(other_groups, opt) == []
     assert all(torch.equal(t, before[id(t)]) for s in opt.state.values() for t in s.values())
 
     shared = torch.tensor(7.0)
@@ -71,16 +78,48 @@ def test_what_cannot_stand_in_for_the_loaded_tensor_is_copied_out_and_loaded_as_
     saved = {"state": {0: {"step": torch.tensor(2.0), "exp_avg": torch.ones(3), "exp_avg_sq": torch.ones(4)},
                        1: {"step": torch.tensor(2.0), "exp_avg": torch.ones(3), "exp_avg_sq": torch.ones(3)}},
              "param_groups": state["param_groups"]}
-    into = optimizer_state_into(saved, opt.state, [g["params"] for g in opt.param_groups])
+    into = live_targets(saved, opt)
     assert [id(t) for t in into] == [id(opt.state[params[0]]["exp_avg"]), id(opt.state[params[1]]["exp_avg_sq"])]
-    assert shared == 7.0 and saved["state"][0]["step"] is not shared and saved["state"][1]["exp_avg"].dtype == torch.float32
+    assert shared == 7.0
 
     half = nn.Parameter(torch.zeros(3, dtype=torch.float16))
     half_opt = torch.optim.AdamW([half])
     half_opt.state[half] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros(3)}  # live in fp32, the parameter fp16
     saved = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(3)}},
              "param_groups": half_opt.state_dict()["param_groups"]}
-    assert optimizer_state_into(saved, half_opt.state, [[half]]) == [half_opt.state[half]["step"]]
+    assert live_targets(saved, half_opt) == [half_opt.state[half]["step"]]  # a CPU step, kept as loaded
+    saved["param_groups"][0]["capturable"] = True  # torch makes it float32 on the parameter's device: that one
+    assert live_targets(saved, half_opt) == [half_opt.state[half]["step"]]
+    half_opt.state[half]["step"] = torch.tensor(0.0, dtype=torch.float64)
+    saved["state"][0]["step"] = torch.tensor(1.0, dtype=torch.float64)
+    assert live_targets(saved, half_opt) == []  # capturable: torch would make the loaded float64 step float32
+    del saved["param_groups"][0]["capturable"]
+    assert live_targets(saved, half_opt) == [half_opt.state[half]["step"]]  # kept as loaded: float64 on the CPU
+
+
+def test_nothing_is_written_into_the_optimizer_before_the_whole_file_is_read(tmp_path, monkeypatch):
+    """A state tensor that cannot be copied out of the mapping as a view (a sparse one) is cloned, and the load
+    succeeds; a copy-out that fails leaves the optimizer as it was, every tensor of it untouched."""
+    torch.manual_seed(0)
+    params, opt = trained_adam((4,), (2,))
+    state = opt.state_dict()
+    state["state"][1]["sparse"] = torch.eye(3).to_sparse()
+    path = tmp_path / "optimizer.pt"
+    torch.save(state, path)
+    before = {id(t): t.clone() for s in opt.state.values() for t in s.values()}
+    for s in opt.state.values():
+        s["exp_avg"].add_(1.0)
+
+    def failing(*args, **kwargs):
+        raise OSError("the disk went away")
+    monkeypatch.setattr(load_in_place, "copied_out", failing)
+    with pytest.raises(OSError, match="went away"):
+        load_optimizer_in_place(opt, load_mapped(str(path)))
+    assert all(not torch.equal(s["exp_avg"], before[id(s["exp_avg"])]) for s in opt.state.values())  # not written
+    monkeypatch.undo()
+    load_optimizer_in_place(opt, load_mapped(str(path)))
+    assert torch.equal(opt.state[params[1]]["sparse"].to_dense(), torch.eye(3))
+    assert all(torch.equal(t, before[id(t)]) for s in opt.state.values() for k, t in s.items() if k != "sparse")
 
 
 def test_copied_out_keeps_views_and_containers_and_leaves_nothing_mapped(tmp_path):

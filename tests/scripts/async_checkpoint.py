@@ -176,18 +176,18 @@ def count_in_place() -> list[int]:
     (the fp32 master partitions; Adam's moments)."""
     import cadence.distributed.deepspeed_checkpoint as engine_files
 
-    read, load, into = [0, 0], engine_files.load_zero3_in_place, engine_files.optimizer_state_into
+    read, load, plan = [0, 0], engine_files.load_zero3_in_place, engine_files.in_place_targets
 
     def counted(*args, **kwargs):
         state = load(*args, **kwargs)
         read[0] += state is not None
         return state
 
-    def counted_into(*args, **kwargs):
-        live = into(*args, **kwargs)
-        read[1] += len(live)
-        return live
-    engine_files.load_zero3_in_place, engine_files.optimizer_state_into = counted, counted_into
+    def counted_targets(*args, **kwargs):
+        targets = plan(*args, **kwargs)
+        read[1] += len(targets)
+        return targets
+    engine_files.load_zero3_in_place, engine_files.in_place_targets = counted, counted_targets
     return read
 
 
