@@ -326,12 +326,14 @@ class Strategy:
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded.
         An engine that loads the optimizer state as torch does (by position, `load_optimizer_state_dict` not its
-        own) reads it from the mapped file straight into the state tensors the optimizer holds."""
-        by_position = type(self).load_optimizer_state_dict is Strategy.load_optimizer_state_dict
+        own) reads it from the mapped file straight into the state tensors the optimizer holds, when it holds some
+        (a fresh optimizer has none: a plain read is faster than copying out of the mapping)."""
+        in_place = (type(self).load_optimizer_state_dict is Strategy.load_optimizer_state_dict
+                    and any(opt.state.values()))
         model_state = load_model_file(directory, self.unwrap(model))
-        opt_state = load_optimizer_file(directory, mapped=by_position)
+        opt_state = load_optimizer_file(directory, mapped=in_place)
         self.load_model_state_dict(model, model_state)
-        if by_position:
+        if in_place:
             load_optimizer_in_place(opt, opt_state)
         else:
             self.load_optimizer_state_dict(model, opt, opt_state)
