@@ -84,12 +84,11 @@ def in_place_targets(saved: dict, live: Mapping[torch.Tensor, dict], groups: Seq
     return targets
 
 
-def read_into(targets: Sequence[Target]) -> list[torch.Tensor]:
-    """Copy each target's mapped tensor into its live tensor and put the live one in its place; returns those."""
+def read_into(targets: Sequence[Target]) -> None:
+    """Copy each target's mapped tensor into its live tensor and put the live one in its place."""
     for container, key, target in targets:
         target.detach().copy_(container[key])
         container[key] = target
-    return [target for _, _, target in targets]
 
 
 def load_optimizer_in_place(opt: torch.optim.Optimizer, state: dict) -> None:
