@@ -152,7 +152,7 @@ def test_a_mapped_read_of_a_legacy_file_reads_it_and_a_truncated_one_is_named(tm
         load_torch(path, mmap=True)
 
 
-def test_learn_load_state_mid_session_reads_into_the_optimizers_tensors_and_trains_on_as_from_the_file(dls, tmp_path):
+def test_learn_load_state_after_more_training_reads_into_the_optimizers_tensors_and_trains_on_as_from_the_file(dls, tmp_path):
     """`learn.load_state` of a checkpoint after more training on one device: the optimizer keeps its tensors, which
     now hold the checkpoint's values, and training on gives the weights a fresh Learner loading that checkpoint
     gets."""
