@@ -11,6 +11,7 @@ ROOT = Path(__file__).parent.parent
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_overhead_bench_prints_a_row_per_framework():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), "--smoke"], capture_output=True,
                          text=True, timeout=300, cwd=ROOT)
@@ -25,6 +26,7 @@ def test_overhead_bench_prints_a_row_per_framework():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_live_bar_bench_compares_the_bar_with_plain_lines():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "live_bar.py"), "--smoke"], capture_output=True,
                          text=True, timeout=300, cwd=ROOT)
@@ -45,6 +47,7 @@ def _bench_table(script, *args) -> list[list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_checkpoint_bench_measures_saves_resumes_and_memory_per_engine():
     rows = _bench_table("checkpoint.py", "--procs", "2", "--engines", "ddp", "zero3", "--layers", "1", "--width", "512")
     assert [r[:2] for r in rows] == [["ddp", "2"], ["zero3", "2"]]
@@ -56,6 +59,7 @@ def test_checkpoint_bench_measures_saves_resumes_and_memory_per_engine():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_engine_step_bench_compares_each_engine_with_its_hand_written_loop():
     rows = _bench_table("ddp.py", "--smoke")
     assert [r[0] for r in rows] == ["raw DDP", "cadence DDP", "raw FSDP2", "cadence FSDP2", "raw TP", "cadence TP",

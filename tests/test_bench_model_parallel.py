@@ -29,6 +29,7 @@ def test_2d_and_tp_over_four_processes_hold_a_quarter_of_ddps_model_state_per_ra
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_step_bench_on_four_processes_times_tp_and_2d_against_hand_written_loops():
     rows = _table("ddp.py", "--smoke", "--nproc", "4")
     assert [r[0] for r in rows] == ["raw TP", "cadence TP", "raw 2-D", "cadence 2-D"]

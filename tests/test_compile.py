@@ -172,7 +172,7 @@ def test_launch_refuses_an_unknown_backend_before_any_worker_starts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
+@pytest.mark.parametrize("engine", [(), pytest.param(("--use_fsdp",), marks=pytest.mark.long)], ids=["ddp", "fsdp"])
 def test_launch_dynamo_backend_compiles_the_module_inside_the_wrapper_on_two_processes(tmp_path, engine):
     proc = run_launch("compile_ddp.py", str(tmp_path), flags=("--dynamo_backend", "aot_eager", *engine), timeout=400)
     checks = [line for line in proc.stdout.splitlines() if line.startswith("CHECK")]

@@ -18,7 +18,7 @@ pytest.importorskip("sklearn", reason="the digits data ships with scikit-learn: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
+@pytest.mark.parametrize("flags", [(), pytest.param(("--use_fsdp",), marks=pytest.mark.long)], ids=["ddp", "fsdp"])
 def test_distrib_script_trains_on_2_processes(tmp_path, flags):
     data_dir = tmp_path / "data"
     proc = run_launch(SCRIPT, "--data_dir", str(data_dir), nproc=2, flags=flags, timeout=240)

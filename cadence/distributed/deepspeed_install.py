@@ -64,13 +64,18 @@ def _drop_stale_build_locks() -> None:
 
 
 def build_ops() -> None:
-    """Compile the DeepSpeed ops cadence uses (CPU Adam, for optimizer offload) into the cache, once (~100 s).
+    """Compile the DeepSpeed ops cadence uses into the cache, once (~100 s each): CPU Adam (optimizer offload) and,
+    without a GPU, the CPU FusedAdam (what a DeepSpeed config's `"optimizer": {"type": "AdamW"}` builds there).
 
     `make setup-deepspeed` runs it (`python -m cadence.distributed.deepspeed --build-ops`), so the first
-    offloaded fit does not pay for it; a build already cached loads in a second.
+    offloaded fit, or the first fit on a DeepSpeed config's optimizer, does not pay for it; a build already cached
+    loads in a second.
     """
     import_deepspeed()
+    from deepspeed.accelerator import get_accelerator
     from deepspeed.ops.op_builder import CPUAdamBuilder
 
     CPUAdamBuilder().load(verbose=False)
+    if get_accelerator().device_name() == "cpu":  # on a GPU it is a CUDA op, built where it is first used
+        get_accelerator().create_op_builder("FusedAdamBuilder").load(verbose=False)
     print(f"DeepSpeed ops built in {os.environ.get('TORCH_EXTENSIONS_DIR', 'the torch extensions cache')}")

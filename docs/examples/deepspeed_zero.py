@@ -1,6 +1,7 @@
 """docs/deepspeed.md's code, whole: `cadence launch --num_processes 2 docs/examples/deepspeed_zero.py` (add `--cpu`
-without GPUs; DeepSpeed installed; writes ds_config.json under the current directory; on a CPU the first run
-compiles DeepSpeed's CPU Adam, ~100 s, cached after). The page shows the section between the `--8<--` markers;
+without GPUs; DeepSpeed installed; writes ds_config.json under the current directory; on a CPU, unless `make
+setup-deepspeed` built them, the first run compiles DeepSpeed's CPU Adam (the offload) and CPU FusedAdam (the
+config's AdamW), ~100 s each, cached after). The page shows the section between the `--8<--` markers;
 tests/test_docs_examples.py launches this file on 2 processes and checks the loss went down in both contexts."""
 
 import json

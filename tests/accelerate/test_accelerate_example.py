@@ -12,7 +12,8 @@ SCRIPT = REPO / "examples" / "accelerate_nlp.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [(), ("--use_fsdp",), ("--use_deepspeed", "--zero_stage", "2"),
+@pytest.mark.parametrize("flags", [(), pytest.param(("--use_fsdp",), marks=pytest.mark.long),
+                                   pytest.param(("--use_deepspeed", "--zero_stage", "2"), marks=pytest.mark.long),
                                    ("--use_deepspeed", "--zero_stage", "3")], ids=["ddp", "fsdp", "zero2", "zero3"])
 def test_nlp_example_trains_on_2_processes(tmp_path, flags):
     out = tmp_path / "ckpt"

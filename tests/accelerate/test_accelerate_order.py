@@ -27,7 +27,7 @@ sys.path.insert(0, str(SCRIPTS))
 from accelerate_order import BS, EPOCHS, N, VALID_BS  # noqa: E402  (the launched script's constants)
 
 SCRIPT = SCRIPTS / "accelerate_order.py"
-VARIANTS = [(), ("seedable",), ("drop_last",), ("split_batches",)]
+VARIANTS = [(), *(pytest.param(v, marks=pytest.mark.long) for v in [("seedable",), ("drop_last",), ("split_batches",)])]
 
 
 def deal(order: list[int], bs: int, world: int, drop_last: bool) -> list[list[list[int]]]:

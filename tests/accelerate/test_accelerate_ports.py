@@ -28,8 +28,10 @@ def test_checkpointing_port_resumes_exactly_under_fsdp(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["together", "apart"])
-@pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp"])
+@pytest.mark.parametrize("flags, mode", [((), "apart"), (("--use_fsdp",), "together"),  # each engine, each order
+                                         pytest.param((), "together", marks=pytest.mark.long),
+                                         pytest.param(("--use_fsdp",), "apart", marks=pytest.mark.long)],
+                         ids=["ddp-apart", "fsdp-together", "ddp-together", "fsdp-apart"])
 def test_optimizer_built_over_the_plain_model_steps_the_wrapped_parameters_and_is_saved(tmp_path, flags, mode):
     """prepare(optimizer, model), or prepare_model then prepare_optimizer: the optimizer trains the wrapped model
     as one process would, and save_state/load_state bring its momentum back (the resumed steps match)."""

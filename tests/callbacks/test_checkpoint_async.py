@@ -130,7 +130,7 @@ def _flatten(obj, prefix=""):
         yield prefix, obj
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.long), "fsdp"])
 def test_async_and_sync_saves_on_two_processes_write_the_same_checkpoints(tmp_path, strategy):
     """DDP (the main process writes the model's file, the other process on its machine the optimizer's, in
     parallel) and FSDP2 (every rank its shards through torch's distributed checkpoint, its async save with torch's
@@ -150,7 +150,7 @@ def test_async_and_sync_saves_on_two_processes_write_the_same_checkpoints(tmp_pa
     assert_same_checkpoints(tmp_path / "sync", tmp_path / "async", count=5)  # steps 3, 4, 6, 8, 9 (epoch ends: 3, 6, 9)
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [pytest.param(1, marks=pytest.mark.long), 3])
 def test_deepspeed_async_saves_write_in_the_background_the_files_a_synchronous_save_writes(tmp_path, stage):
     """DeepSpeed ZeRO on 2 processes with a slow disk (each file 0.6 s late): the async save copies the engine's
     files into host memory and writes them in the background, so the loop is held a fraction of the synchronous
@@ -217,7 +217,7 @@ def test_a_copy_that_spans_the_next_micro_batches_still_holds_the_state_of_its_s
     assert all(h >= w for h, w in zip(held, copy_waits, strict=True))  # ... and the wait is counted as held
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.long), 2])
 def test_async_saves_killed_at_any_moment_leave_only_complete_checkpoints_and_resume_exactly(tmp_path, reference,
                                                                                             nproc):
     root, out = tmp_path / "ckpt", tmp_path / "run.st"

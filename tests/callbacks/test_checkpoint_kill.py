@@ -43,7 +43,8 @@ def reference(tmp_path_factory):
 # rename and `latest` moving to it, and while the first checkpoint (step 4) is being deleted by keep_last=1
 @pytest.mark.parametrize("kill_at, latest_after_kill, leftover", [
     ("rename:2", "step-00000004", ".step-00000006.tmp"),
-    ("replace:12", "step-00000004", ".latest.tmp"),  # 6 per save: 4 files, state.json, latest
+    pytest.param("replace:12", "step-00000004", ".latest.tmp", marks=pytest.mark.long),  # 6 per save: 4 files,
+    # state.json, latest
     ("unlink:2", "step-00000006", ".step-00000004.deleted"),
 ])
 def test_kill_during_a_checkpoint_loses_nothing_and_resumes_exactly(tmp_path, reference, kill_at, latest_after_kill,

@@ -68,6 +68,7 @@ def test_one_process_killed_mid_epoch_resumes_exactly(tmp_path):
     assert [line.rsplit("|", 1)[0] for line in done.stdout.splitlines() if line.startswith("epoch")] == ref_lines[1:]
 
 
+@pytest.mark.long
 def test_kill_during_a_checkpoint_write_leaves_latest_complete(tmp_path):
     run_one("--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
     killed = run_one("--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--kill-in-save", 12, check=False)
@@ -79,6 +80,7 @@ def test_kill_during_a_checkpoint_write_leaves_latest_complete(tmp_path):
     assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
 
 
+@pytest.mark.long
 def test_two_processes_killed_resume_exactly(tmp_path):
     run_launch("resume.py", "--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
     killed = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--kill-at", 5,

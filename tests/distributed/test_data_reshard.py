@@ -22,6 +22,7 @@ def steps(out, world_size):
     return rows
 
 
+@pytest.mark.long
 def test_two_process_checkpoint_resumes_on_one_and_four_exactly(tmp_path):
     ckpt = tmp_path / "ckpt"
     run_launch("reshard_resume.py", "--ckpt", ckpt, "--out", tmp_path / "ref", nproc=2)

@@ -216,6 +216,7 @@ def test_zero2_and_zero3_killed_mid_epoch_resume_bitwise(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # three launches
+@pytest.mark.long
 def test_a_zero_checkpoint_from_two_processes_resumes_mid_epoch_on_one_and_on_four(tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     out.mkdir()
@@ -302,6 +303,7 @@ def train(stage):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.long
 def test_notebook_launcher_trains_with_deepspeed_on_two_processes_and_the_kernel_stays_usable(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -56,6 +56,7 @@ def test_fsdp_trains_like_ddp_with_one_gradient_reduction_per_accumulation_windo
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_second_fsdp_context_carries_the_adam_state_like_ddp(tmp_path):
     """fit in one distrib_ctx, leave it, fit in another: FSDP2 takes over the plain optimizer's Adam state (keyed by
     position) as DDP does, and both end with the same weights and moments."""
@@ -67,6 +68,7 @@ def test_a_second_fsdp_context_carries_the_adam_state_like_ddp(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_fsdp_bf16_trains_close_to_ddp_bf16(tmp_path):
     ddp_w, ddp = train(tmp_path, "ddp", "ddp", epochs=2, precision="bf16")
     fsdp_w, fsdp = train(tmp_path, "fsdp", "fsdp", epochs=2, precision="bf16", strategy_kwargs=BLOCKS)
@@ -92,7 +94,7 @@ def test_sharded_checkpoint_from_2_processes_resumes_on_1_and_4(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.long), "fsdp"])
 def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
     opts = dict(epochs=2, strategy_kwargs=BLOCKS if strategy == "fsdp" else {})
     ref_w, _ = train(tmp_path, "ref", strategy, checkpoint=str(tmp_path / "ref_ckpt"), **opts)
@@ -105,6 +107,7 @@ def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_hybrid_shard_2x2_on_4_processes_matches_ddp(tmp_path):
     ddp_w, _ = train(tmp_path, "ddp", "ddp", nproc=4, epochs=1)
     hsdp_w, _ = train(tmp_path, "hsdp", "fsdp", nproc=4, epochs=1,

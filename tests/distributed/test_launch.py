@@ -231,6 +231,7 @@ def test_a_stopped_rank_is_named_and_the_job_ends_soon_after_the_timeout(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_stopped_rank_continued_late_is_still_the_one_named(tmp_path):
     # SIGCONT once rank 0 has timed out and gone: rank 1 (with a Checkpoint) wakes up to the launcher's SIGTERM and
     # must not train on into a peer-failure error that makes the report blame rank 0

@@ -26,6 +26,7 @@ def test_tp_and_tp_sp_inside_fsdp_on_a_2x2_mesh_and_hsdp_equal_one_process_with_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_hsdp_with_tp_inside_on_a_2x2x2_mesh_equals_one_process_with_the_global_batch():
     """8 processes: tp 2 inside FSDP2 over (dp_replicate 2, dp_shard 2), with clipping and tied embeddings."""
     assert_checks(run_launch("model_parallel.py", "0.5", "hsdp_tp", nproc=8, timeout=600).stdout, ("hsdp_tp",))
@@ -135,6 +136,7 @@ def test_an_accelerate_config_files_parallelism_block_selects_model_parallel_wit
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_iterable_without_length_is_agreed_over_dp_and_validates_exactly_on_a_2x2_mesh():
     out = run_launch("model_parallel_stream.py", nproc=4, timeout=300, flags=("--timeout", "60")).stdout
     assert "CHECK steps_agreed_over_dp ok" in out and "CHECK valid_loss_exact ok" in out, out

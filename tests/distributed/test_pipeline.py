@@ -37,6 +37,7 @@ def test_pipeline_inside_fsdp2_also_in_bf16_and_with_tp_inside_stages_on_4_proce
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_pipeline_with_hsdp_stages_on_8_processes_equals_one_process_with_the_global_batch():
     """pp 2 x (dp_replicate 2 x dp_shard 2): each stage sharded within a group, replicated across the two."""
     variants = ("1F1B/4+hsdp",)
@@ -126,6 +127,7 @@ def _weights_lines(out: str) -> dict[int, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_2x2_pipeline_killed_mid_training_resumes_bitwise_on_2x2_exactly_on_1x2_and_loads_in_one_process(tmp_path):
     """pp=2 x dp=2, cut by a `split` function naming the layers its own way: the checkpoint is keyed by the model's
     names, so it resumes without a pipeline (pp=1 x dp=2, the same global batches) and in one process."""

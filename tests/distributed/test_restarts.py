@@ -99,6 +99,7 @@ def test_sigterm_to_the_launcher_even_twice_checkpoints_every_rank_and_the_rerun
     assert_one_preemption_and_an_exact_rerun(tmp_path, launched, reference)
 
 
+@pytest.mark.long
 def test_sigterm_to_one_worker_only_is_a_preemption_of_the_whole_job(tmp_path, reference):
     # a cluster agent (or `kill PID`) may signal one worker, not the launcher: every rank still saves the same step
     launched = launch_and_signal(tmp_path, lambda launcher: os.kill(worker_pids(launcher.pid)[1], signal.SIGTERM))
@@ -107,6 +108,7 @@ def test_sigterm_to_one_worker_only_is_a_preemption_of_the_whole_job(tmp_path, r
     assert f"preempted by SIGTERM (received by rank 1): every rank checkpointed step {state['step']};" in stderr, stderr
 
 
+@pytest.mark.long
 def test_sigterm_twice_to_one_worker_and_to_the_launcher_is_one_preemption(tmp_path, reference):
     def send(launcher):
         worker = worker_pids(launcher.pid)[1]

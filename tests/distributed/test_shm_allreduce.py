@@ -13,7 +13,7 @@ from tests.helpers import run_launch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_the_shared_memory_average_equals_gloos_on_every_rank_and_leaves_no_file(tmp_path, nproc):
     # a region left by a rank SIGKILLed while setting up (its name ends with that dead pid): the next job removes it
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -12,7 +12,7 @@ CHECKS = ["get_preds_train_all_items_in_order", "get_preds_train_values", "get_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", [2, pytest.param(3, marks=pytest.mark.long)])
 def test_get_preds_recorder_and_mixup_on_n_processes(nproc):
     out = run_launch("fastai_ddp.py", nproc=nproc, timeout=400).stdout
     assert [line.split()[1] for line in out.splitlines() if line.startswith("CHECK ")] == CHECKS

@@ -33,7 +33,7 @@ def test_launch_tpu_trains_on_xla_and_calls_the_main_training_function(xla_pytho
     assert r["diff"] < 1e-5, r  # 2 epochs of SGD: the same weights as the plain-CPU Learner
 
 
-@pytest.mark.parametrize("function", ["main", None])
+@pytest.mark.parametrize("function", ["main", pytest.param(None, marks=pytest.mark.long)])
 def test_distributed_type_xla_in_the_config_selects_the_xla_strategy(xla_python, tmp_path, function):
     """An `accelerate config` TPU file: its `main_training_function: main` is called, as Accelerate's TPU launcher
     does; without the key the script runs as __main__."""

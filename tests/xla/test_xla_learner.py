@@ -72,6 +72,7 @@ def test_a_fit_costs_one_graph_and_one_read_more_than_a_hand_written_epoch(xla_p
     assert r["backward_on_the_calling_thread"], r
 
 
+@pytest.mark.long
 def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_equal(xla_python, tmp_path):
     """A run killed (SIGKILL) at step 7 of 10, mid-epoch, and resumed with resume="auto" ends with exactly the
     weights of an uninterrupted run; the checkpoints hold CPU tensors that load here, without torch_xla."""
@@ -97,7 +98,7 @@ def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_equal(xla_python, tmp_pat
     assert tensors and all(t.device.type == "cpu" for t in tensors)
 
 
-@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("devices", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_spmd_meshes_equal_the_single_device_run(xla_python, tmp_path, devices):
     """One process, N virtual devices: batch-sharded data parallel, FSDPv2 (weights sharded over "fsdp") and,
     on 4, a 2x2 ("data", "fsdp") mesh equal the plain-CPU run; a mesh that does not cover the devices is refused."""
@@ -120,6 +121,7 @@ def test_cadence_env_reports_the_xla_runtime(xla_python):
     assert "torch_xla 2.9.0" in proc.stdout
 
 
+@pytest.mark.long
 def test_torchrun_world_the_xla_runtime_does_not_see_is_refused(xla_python):
     """torchrun with 2 processes on XLA's CPU: the "xla" process group gives each a world of 1 (pytorch/xla
     issue 9089); strategy="xla" refuses to train each process alone, saying what to do instead."""
@@ -131,6 +133,7 @@ def test_torchrun_world_the_xla_runtime_does_not_see_is_refused(xla_python):
 
 @pytest.mark.xfail(strict=True, reason="XLA collectives across processes do not work on the CPU (pytorch/xla 9089); "
                                        "this passes, and so fails as strict xfail, once they do")
+@pytest.mark.long
 def test_xla_cpu_collectives_across_processes(xla_python):
     proc = run_xla(xla_python, "xla_collective.py", "allreduce", torchrun=2)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
