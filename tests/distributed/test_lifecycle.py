@@ -177,7 +177,6 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_period():
 # ---------------------------------------------------------------- item 8: two machines, for real
 
 @pytest.mark.slow
-@pytest.mark.long
 def test_two_launchers_on_one_machine_form_one_job_equal_to_a_one_node_run():
     port = str(free_port())
     common = [*LAUNCH, "--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",

@@ -14,7 +14,7 @@ sys.path.insert(0, str(HERE.parent / "accelerate" / "examples"))
 from matrix import EXAMPLES, Run, prepare  # noqa: E402
 from xla_env import REPO  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(900)]  # each runs torch_xla subprocesses (compiles: minutes when loaded)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # each runs torch_xla subprocesses (compiles: minutes when loaded)
 
 
 def test_accelerate_nlp_example_runs_unchanged_on_xla(xla_python, tmp_path):

@@ -72,7 +72,6 @@ def test_a_fit_costs_one_graph_and_one_read_more_than_a_hand_written_epoch(xla_p
     assert r["backward_on_the_calling_thread"], r
 
 
-@pytest.mark.long
 def test_sigkill_mid_epoch_then_resume_auto_is_bitwise_equal(xla_python, tmp_path):
     """A run killed (SIGKILL) at step 7 of 10, mid-epoch, and resumed with resume="auto" ends with exactly the
     weights of an uninterrupted run; the checkpoints hold CPU tensors that load here, without torch_xla."""
@@ -121,7 +120,6 @@ def test_cadence_env_reports_the_xla_runtime(xla_python):
     assert "torch_xla 2.9.0" in proc.stdout
 
 
-@pytest.mark.long
 def test_torchrun_world_the_xla_runtime_does_not_see_is_refused(xla_python):
     """torchrun with 2 processes on XLA's CPU: the "xla" process group gives each a world of 1 (pytorch/xla
     issue 9089); strategy="xla" refuses to train each process alone, saying what to do instead."""

@@ -38,10 +38,12 @@ def test_the_swap_changes_only_accelerate_imports(tmp_path):
 
 
 SLICE = [("nlp_example", "1 process"), ("complete_nlp_example", "DDP"), ("by_feature/multi_process_metrics", "ZeRO-2")]
+LONG = {("nlp_example", "1 process")}  # tests/accelerate/test_accelerate_example.py runs nlp_example on 2 processes
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script,engine", SLICE, ids=[f"{s}-{e}" for s, e in SLICE])
+@pytest.mark.parametrize("script,engine", [pytest.param(*run, marks=pytest.mark.long) if run in LONG else run
+                                           for run in SLICE], ids=[f"{s}-{e}" for s, e in SLICE])
 def test_accelerate_example_runs_unchanged(examples_work, script, engine):
     """The script reaches its accuracy floor (from far below chance), counts each eval sample once, resumes."""
     work, scripts, env = examples_work
