@@ -157,10 +157,19 @@ def test_checkpoint_checks_and_other_formats(tmp_path):
 
 
 def run_rss(tmp_path, checkpoint, x, d, n_blocks, budget, name):
+    """Run tests/scripts/big_model_rss.py; return the output and its memory report.
+
+    glibc serves allocations under 32 MiB (these test weights: 4 MiB) from its heap once one such
+    block was freed, and may keep a freed block resident, by where small allocations fall: growth
+    12.8-21.1 MiB over 6 runs of the same load, measured. A fixed 1 MiB mmap threshold gives each
+    block back when freed, as glibc does with weights over 32 MiB (a large model's): the growth is
+    then what the loader holds (9.1-9.2 MiB over 6 runs).
+    """
     torch.save(x, tmp_path / f"{name}.x.pt")
     out = tmp_path / f"{name}.y.pt"
     subprocess.run([sys.executable, str(SCRIPTS / "big_model_rss.py"), str(checkpoint), str(tmp_path / f"{name}.x.pt"),
-                    str(out), str(d), str(n_blocks), str(budget)], check=True, timeout=300, env=cadence_env(), cwd=REPO)
+                    str(out), str(d), str(n_blocks), str(budget)], check=True, timeout=300,
+                   env=cadence_env(MALLOC_MMAP_THRESHOLD_=str(2**20)), cwd=REPO)
     return torch.load(out, weights_only=True), json.loads((tmp_path / f"{name}.y.pt.json").read_text())
 
 
@@ -182,7 +191,8 @@ def test_weights_over_the_memory_budget_stream_from_disk_and_peak_rss_stays_belo
     assert list(report["device_map"].values()).count("disk") >= 12
     growth = (report["peak_kib"] - report["baseline_kib"]) * 1024
     print(f"model {size / 2**20:.1f} MiB, cpu budget {budget / 2**20:.0f} MiB: peak RSS growth {growth / 2**20:.1f} MiB")
-    assert growth < size / 2, f"peak RSS grew by {growth / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB model"
+    assert growth < size / 2, (f"peak RSS grew by {growth / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB model; at the end "
+                               f"private memory had grown {report['anon_kib'] / 1024:.1f} MiB, mapped files {report['file_kib'] / 1024:.1f} MiB")
 
     # the same measurement without a budget sees the whole model arrive: it can see what it checks
     y, report = run_rss(tmp_path, tmp_path / "export", x, d, n_blocks, 10 * size, "all")
