@@ -37,13 +37,15 @@ def test_the_swap_changes_only_accelerate_imports(tmp_path):
         assert "Licensed under the Apache License, Version 2.0" in src.read_text()[:600], src.name
 
 
-SLICE = [("nlp_example", "1 process"), ("complete_nlp_example", "DDP"), ("by_feature/multi_process_metrics", "ZeRO-2")]
-LONG = {("nlp_example", "1 process")}  # tests/accelerate/test_accelerate_example.py runs nlp_example on 2 processes
+def case(script: str, engine: str, *marks: pytest.MarkDecorator):
+    return pytest.param(script, engine, marks=marks, id=f"{script}-{engine}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script,engine", [pytest.param(*run, marks=pytest.mark.long) if run in LONG else run
-                                           for run in SLICE], ids=[f"{s}-{e}" for s, e in SLICE])
+@pytest.mark.parametrize("script,engine", [
+    case("nlp_example", "1 process", pytest.mark.long),  # tests/accelerate/test_accelerate_example.py: 2 processes
+    case("complete_nlp_example", "DDP"),
+    case("by_feature/multi_process_metrics", "ZeRO-2")])
 def test_accelerate_example_runs_unchanged(examples_work, script, engine):
     """The script reaches its accuracy floor (from far below chance), counts each eval sample once, resumes."""
     work, scripts, env = examples_work
