@@ -1,4 +1,5 @@
-"""A small transformer-like model for the big-model tests: blocks with a residual connection (never split)."""
+"""A small transformer-like model for the big-model tests: blocks with a residual connection (never split);
+this process's memory figures from /proc."""
 
 import torch
 from torch import nn
@@ -32,3 +33,9 @@ def block_bytes(d: int) -> int:
 
 def net_bytes(d: int, n_blocks: int, n_in: int = 16, n_out: int = 4) -> int:
     return ((n_in * d + d) + (d * n_out + n_out) + 1) * 4 + n_blocks * block_bytes(d)
+
+
+def memory_kib() -> dict[str, int]:
+    """This process's VmRSS, VmHWM (peak), RssAnon (private) and RssFile (mapped files), in KiB."""
+    fields = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
+    return {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in open("/proc/self/status")) if k in fields}

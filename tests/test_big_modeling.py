@@ -20,7 +20,7 @@ from cadence import DataLoaders, Learner
 from cadence.big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
                                   load_checkpoint_and_dispatch, module_sizes)
 from helpers import REPO, SCRIPTS, cadence_env
-from tests.big_models import Net, block_bytes, net_bytes
+from tests.big_models import Net, block_bytes, memory_kib, net_bytes
 
 
 def trained_net(d=64, n_blocks=6, seed=0):
@@ -32,15 +32,11 @@ def trained_net(d=64, n_blocks=6, seed=0):
     return net
 
 
-def rss_kib() -> int:
-    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:"))
-
-
 def test_init_empty_weights_allocates_nothing_and_keeps_buffers_real():
-    before = rss_kib()
+    before = memory_kib()["VmRSS"]
     with init_empty_weights():
         model = nn.Sequential(nn.Linear(8192, 8192), nn.BatchNorm1d(8192))   # 256 MiB of weights if allocated
-    assert rss_kib() - before < 64 * 1024
+    assert memory_kib()["VmRSS"] - before < 64 * 1024
     assert all(p.is_meta for p in model.parameters()) and model[0].weight.shape == (8192, 8192)
     assert not model[1].running_mean.is_meta                                  # buffers stay real by default
     with init_empty_weights(include_buffers=True):

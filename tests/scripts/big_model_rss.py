@@ -17,12 +17,7 @@ import torch
 
 from cadence.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
 from cadence.serialization import save_weights
-from tests.big_models import Net
-
-
-def status() -> dict[str, int]:
-    fields = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
-    return {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in open("/proc/self/status")) if k in fields}
+from tests.big_models import Net, memory_kib
 
 
 def load_and_run(checkpoint: str, d: int, n_blocks: int, budget: int, x: torch.Tensor):
@@ -40,10 +35,10 @@ with tempfile.TemporaryDirectory() as warm:          # the code a first load run
     load_and_run(warm, 64, 4, 40_000, x)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
-before = status()
+before = memory_kib()
 model, y = load_and_run(checkpoint, int(d), int(n_blocks), int(budget), x)
 torch.save(y, out)
-after = status()
+after = memory_kib()
 with open(out + ".json", "w") as f:
     json.dump({"baseline_kib": before["VmRSS"], "peak_kib": after["VmHWM"], "device_map": model.hf_device_map,
                "anon_kib": after["RssAnon"] - before["RssAnon"], "file_kib": after["RssFile"] - before["RssFile"]}, f)
