@@ -69,7 +69,10 @@ class DistributedTrainer(Callback):
             self.learn.dl = self._shards[id(dl)]
 
     def after_loss(self):
-        """In validation, keep only real samples of the batch (DistributedDL pads the last shard)."""
+        """In validation, keep only real samples of the batch (DistributedDL pads the last shard).
+
+        A batch of padding alone (a validation set smaller than the number of processes) keeps zero rows and a
+        loss of 0 that weighs nothing: every rank still counts a batch, so every rank combines its metrics."""
         learn = self.learn
         dl = learn.dl
         if learn.training or not isinstance(dl, DistributedDL) or dl.last_batch is None:
@@ -80,14 +83,18 @@ class DistributedTrainer(Callback):
         def real(t: torch.Tensor) -> torch.Tensor:
             return t[keep.to(t.device)]
         learn.xb, learn.yb = map_tensors(real, learn.xb), map_tensors(real, learn.yb)  # tuples or dicts of tensors
+        if not bool(keep.any()):  # no sample at all: nothing to run the model on again
+            learn.pred = map_tensors(real, learn.pred)
+            learn.loss = None if learn.loss is None else torch.zeros_like(learn.loss.detach())
+            return
         if learn.loss_func is None:  # the model computes its loss: run it again on the real samples
             with learn._forward_context():
                 out = learn.model(*learn.xb) if type(learn.xb) is tuple else learn.model(**learn.xb)
             learn.pred, loss = model_loss(out, training=False)
-            learn.loss = loss.detach() if loss is not None and bool(keep.any()) else None
+            learn.loss = None if loss is None else loss.detach()
             return
         learn.pred = map_tensors(real, learn.pred)
-        learn.loss = learn.loss_func(learn.pred, *learn.yb).detach() if learn.yb and bool(keep.any()) else None
+        learn.loss = learn.loss_func(learn.pred, *learn.yb).detach() if learn.yb else None
 
 
 def _shard(strategy: Any, dl: Any) -> Any:

@@ -19,7 +19,6 @@ import torch
 from ..distributed.ops import main_print
 from ..trainer.callback import Callback, Order
 from ..trainer.events import CancelFitException
-from ..trainer.lr_find import LRFinder
 
 _MODES = ("min", "max")
 
@@ -39,17 +38,12 @@ def _resolve_mode(monitor: str, mode: str | None, comp: Callable | None) -> str:
     return mode
 
 
-def _finding_lr(learn: Any) -> bool:
-    """`lr_find` runs a throwaway fit that monitoring callbacks must leave alone."""
-    return any(isinstance(cb, LRFinder) for cb in learn.cbs)
-
-
 class MonitorCallback(Callback):
     """Base class: after each epoch, compare `monitor` in the Recorder's last row with the best so far.
 
     `mode` is "min" or "max" (default: "min" when the name contains "loss" or "error", else
     "max"); a value improves when it beats the best by more than `min_delta`. Sets `new_best`
-    in `after_epoch` for subclasses. Does nothing during `lr_find`.
+    in `after_epoch` for subclasses. Detached during `lr_find` (`run_lr_find = False`).
 
     >>> class PrintBest(MonitorCallback):
     ...     def after_epoch(self):
@@ -58,6 +52,7 @@ class MonitorCallback(Callback):
     """
 
     order = Order.STOP
+    run_lr_find = False
     _state_attrs: tuple[str, ...] = ("best", "best_epoch")  # what a resumed run needs (Checkpoint saves it)
 
     def __init__(self, monitor: str = "valid_loss", mode: str | None = None, min_delta: float = 0.0,
@@ -70,12 +65,10 @@ class MonitorCallback(Callback):
         self.mode = _resolve_mode(monitor, mode, comp)
         self.best: float | None = None
         self.best_epoch: int | None = None
-        self.new_best, self.active, self._restored = False, True, False
+        self.new_best, self._restored = False, False
 
     def before_fit(self):
-        self.active, self.new_best = not _finding_lr(self.learn), False
-        if not self.active:
-            return
+        self.new_best = False
         available = self.available_names()
         if self.monitor not in available:
             raise ValueError(f"{type(self).__name__} monitors {self.monitor!r}, which is not recorded; "
@@ -100,8 +93,6 @@ class MonitorCallback(Callback):
         return value < self.best - self.min_delta if self.mode == "min" else value > self.best + self.min_delta
 
     def after_epoch(self):
-        if not self.active:
-            return
         value = self.learn.recorder.values[-1].get(self.monitor)
         self.new_best = self.improved(value)
         if self.new_best:
@@ -155,7 +146,7 @@ class EarlyStopping(_Patient):
 
     def after_epoch(self):
         super().after_epoch()
-        if self.active and self.out_of_patience():
+        if self.out_of_patience():
             since = "the start" if self.best_epoch is None else f"epoch {self.best_epoch} ({self.monitor}={self.best:.6g})"
             main_print(f"EarlyStopping: no improvement in {self.monitor} for {self.wait} epoch(s) since {since}; "
                        f"stopping after epoch {self.learn.epoch}")
@@ -181,7 +172,7 @@ class ReduceLROnPlateau(_Patient):
 
     def after_epoch(self):
         super().after_epoch()
-        if not (self.active and self.out_of_patience()):
+        if not self.out_of_patience():
             return
         groups = self.learn.opt.param_groups
         old = groups[-1]["lr"]
@@ -226,7 +217,7 @@ class SaveModel(MonitorCallback):
 
     def before_fit(self):
         if self.every_epoch:  # saves on a schedule: nothing is monitored
-            self.active, self.new_best = not _finding_lr(self.learn), False
+            self.new_best = False
         else:
             super().before_fit()
 
@@ -236,7 +227,7 @@ class SaveModel(MonitorCallback):
 
     def after_epoch(self):
         if self.every_epoch:
-            if self.active and self.learn.epoch % self.every_epoch == 0:
+            if self.learn.epoch % self.every_epoch == 0:
                 self._save(f"{self.fname}_{self.learn.epoch}")
             return
         super().after_epoch()
@@ -246,8 +237,6 @@ class SaveModel(MonitorCallback):
             self.saved = True
 
     def after_fit(self):
-        if not self.active:
-            return
         if self.at_end:
             self._save(self.fname)
         elif not self.every_epoch and self.saved:

@@ -52,7 +52,7 @@ def _camel_to_snake(name: str) -> str:
 
 
 class Callback:
-    """Base class for callbacks. Override event methods; set `order`, `run_train`, `run_valid`.
+    """Base class for callbacks. Override event methods; set `order`, `run_train`, `run_valid`, `run_lr_find`.
 
     As in fastai, a callback can also be made of functions, one per event, each called with the
     callback (`cb.learn` is the learner):
@@ -63,6 +63,7 @@ class Callback:
     order: int = Order.DEFAULT
     run_train: bool = True      # called during training batches/events
     run_valid: bool = True      # called during validation
+    run_lr_find: bool = True    # False: detached during lr_find's throwaway fit (callbacks acting on the run's results)
     learn: Any = None
 
     def __init__(self, **event_funcs: Callable[["Callback"], Any]):

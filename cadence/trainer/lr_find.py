@@ -101,7 +101,9 @@ class LRFinder(Callback):
     """Train with an exponentially growing learning rate, record the smoothed loss, restore everything after.
 
     Used through `learn.lr_find()`. It decides to stop after the Recorder saw the batch (order STOP),
-    so `recorder.lrs` and `recorder.losses` hold every batch of the sweep.
+    so `recorder.lrs` and `recorder.losses` hold every batch of the sweep. Under distribution it records
+    the loss averaged over the processes. Callbacks whose `run_lr_find` is False (Checkpoint, SaveModel,
+    EarlyStopping, trackers: what acts on the run's results) are detached for the sweep.
 
     >>> suggested = learn.lr_find(num_it=10, show_plot=False)   # adds an LRFinder for one sweep
     >>> suggested._fields
@@ -130,13 +132,21 @@ class LRFinder(Callback):
 
     def after_batch(self):
         n = len(self.losses) + 1
-        self.avg = self.beta * self.avg + (1 - self.beta) * float(self.learn.loss)
+        self.avg = self.beta * self.avg + (1 - self.beta) * self._mean_loss()
         smooth = self.avg / (1 - self.beta ** n)
         self.lrs.append(get_hyper(self.learn.opt, "lr")[-1])
         self.losses.append(smooth)
         self.best = min(self.best, smooth)
         if (self.stop_div and (smooth > 4 * self.best or not math.isfinite(smooth))) or self.learn.train_iter >= self.num_it:
             raise CancelFitException()
+
+    def _mean_loss(self) -> float:
+        """The batch's loss, averaged over the data-parallel processes: every process records the same sweep,
+        so all stop at the same batch and suggest the same rates."""
+        strategy = self.learn.strategy
+        if strategy.dp_size == 1:
+            return float(self.learn.loss)
+        return float(strategy.all_sum(self.learn.loss.detach().float().reshape(1))) / strategy.dp_size
 
     def before_validate(self):
         raise CancelValidateException()

@@ -88,7 +88,8 @@ class FitPolicies:
 
         Returns a named tuple with one field per suggestion function (`valley`, `slide`, `minimum`,
         `steep`, or your own `fn(lrs, losses, num_it) -> (lr, (x, y))`). The sweep is
-        `learn.lr_finder`; without matplotlib there is no plot, and a warning says how to get one.
+        `learn.lr_finder`; without matplotlib there is no plot, and a warning says how to get one. Callbacks that
+        act on the run's results (Checkpoint, SaveModel, EarlyStopping, trackers) sit the sweep out.
 
         >>> lr = learn.lr_find().valley
         >>> learn.lr_find(suggest_funcs=(minimum, steep))
@@ -99,7 +100,7 @@ class FitPolicies:
                             f"got {suggest_funcs!r}")
         finder = LRFinder(start_lr, end_lr, num_it, stop_div)
         n_epoch = math.ceil(num_it / max(len(self.dls.train), 1))
-        with self.no_bar():
+        with self.no_bar(), self.removed_cbs([cb for cb in self.cbs if not cb.run_lr_find]):
             self.fit(n_epoch, cbs=finder)
         self.lr_finder = finder
         suggestions, points = finder.suggest(suggest_funcs)

@@ -14,11 +14,13 @@ statistics keep updating, unless `BnFreeze` puts them in eval mode.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any, Self
 
 from torch import nn
 
 from .callback import Callback, Order
+from .callback_methods import listify
 from .schedule import n_groups, param_groups
 
 _BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
@@ -84,23 +86,57 @@ class TransferMethods:
         return self.freeze_to(0)
 
     def fine_tune(self, epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100,
-                  pct_start: float = 0.3, div: float = 5.0, **kwargs: Any) -> None:
+                  pct_start: float = 0.3, div: float = 5.0, resume: str | Path | None = None, **kwargs: Any) -> None:
         """fastai's transfer-learning recipe: `freeze_epochs` one-cycle epochs with only the head training, then
         `epochs` with everything, at rates from `base_lr / 2 / lr_mult` (first group) to `base_lr / 2` (last).
 
-        Other keyword arguments (wd, moms, cbs, div_final) go to both `fit_one_cycle` calls.
+        Other keyword arguments (wd, moms, cbs, div_final) go to both `fit_one_cycle` calls. `resume` (with a
+        Checkpoint, as in `fit`) continues the part the checkpoint was taken in: one of the unfrozen part skips the
+        frozen one, and after a resumed frozen part the unfrozen one starts afresh.
 
         >>> learn.fine_tune(3, base_lr=1e-3)
+        >>> learn.fine_tune(3, cbs=Checkpoint(every_epoch=True), resume="auto")   # the same line after a kill
         """
         if not isinstance(epochs, int) or epochs < 1 or not isinstance(freeze_epochs, int) or freeze_epochs < 0:
             raise ValueError(f"fine_tune needs epochs >= 1 and freeze_epochs >= 0 (ints), got {epochs!r} and "
                              f"{freeze_epochs!r}")
-        if freeze_epochs:
+        cbs = listify(kwargs.pop("cbs", None))
+        if freeze_epochs and (resume is None or self._resumed_stage(resume, cbs) != UNFROZEN):
             self.freeze()
-            self.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.99, **kwargs)
+            self.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.99, cbs=[*cbs, FitStage(FROZEN)],
+                               resume=resume, **kwargs)
+            resume = None
         base_lr /= 2
         self.unfreeze()
-        self.fit_one_cycle(epochs, slice(base_lr / lr_mult, base_lr), pct_start=pct_start, div=div, **kwargs)
+        self.fit_one_cycle(epochs, slice(base_lr / lr_mult, base_lr), pct_start=pct_start, div=div,
+                           cbs=[*cbs, FitStage(UNFROZEN)], resume=resume, **kwargs)
+
+    def _resumed_stage(self, resume: str | Path, cbs: list) -> str | None:
+        """The fine_tune part (FROZEN, UNFROZEN) of the checkpoint `resume` names; None when there is none."""
+        with self.added_cbs(cbs):  # a Checkpoint given in cbs reads its directory relative to learn.path
+            checkpoints = [cb for cb in self.cbs if callable(getattr(cb, "peek", None))]
+            state = checkpoints[0].peek(resume) if checkpoints else None
+        return None if state is None else state["callbacks"].get("fit_stage", {}).get("stage")
+
+
+FROZEN, UNFROZEN = "fine_tune frozen", "fine_tune unfrozen"
+
+
+class FitStage(Callback):
+    """Names the part of a recipe of several fits a fit is (fine_tune's frozen and unfrozen parts); a checkpoint
+    keeps the name, so a resume knows which part to continue.
+
+    >>> learn.fit_one_cycle(1, cbs=[Checkpoint(), FitStage("warm-up")])
+    """
+
+    def __init__(self, stage: str):
+        self.stage = stage
+
+    def state_dict(self) -> dict[str, str]:
+        return {"stage": self.stage}
+
+    def load_state_dict(self, state: dict[str, str]) -> None:
+        """The stage is this fit's own, whatever the checkpoint's."""
 
 
 class BnFreeze(Callback):

@@ -52,6 +52,18 @@ def test_keep_last_and_monitor_keep_the_best(dls, tmp_path):
     assert (root / "best").read_text() == "step-00000008" and ckpt.best == 0.9
 
 
+def test_lr_find_saves_nothing_and_the_resumed_fit_after_it_starts_fresh(dls, tmp_path):
+    learn = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=2)])
+    learn.lr_find(num_it=8, show_plot=False)                 # a sweep to throw away: no checkpoint of it
+    assert not (tmp_path / "checkpoints").exists()
+    learn.fit(1, lr=1e-2, resume="auto")                      # nothing to resume: epoch 0, from step 0
+    plain = make_learner(dls, tmp_path / "plain")
+    plain.fit(1, lr=1e-2)
+    assert learn.step == 4 and [d.name for d in complete_checkpoints(tmp_path / "checkpoints")] == [
+        "step-00000002", "step-00000004", "step-00000004-1"]     # the epoch's end saves step 4 again
+    assert all(torch.equal(a, b) for a, b in zip(learn.model.parameters(), plain.model.parameters()))
+
+
 def test_epoch_stopped_early_is_still_saved(dls, tmp_path):
     class StopAfterFirstEpoch(Callback):
         order = 70

@@ -2,6 +2,9 @@
 
 - get_preds (and tta, built on it): every item of the data set once, in data set order, from a shuffled drop_last loader
   (the train loader, ds_idx=0) and from the valid loader, with inputs, decoded classes and per-item losses;
+- a validation set of 1 item: the fit's metrics, `get_preds(dl=)` and `validate(dl=)` count it once, as one process
+  does (the other ranks have padding alone), with a loss_func and with a model that computes its loss;
+- lr_find: one sweep on every process (the loss averaged over them), every process restored to the same weights;
 - Recorder: `train_loss` is the mean of the processes' own smoothed losses (fastai's smoothing, written out
   here), equal on every process; with `train_metrics=True`, `train_accuracy` is over every process's batches;
 - DistributedDL over DataLoader(sampler=BatchSampler(RandomSampler), batch_size=None) (Accelerate's pattern): the
@@ -73,6 +76,64 @@ def check_get_preds(x, y):
           and torch.allclose(vpreds, out[N_TRAIN:], atol=1e-6))
     check("tta_lerps_augmented_and_plain_in_order", torch.equal(ttargs, y[N_TRAIN:])
           and torch.allclose(tta, torch.lerp(learn.model(x[N_TRAIN:] + 1), out[N_TRAIN:], 0.25), atol=1e-6))
+
+
+class DictModel(nn.Module):
+    """A model computing its own loss from a dict batch, as a Hugging Face model does (the Learner's loss_func=None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = model()
+
+    def forward(self, x, labels):
+        logits = self.net(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def check_one_valid_item(x, y):
+    """1 validation item on 2 or 3 processes: every rank but the first has padding alone."""
+    train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS)
+    one = TensorDataset(x[N_TRAIN:N_TRAIN + 1], y[N_TRAIN:N_TRAIN + 1])
+    learn = Learner(DataLoaders(train, DataLoader(one, batch_size=BS), device="cpu"), model(),
+                    loss_func=nn.CrossEntropyLoss(), metrics=[accuracy, lambda p, t: float(len(t))])
+    with learn.no_bar(), learn.distrib_ctx():
+        learn.fit(1, lr=0.1)
+        preds, targs, losses = learn.get_preds(dl=DataLoader(one, batch_size=BS), with_loss=True)
+        again = learn.validate(dl=DataLoader(one, batch_size=BS))
+    out = learn.model(x[N_TRAIN:N_TRAIN + 1])
+    loss = nn.functional.cross_entropy(out, y[N_TRAIN:N_TRAIN + 1])
+    row = learn.recorder.values[-1]
+    check("one_valid_item_counted_once_on_every_process", row["<lambda>"] == 1.0
+          and abs(row["valid_loss"] - float(loss)) < 1e-6 and row["accuracy"] == float(out.argmax(1) == y[N_TRAIN])
+          and again == {k: row[k] for k in ("valid_loss", "accuracy", "<lambda>")})
+    check("one_valid_item_get_preds", torch.allclose(preds, out, atol=1e-6) and torch.equal(targs, y[N_TRAIN:N_TRAIN + 1])
+          and torch.allclose(losses, loss.reshape(1), atol=1e-6))
+    dicts = [{"x": a, "labels": b} for a, b in zip(x[N_TRAIN:N_TRAIN + 1], y[N_TRAIN:N_TRAIN + 1])]
+    learn = Learner(DataLoaders(DataLoader([{"x": a, "labels": b} for a, b in zip(x[:N_TRAIN], y[:N_TRAIN])],
+                                           batch_size=BS), DataLoader(dicts, batch_size=BS), device="cpu"),
+                    DictModel(), loss_func=None)
+    with learn.no_bar(), learn.distrib_ctx():
+        learn.fit(1, lr=0.1)
+    out = learn.model.net(x[N_TRAIN:N_TRAIN + 1])
+    check("one_valid_item_model_computed_loss", abs(learn.recorder.values[-1]["valid_loss"]
+                                                    - float(nn.functional.cross_entropy(out, y[N_TRAIN:N_TRAIN + 1]))) < 1e-6)
+
+
+def check_lr_find(x, y):
+    """lr_find under DDP: the sweep records the loss averaged over the processes, so every process stops at the
+    same batch, suggests the same rate and restores the same weights (a rank stopping early would hang the rest)."""
+    train = DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=2, shuffle=True)
+    learn = Learner(DataLoaders(train, device="cpu"), model(), loss_func=nn.CrossEntropyLoss())
+    with learn.no_bar(), learn.distrib_ctx():
+        torch.manual_seed(rank())                    # nothing in the sweep may depend on a process's own draws
+        found = learn.lr_find(num_it=60, end_lr=1e3, show_plot=False)
+        every = learn.strategy.gather(torch.tensor([found.valley, len(learn.lr_finder.losses),
+                                                    *learn.lr_finder.losses[:5]], dtype=torch.float64))
+        weights = learn.strategy.gather(torch.cat([p.detach().reshape(-1) for p in learn.model.parameters()]))
+    every, weights = every.reshape(world_size(), -1), weights.reshape(world_size(), -1)
+    check("lr_find_one_sweep_on_every_process", (every == every[0]).all() and every[0, 1] < 60
+          and (weights == weights[0]).all() and torch.allclose(weights[0], torch.cat(
+              [p.reshape(-1) for p in model().parameters()])))
 
 
 class TrainHits(Callback):
@@ -154,6 +215,8 @@ def check_mixup(x, y):
 if __name__ == "__main__":
     x, y = data()
     check_get_preds(x, y)
+    check_one_valid_item(x, y)
+    check_lr_find(x, y)
     check_recorder(x, y)
     check_batch_sampler_as_sampler()
     check_mixup(x, y)

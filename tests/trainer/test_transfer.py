@@ -93,6 +93,52 @@ def test_fine_tune_uses_fastais_rates_and_freezing(dls):
     assert learn.epoch == 1 and len(learn.recorder.values) == 2
 
 
+class Crash(Exception):
+    pass
+
+
+class CrashAt(Callback):
+    """Raise at training batch `batch` of epoch `epoch` of the `nth` fit (counting from 0): a run killed there."""
+
+    def __init__(self, nth, epoch, batch):
+        self.nth, self.epoch_at, self.batch_at, self.fits = nth, epoch, batch, -1
+
+    def before_fit(self):
+        self.fits += 1
+
+    def after_batch(self):
+        if self.training and (self.fits, self.epoch, self.iter) == (self.nth, self.epoch_at, self.batch_at):
+            raise Crash()
+
+
+@pytest.mark.parametrize("nth, epoch, batch", [(0, 0, 2), (1, 0, 1), (1, 1, 3)], ids=["frozen", "unfrozen", "later"])
+def test_fine_tune_killed_anywhere_resumes_in_the_part_it_was_in_and_ends_as_an_uninterrupted_run(
+        dls, tmp_path, nth, epoch, batch):
+    from cadence.callbacks.checkpoint import Checkpoint
+
+    def run(*cbs, resume=None):
+        learn = learner(dls, cbs=[Checkpoint(tmp_path / "ckpt", every_n_steps=1, keep_last=2), *cbs])
+        with learn.no_bar():
+            learn.fine_tune(2, base_lr=0.02, freeze_epochs=1, resume=resume)
+        return learn
+
+    reference = learner(dls)
+    with reference.no_bar():
+        reference.fine_tune(2, base_lr=0.02, freeze_epochs=1)
+    with pytest.raises(Crash):
+        run(CrashAt(nth, epoch, batch))
+    parts = []
+    resumed = run(Callback(before_fit=lambda cb: parts.append((cb.epoch, cb.n_epoch, cb.opt.param_groups[0]["lr"]))),
+                  resume="auto")
+    # the part the run was killed in continues where it stopped; no part runs again or is skipped
+    starts = {(0, 0, 2): [(0, 1), (0, 2)], (1, 0, 1): [(0, 2)], (1, 1, 3): [(1, 2)]}[(nth, epoch, batch)]
+    assert [p[:2] for p in parts] == starts
+    assert [r["epoch"] for r in resumed.recorder.values] == [0, 1]    # the last part's epochs, as the reference's
+    assert [r["train_loss"] for r in resumed.recorder.values] == [r["train_loss"] for r in reference.recorder.values]
+    assert all(torch.equal(a, b) for a, b in zip(reference.model.state_dict().values(),
+                                                  resumed.model.state_dict().values()))
+
+
 def digits_split():
     sys.path.insert(0, str(REPO / "examples"))
     from train_digits import get_dsets, get_model

@@ -65,6 +65,7 @@ class Checkpoint(Callback):
     """
 
     order = Order.CHECKPOINT
+    run_lr_find = False  # the sweep is thrown away: nothing of it is saved
 
     def __init__(self, dir: str | os.PathLike = "checkpoints", every_n_steps: int | None = None,
                  every_epoch: bool = True, keep_last: int | None = None, monitor: str | None = None,
@@ -88,6 +89,7 @@ class Checkpoint(Callback):
         self.best: float | None = None
         self.best_name: str | None = None
         self.history: list[str] = []  # the checkpoints this run wrote in `root` and still keeps, oldest first
+        self._run: tuple[int, Path] | None = None  # (learner id, root) of the run `history` belongs to
         self.resumed_from: Path | None = None
         self._replaced: DataLoader | None = None
         self._epoch_ran = False  # training and validation of the current epoch are done
@@ -159,11 +161,7 @@ class Checkpoint(Callback):
         """Load checkpoint `which` into the learner: "auto" (latest if any, else nothing: returns None),
         "latest", a name under `dir`, or a path."""
         self.prepare()
-        strategy = self.learn.strategy
-        target = None
-        if strategy.is_main:
-            target = CheckpointStore(self.root).find(LATEST) if which == AUTO else resolve(self.root, which)
-        target = strategy.broadcast(None if target is None else str(target))
+        target = self._target(which)
         if target is None:
             return None
         self._check_resumable(Path(target))
@@ -172,6 +170,26 @@ class Checkpoint(Callback):
         if not self._in_root(self.resumed_from):  # another directory's history is not this run's to prune
             self.history, self.best, self.best_name = [], None, None
         return state
+
+    def peek(self, which: str | os.PathLike) -> dict[str, Any] | None:
+        """The state.json of the checkpoint `resume(which)` would load (None: "auto" finds none), loading nothing
+        (the callbacks' tensors stay references).
+
+        >>> Checkpoint(every_epoch=True).peek("auto")        # (on a learner) where a resume would continue
+        """
+        strategy = self.learn.strategy
+        target = self._target(which)
+        if target is None:
+            return None
+        return strategy.broadcast(read_state(target, tensors=False) if strategy.is_main else None)
+
+    def _target(self, which: str | os.PathLike) -> str | None:
+        """The checkpoint `which` names, as the main process finds it, on every process."""
+        strategy = self.learn.strategy
+        target = None
+        if strategy.is_main:
+            target = CheckpointStore(self.root).find(LATEST) if which == AUTO else resolve(self.root, which)
+        return strategy.broadcast(None if target is None else str(target))
 
     def _in_root(self, checkpoint: Path) -> bool:
         return checkpoint.parent.resolve() == self.root.resolve()
@@ -195,8 +213,10 @@ class Checkpoint(Callback):
                              f"choose one of {self.learn.recorder.metric_names[1:-1]}")
         self.prepare()
         resumed_from, self.resumed_from = self.resumed_from, None
-        if resumed_from is None:  # a fresh run: its own history
-            self.history, self.best, self.best_name = [], None, None
+        run = (id(self.learn), self.root.resolve())
+        if resumed_from is None and run != self._run:  # a fresh run: its own history (a later fit of the same
+            self.history, self.best, self.best_name = [], None, None  # learner into the same directory goes on)
+        self._run = run
         self._last_saved_step = self._last_checked_step = self.learn.step
         self.saves = []
         strategy = self.learn.strategy  # the names taken, listed once (the directory is locked: only this run adds)

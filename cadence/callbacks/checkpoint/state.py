@@ -186,8 +186,9 @@ def _train_state(learn: Any, epoch_complete: bool) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- loading
-def read_state(directory: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint's state.json, checked; ValueError naming the file when it is corrupt or incomplete."""
+def read_state(directory: str | os.PathLike, tensors: bool = True) -> dict[str, Any]:
+    """The checkpoint's state.json, checked; ValueError naming the file when it is corrupt or incomplete.
+    `tensors=False`: the callbacks' tensors stay references (not read)."""
     file = Path(directory) / STATE_FILE
     if not file.is_file():
         raise FileNotFoundError(f"{directory} has no {STATE_FILE}: it is not a complete cadence checkpoint")
@@ -203,7 +204,7 @@ def read_state(directory: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{file} has checkpoint format {state['format']!r}; this cadence ({__version__}) reads {READS}")
     check_state(state, file)
     tensors_file = Path(directory) / TENSORS_FILE
-    if tensors_file.is_file():
+    if tensors and tensors_file.is_file():
         state["callbacks"] = _join_tensors(state["callbacks"], load_weights(tensors_file), tensors_file)
     return state
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from ...trainer.callback import Callback, Order
-from ...trainer.lr_find import LRFinder
 from ...trainer.metrics import batch_size
 from .base import GeneralTracker, new_run_dir, plain
 from .csv import CSVTracker
@@ -94,6 +93,7 @@ class Tracker(Callback):
     """
 
     order = Order.REPORT
+    run_lr_find = False  # the sweep is thrown away: nothing of it is logged
     run_valid = False
 
     def __init__(self, kinds: Any, project: str | None = None, run_name: str | None = None,
@@ -115,7 +115,7 @@ class Tracker(Callback):
         self._loss_sum, self._loss_n = None, 0
 
     def before_fit(self):
-        self.active = self.learn.strategy.is_main and not any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
+        self.active = self.learn.strategy.is_main
         if not self.active:
             return
         learn = self.learn
