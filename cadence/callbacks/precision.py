@@ -1,7 +1,7 @@
 """MixedPrecision: train in bf16 or fp16 (autocast; fp16 with a GradScaler).
 
 The callback is the switch; the strategy runs it (FSDP and DeepSpeed do mixed precision
-themselves). An fp16 step whose gradients overflow is skipped: `learn.step` does not advance,
+themselves). Outside training the predictions come back in fp32, as fastai's do. An fp16 step whose gradients overflow is skipped: `learn.step` does not advance,
 so schedules do not either, and `skipped_steps` counts it.
 
 >>> learn = Learner(dls, model, loss_func=F.cross_entropy).to_bf16()
@@ -15,6 +15,7 @@ from typing import Any, ContextManager
 
 import torch
 
+from ..distributed.ops import map_tensors
 from ..distributed.precision import FullPrecision, make_precision
 from ..trainer.callback import Callback, Order
 
@@ -50,6 +51,11 @@ class MixedPrecision(Callback):
     def forward_context(self) -> ContextManager:
         return self.learn.strategy.forward_context()
 
+    def after_pred(self):
+        """Outside training, predictions in fp32 (fastai's): what validation's loss and metrics and `get_preds` see."""
+        if not self.learn.training:
+            self.learn.pred = map_tensors(_to_float, self.learn.pred)
+
     @property
     def skipped_steps(self) -> int:
         """Optimizer steps skipped because fp16 gradients overflowed."""
@@ -63,6 +69,10 @@ class MixedPrecision(Callback):
             raise ValueError(f"the checkpoint was trained with {state['precision']}, this run uses {self.precision}")
         if state["plugin"]:
             self._plugin().load_state_dict(state["plugin"])
+
+
+def _to_float(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
 def set_precision(learn: Any, precision: str, **scaler_kwargs) -> Any:

@@ -49,6 +49,16 @@ def test_mixed_precision_trains_on_cpu(precision, dtype):
     assert learn.step == 4 * 10
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_predictions_and_per_item_losses_come_back_in_fp32_as_fastais(precision):
+    learn = learner(8, [MixedPrecision(precision)], lr=0.5)
+    learn.fit(1)
+    preds, targs, losses = learn.get_preds(with_loss=True)
+    assert preds.dtype == losses.dtype == torch.float32
+    assert torch.equal(losses, nn.functional.cross_entropy(preds, targs, reduction="none"))   # from the fp32 preds
+    assert learn.validate()["valid_loss"] == pytest.approx(float(losses.mean()), rel=1e-6)
+
+
 def test_to_bf16_to_fp16_to_fp32():
     learn = learner(8).to_bf16()
     assert learn.mixed_precision.precision == "bf16"
