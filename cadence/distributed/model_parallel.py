@@ -31,11 +31,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
+from ..tied_weights import retie, tied_names
 from . import env
 from .data import DistributedDL
 from .fsdp import FSDP
 from .precision import FullPrecision
-from .strategy import MakeOpt, meta_copy, retie, tied_names
+from .strategy import MakeOpt, meta_copy
 
 __all__ = ["ModelParallel"]
 

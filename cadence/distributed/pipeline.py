@@ -31,13 +31,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..tied_weights import tied_names
 from . import env
 from .fsdp import FSDP
 from .model_parallel import ModelParallel, _launcher_sizes, _retie_sliced
 from .pipeline_outputs import LastStageOutputs
 from .pipeline_state import merged_optimizer_state, merged_weights, renamed_checkpoint, renamed_optimizer_state
 from .precision import FullPrecision
-from .strategy import MakeOpt, OwnsStep, meta_copy, named_by_position, rebuild, tied_names
+from .strategy import MakeOpt, OwnsStep, meta_copy, named_by_position, rebuild
 
 __all__ = ["Pipeline"]
 

@@ -128,7 +128,7 @@ class InferenceMethods:
         with self.added_cbs(cbs):
             self._do_epoch_validate(dl)
             self._end_cleanup()
-        return ValidResults(self.recorder.valid_values())
+        return ValidResults(self.recorder.pass_values())
 
     def get_preds(self, ds_idx: int | Iterable = 1, dl: Iterable | None = None, with_input: bool = False,
                   with_decoded: bool = False, with_loss: bool = False, act: Callable | None = None,

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..serialization import check_state_dict, load_weights
+from ..tied_weights import retie, tied_names
 from .data import DataLoaders
 from .export import PICKLE, WEIGHTS
 from .learner import Learner
@@ -45,11 +46,13 @@ def load_learner(path: str | os.PathLike, trust_pickle: bool = False, model: nn.
     if model is None:
         model = extra["model"]
         check_state_dict(model, state, source=str(path / WEIGHTS))
+        aliases = tied_names(model)  # assign gives each tied name its own Parameter: one again after
         model.load_state_dict(state, assign=True)
+        retie(model, aliases)
     else:
         check_state_dict(model, state, source=str(path / WEIGHTS))
         model.load_state_dict(state)
-    loss_func = loss_func or extra.get("loss_func") or _no_loss
+    loss_func = loss_func or extra.get("loss_func", _no_loss)  # None when the exported model computes its loss
     dls = DataLoaders([], None, device="cpu" if cpu else None, n_inp=extra.get("n_inp"))
     return Learner(dls, model, loss_func=loss_func)
 

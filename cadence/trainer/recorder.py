@@ -239,9 +239,12 @@ class Recorder(Callback):
         self.values.append(row)
 
     def valid_values(self) -> dict[str, float | None]:
-        """valid_loss and every metric of the last validation pass (`valid_<name>` with `train_metrics`)."""
-        if self.learn.dls.valid is None:
-            return {}
+        """valid_loss and every metric of the epoch's validation pass (`valid_<name>` with `train_metrics`); none
+        without a validation set."""
+        return {} if self.learn.dls.valid is None else self.pass_values()
+
+    def pass_values(self) -> dict[str, float | None]:
+        """valid_loss and every metric of the last validation pass, over whatever loader it read."""
         prefix = "valid_" if self.train_metrics else ""
         return {"valid_loss": self.valid_loss.value, **{prefix + m.name: m.value for m in self.metrics}}
 

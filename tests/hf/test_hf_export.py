@@ -93,3 +93,18 @@ def test_merge_adapter_without_an_adapter_is_refused_before_writing(tmp_path):
     with pytest.raises(ValueError, match=r"merge_adapter=True.*\(GPT2LMHeadModel\) has none"):
         learn.save_model(tmp_path / "x", merge_adapter=True)
     assert not (tmp_path / "x").exists()
+
+
+def test_export_and_load_learner_keep_the_tie_and_the_models_own_loss(tmp_path):
+    from cadence import load_learner
+
+    learn = lm_learner("gpt2")
+    learn.path = tmp_path
+    learn.fit(1)
+    learn.export("exported")
+    loaded = load_learner(tmp_path / "exported", trust_pickle=True)
+    model = loaded.model
+    assert model.lm_head.weight is model.transformer.wte.weight          # one Parameter, trained as one
+    torch.testing.assert_close(logits(model), logits(learn.model), rtol=0, atol=0)
+    assert loaded.loss_func is None                                      # the model computes its loss, as it did
+    assert loaded.validate(dl=learn.dls.valid) == learn.validate()

@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from ...distributed.strategy import tied_names
+from ...tied_weights import tied_names
 from ...serialization import SAVE_ID_KEY, atomic_path, commit_dir, parse_size, recover_dir, save_weights, staging_dir
 
 SINGLE_NAME, INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
