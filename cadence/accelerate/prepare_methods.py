@@ -54,10 +54,11 @@ class PrepareMethods:
         for i, arg in enumerate(args):
             if isinstance(arg, nn.Module):
                 mine = [o for o in opts if optimizes(o, arg)]
-                out[i] = self._prepare_model(arg, mine)
+                earlier = [] if mine else self._unbound_optimizers_of(arg)
+                out[i] = self._prepare_model(arg, mine or [o.optimizer for o in earlier])
                 prepared_opts.update({id(o): PreparedOptimizer(o, self) for o in mine})
-                if mine:
-                    self._stepper[id(out[i])] = prepared_opts[id(mine[0])]
+                if mine or earlier:
+                    self._stepper[id(out[i])] = prepared_opts[id(mine[0])] if mine else earlier[0]
         for i, arg in enumerate(args):
             if is_opt[i]:
                 out[i] = prepared_opts.get(id(arg)) or self._bind_optimizer(arg)
@@ -133,6 +134,16 @@ class PrepareMethods:
         self._model_opts.append(opt)
         self._given_names[id(wrapped)] = names
         return wrapped
+
+    def _unbound_optimizers_of(self, model: nn.Module) -> list[PreparedOptimizer]:
+        """Optimizers over `model`'s parameters prepared in an earlier call than it, standing alone so far: the
+        model's wrapping rebuilds them over its wrapped parameters (FSDP's), as if both came in one call."""
+        bound = {id(o) for o in self._model_opts if o is not None}
+        earlier = [o for o in self._optimizers if id(o.optimizer) not in bound and optimizes(o.optimizer, model)]
+        if earlier and self.distributed_type == DistributedType.DEEPSPEED:
+            raise ValueError("DeepSpeed builds its engine from the model and its optimizer together: pass both "
+                             "to one call, accelerator.prepare(model, optimizer, ...)")
+        return earlier
 
     def _refuse_engine_without_optimizer(self, opts: list) -> None:
         """DeepSpeed ZeRO-1/2 engines partition the optimizer: they cannot be built from a model alone."""

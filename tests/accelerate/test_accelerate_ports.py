@@ -29,11 +29,15 @@ def test_checkpointing_port_resumes_exactly_under_fsdp(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags, mode", [((), "apart"), (("--use_fsdp",), "together"),  # each engine, each order
+                                         (("--use_fsdp",), "optimizer-first"),
                                          pytest.param((), "together", marks=pytest.mark.long),
-                                         pytest.param(("--use_fsdp",), "apart", marks=pytest.mark.long)],
-                         ids=["ddp-apart", "fsdp-together", "ddp-together", "fsdp-apart"])
+                                         pytest.param(("--use_fsdp",), "apart", marks=pytest.mark.long),
+                                         pytest.param((), "optimizer-first", marks=pytest.mark.long)],
+                         ids=["ddp-apart", "fsdp-together", "fsdp-optimizer-first", "ddp-together", "fsdp-apart",
+                              "ddp-optimizer-first"])
 def test_optimizer_built_over_the_plain_model_steps_the_wrapped_parameters_and_is_saved(tmp_path, flags, mode):
-    """prepare(optimizer, model), or prepare_model then prepare_optimizer: the optimizer trains the wrapped model
-    as one process would, and save_state/load_state bring its momentum back (the resumed steps match)."""
+    """prepare(optimizer, model), prepare_model then prepare_optimizer, or prepare(optimizer) then prepare(model):
+    the optimizer trains the wrapped model as one process would, and save_state/load_state bring its momentum back
+    (the resumed steps match)."""
     proc = run_launch("accelerator_prepare_order.py", mode, str(tmp_path / "ckpt"), nproc=2, flags=flags, timeout=300)
     assert proc.stdout.count("ORDER OK") == 1, proc.stdout + proc.stderr

@@ -1,12 +1,13 @@
 """Launched on 2 processes (DDP or --use_fsdp) by tests/accelerate/test_accelerate_ports.py.
 
 The optimizer is built over the plain model, then prepared with it in one call, optimizer first
-(`together`), or in a call of its own after `prepare(model)` (`apart`). Either way it ends up stepping
+(`together`), in a call of its own after `prepare(model)` (`apart`), or in a call of its own before it
+(`optimizer-first`). Either way it ends up stepping
 the parameters the strategy's wrapped model trains (FSDP's sharded ones), the training matches the
 same steps in one process, and `save_state` / `load_state` carry its momentum. Prints "ORDER OK" on
 the main process.
 
-    cadence launch --num_processes 2 [--use_fsdp] accelerator_prepare_order.py together|apart CHECKPOINT_DIR
+    cadence launch --num_processes 2 [--use_fsdp] accelerator_prepare_order.py together|apart|optimizer-first CHECKPOINT_DIR
 """
 
 import copy
@@ -25,6 +26,9 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 accelerator = Accelerator()
 if mode == "together":
     optimizer, model = accelerator.prepare(optimizer, model)       # the optimizer first
+elif mode == "optimizer-first":
+    optimizer = accelerator.prepare(optimizer)                     # before its model: bound when the model comes
+    model = accelerator.prepare(model)
 else:
     model = accelerator.prepare_model(model)
     optimizer = accelerator.prepare_optimizer(optimizer)           # still over the plain model's parameters
