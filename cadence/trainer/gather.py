@@ -8,6 +8,7 @@ from typing import Any, Callable
 import torch
 
 from .callback import Callback, Order
+from .data import to_detach
 
 
 def _cat(chunks: list[Any]) -> Any:
@@ -53,7 +54,7 @@ class GatherPreds(Callback):
 
     def after_batch(self):
         learn = self.learn
-        self.preds.append(learn.pred.detach())
+        self.preds.append(to_detach(learn.pred, cpu=False))
         if learn.yb:
             self.targs.append(learn.yb[0] if len(learn.yb) == 1 else learn.yb)
         if self.with_input:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from .callback import Callback, Order
-from .data import to_device
+from .data import apply_to_tensors, to_device
 
 # a loader's in-order copy lives as long as the loader: a distributed fit shards it once (it is keyed by id)
 _ORDERED: "weakref.WeakKeyDictionary[DataLoader, DataLoader]" = weakref.WeakKeyDictionary()
@@ -206,20 +206,27 @@ class InferenceMethods:
         return ((aug, preds) if beta is None else torch.lerp(aug, preds, beta)), targs
 
     def predict(self, item: Any, act: Callable | None = None) -> Any:
-        """The model's output for one item (its input tensor, or a tuple of them), without a batch dimension.
+        """The model's output for one item (its input tensor, a tuple of them, or a dict of keyword inputs), without
+        a batch dimension; a tuple or dict output comes back as one, each tensor without its batch dimension. A
+        model that computes its loss (loss_func=None) gives its logits.
 
         fastai's `predict` also decodes through the data's transforms; cadence has none: decode yourself.
 
         >>> probs = learn.predict(x_valid[0], act=partial(torch.softmax, dim=-1))
+        >>> next_token_logits = learn.predict({"input_ids": ids})[-1]
         """
-        xb = item if isinstance(item, tuple) else (item,)
-        xb = to_device(tuple(x.unsqueeze(0) if isinstance(x, torch.Tensor) else x for x in xb), self.strategy.device)
+        from .learner import model_loss
+
+        xb = item if isinstance(item, (tuple, Mapping)) else (item,)
+        xb = to_device(apply_to_tensors(lambda x: x.unsqueeze(0), xb), self.strategy.device)
         self.model.eval()
         with torch.no_grad(), self._forward_context():
-            pred = self.model(*xb)
+            pred = self.model(**xb) if isinstance(xb, Mapping) else self.model(*xb)
+        if self.loss_func is None:
+            pred = model_loss(pred, training=False)[0]
         act = act if act is not None else getattr(self.loss_func, "activation", None)
         pred = act(pred) if act is not None else pred
-        return pred[0]
+        return apply_to_tensors(lambda t: t[0], pred)
 
 
 def _as_list(cbs: Any) -> list:

@@ -81,3 +81,41 @@ def test_tta_averages_augmented_passes_and_lerps_with_the_plain_one():
     assert torch.allclose(best, torch.maximum(shifted, plain), atol=1e-6)
     with pytest.raises(ValueError, match="batch_tfms"):
         learn.tta(dl=dl)
+
+
+class TwoOutputs(nn.Module):
+    """Logits and the hidden features, as many models return."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(6, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.head(h), h
+
+
+class OwnLoss(nn.Module):
+    """Keyword inputs in, a dict with its loss and logits out, as a Hugging Face model."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(6, 3)
+
+    def forward(self, x, labels=None):
+        logits = self.net(x)
+        return {"logits": logits, "loss": None if labels is None else nn.functional.cross_entropy(logits, labels)}
+
+
+def test_predict_and_get_preds_keep_a_tuple_output_and_take_keyword_inputs():
+    x, y = data()
+    torch.manual_seed(0)
+    learn = Learner(DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8),
+                                DataLoader(TensorDataset(x, y), batch_size=8), device="cpu"),
+                    TwoOutputs(), loss_func=lambda out, t: nn.functional.cross_entropy(out[0], t))
+    logits, hidden = learn.predict(x[3])                                # one item: no batch dimension
+    assert torch.equal(logits, learn.model(x[3:4])[0][0]) and torch.equal(hidden, learn.model(x[3:4])[1][0])
+    (all_logits, all_hidden), targs = learn.get_preds()
+    assert torch.equal(all_logits, learn.model(x)[0].detach()) and all_hidden.shape == (40, 4) and torch.equal(targs, y)
+    own = Learner(DataLoaders([], None, device="cpu"), OwnLoss(), loss_func=None)
+    assert torch.equal(own.predict({"x": x[5]}), own.model.net(x[5:6])[0].detach())   # the logits, one item
