@@ -209,11 +209,13 @@ class FSDP(OwnsPrecision, Strategy):
             chosen = [m for m in model.modules() if m is not model and (isinstance(m, classes) or
                                                                          any(m is w for w in self.wrap_modules))]
         elif self.auto_wrap == "TRANSFORMER_BASED_WRAP":
-            chosen = [m for m in model.modules() if m is not model and type(m).__name__ in self.layer_classes]
+            # no class named: a Hugging Face model's own layer classes (`_no_split_modules`), as Accelerate does
+            layer_classes = self.layer_classes or set(getattr(model, "_no_split_modules", None) or ())
+            chosen = [m for m in model.modules() if m is not model and type(m).__name__ in layer_classes]
             found = {type(m).__name__ for m in chosen}
-            if not self.layer_classes or found != self.layer_classes:
+            if not layer_classes or found != layer_classes:
                 present = sorted({type(m).__name__ for m in model.modules()})
-                raise ValueError(f"FSDP transformer_layer_cls_to_wrap {sorted(self.layer_classes - found) or '(none)'} "
+                raise ValueError(f"FSDP transformer_layer_cls_to_wrap {sorted(layer_classes - found) or '(none)'} "
                                  f"matches no layer of the model; its layer classes are {present}")
         elif self.auto_wrap == "SIZE_BASED_WRAP":
             chosen = _size_groups(model, self.min_num_params)

@@ -17,7 +17,7 @@ import torch
 from tests.helpers import run_launch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import logits, stored, tiny_model  # noqa: E402
+from tiny_models import LAYER, logits, stored, tiny_model  # noqa: E402
 
 RUNS = [
     # GPT-2: every engine x precision; fp32 runs also save_state and learn.save, reloaded on the same engine
@@ -62,6 +62,9 @@ def test_tied_weights_stay_tied_after_every_engine_and_through_its_checkpoints(r
     out, _ = runs
     for run in RUNS:
         assert result(out, run["name"])["tied"] is (run["model"] == "gpt2"), run["name"]
+        # FSDP named no layer class: it sharded the model's own (`_no_split_modules`), as Accelerate does
+        groups = result(out, run["name"])["fsdp_groups"]
+        assert groups == ([f"FSDP{LAYER[run['model']]}"] if run["engine"] == "fsdp" else []), (run["name"], groups)
     for engine in ("ddp", "fsdp", "zero2", "zero3"):  # saved inside the engine, loaded into a fresh Learner on it
         r = result(out, f"gpt2_{engine}")
         for how in ("load_state", "load"):

@@ -108,3 +108,13 @@ def test_export_and_load_learner_keep_the_tie_and_the_models_own_loss(tmp_path):
     torch.testing.assert_close(logits(model), logits(learn.model), rtol=0, atol=0)
     assert loaded.loss_func is None                                      # the model computes its loss, as it did
     assert loaded.validate(dl=learn.dls.valid) == learn.validate()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_transformer_based_wrap_without_class_names_takes_the_models_own_layers(name):
+    """Accelerate's fallback, the model's `_no_split_modules` (one process: checked, nothing sharded; 2 processes
+    shard them: tests/hf/test_hf_engines.py)."""
+    learn = lm_learner(name)
+    with learn.distrib_ctx(strategy="fsdp", auto_wrap_policy="TRANSFORMER_BASED_WRAP"):
+        learn.fit(1)                                   # refused before: "matches no layer"
+    assert learn.step == 8 and learn.recorder.values[-1]["valid_loss"] is not None   # 64 sequences, batches of 8

@@ -21,8 +21,8 @@ VOCAB, SEQ = 128, 16
 LAYER = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer"}
 ENGINES = {
     "ddp": lambda layer: dict(strategy="ddp"),
-    "fsdp": lambda layer: dict(strategy="fsdp", auto_wrap_policy="TRANSFORMER_BASED_WRAP",
-                               transformer_layer_cls_to_wrap=layer),
+    # no class names: the model's own `_no_split_modules` (Accelerate's default), `layer` for the other engines' sake
+    "fsdp": lambda layer: dict(strategy="fsdp", auto_wrap_policy="TRANSFORMER_BASED_WRAP"),
     "zero2": lambda layer: dict(strategy="deepspeed", zero_stage=2),
     "zero3": lambda layer: dict(strategy="deepspeed", zero_stage=3),
 }

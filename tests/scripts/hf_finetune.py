@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
 from tiny_models import ENGINES, LAYER, lm_learner, logits, tiny_model  # noqa: E402
 
 from cadence import rank  # noqa: E402
+from torch.distributed.fsdp import FSDPModule  # noqa: E402
+
 from cadence.distributed import get_strategy  # noqa: E402
 
 
@@ -45,11 +47,13 @@ def run(out: Path, spec: dict) -> None:
         learn.to_bf16()
     with learn.distrib_ctx(**engine):
         learn.fit(1)
+        groups = sorted({type(m).__name__ for m in learn.model.modules() if isinstance(m, FSDPModule)} -
+                        {type(learn.model).__name__})   # FSDP's groups below the root
         learn.save_model(out / "export", max_shard_size=spec.get("shard", "2GB"))
         if spec.get("checkpoint"):
             learn.save_state(out / "state")  # the engine's own format
             learn.save(out / "saved")  # full weights and optimizer state
-    result = {"tied": tied(learn.model), "losses": [float(v) for v in learn.recorder.losses]}
+    result = {"tied": tied(learn.model), "losses": [float(v) for v in learn.recorder.losses], "fsdp_groups": groups}
     trained = logits(learn.model)
     for how in ("load_state", "load") if spec.get("checkpoint") else ():
         fresh = lm_learner(spec["model"], seed=1)
