@@ -142,6 +142,9 @@ class Recorder(Callback):
         self.start_time = time.perf_counter()
         self.train_loss.reset()
         self._train_values = {}
+        self.valid_loss.reset()  # a validation cancelled this epoch leaves its values empty, not the last epoch's
+        for m in self.metrics:
+            m.reset()
         if not self._resumed:  # a resumed epoch keeps the losses of its first part
             self._batch_losses = []
         self._resumed = False

@@ -68,3 +68,20 @@ def test_learner_called_with_a_list_of_events_runs_each_in_order(dls, model):
     assert seen == ["before_epoch", "before_fit"]
     with pytest.raises(ValueError, match="unknown event 'before_fitt'"):
         learn(["before_fit", "before_fitt"])
+
+
+def test_an_epoch_whose_validation_is_cancelled_records_no_valid_values_not_the_last_ones(dls, model):
+    from cadence import CancelValidateException, accuracy
+
+    class SkipOddValidation(Callback):
+        order = Order.DEFAULT                  # before the Recorder's before_validate
+        def before_validate(self):
+            if self.epoch % 2 == 1:
+                raise CancelValidateException()
+
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, cbs=SkipOddValidation())
+    with learn.no_bar():
+        learn.fit(3, lr=1e-2)
+    rows = learn.recorder.values
+    assert rows[1]["valid_loss"] is None and rows[1]["accuracy"] is None            # EarlyStopping sees nothing
+    assert None not in (rows[0]["valid_loss"], rows[2]["valid_loss"]) and rows[0]["valid_loss"] != rows[2]["valid_loss"]
