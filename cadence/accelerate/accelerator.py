@@ -151,11 +151,12 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         self._trigger = False
 
     # ------------------------------------------------------------------ the step
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of `loss` divided by `gradient_accumulation_steps` (scaled for fp16) through the strategy."""
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward of `loss` divided by `gradient_accumulation_steps` (scaled for fp16) through the strategy;
+        `kwargs` go to `loss.backward` (`retain_graph=True`, `inputs=`), as in Accelerate."""
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
-        self.strategy.backward(loss)
+        self.strategy.backward(loss, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:

@@ -209,5 +209,6 @@ def _check_counts(directory: Path, prefix: str, expected: int) -> None:
 
 def _restore_position(dl: Any, state: dict[str, Any]) -> None:
     """Continue where the loader stood: the rest of its epoch, or the next epoch when that one was finished."""
-    complete = state.get("epoch_complete", state["batches_done"] >= len(dl))  # older states lack the flag
+    complete = state["epoch_complete"] if "epoch_complete" in state else state["batches_done"] >= len(dl)  # older
+    # states lack the flag; a stream without length has one
     dl.base.load_state_dict({**state, "epoch_complete": complete})

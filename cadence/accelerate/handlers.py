@@ -247,6 +247,11 @@ class DummyOptim:
     def __post_init__(self):
         self.params = list(self.params)
 
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The hyper-parameters, under torch's name: what fills the config optimizer's "auto" values."""
+        return {"lr": self.lr, "weight_decay": self.weight_decay, **self.kwargs}
+
 
 @dataclass
 class DummyScheduler:

@@ -56,7 +56,9 @@ class PrepareMethods:
                 mine = [o for o in opts if optimizes(o, arg)]
                 earlier = [] if mine else self._unbound_optimizers_of(arg)
                 out[i] = self._prepare_model(arg, mine or [o.optimizer for o in earlier])
-                prepared_opts.update({id(o): PreparedOptimizer(o, self) for o in mine})
+                built = self._model_opts[-1]   # a DummyOptim stands for the optimizer the engine built from its config
+                prepared_opts.update({id(o): PreparedOptimizer(built if isinstance(o, DummyOptim) else o, self)
+                                      for o in mine})
                 if mine or earlier:
                     self._stepper[id(out[i])] = prepared_opts[id(mine[0])] if mine else earlier[0]
         for i, arg in enumerate(args):

@@ -50,19 +50,43 @@ class PreparedDataLoader:
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:
             synchronize_rng_states(self.rng_types)
-        last = len(self.base) - 1
-        first = self.base.start_batch
         self.gradient_state._enter(self)
         try:
-            for i, batch in enumerate(self.base, first):
-                self.end_of_dataloader = i == last
+            for batch, last in self._flagged():
+                self.end_of_dataloader = last
                 yield batch
         finally:
             self.end_of_dataloader = False
             self.gradient_state._leave(self)
 
+    @property
+    def _sized(self) -> bool:
+        return not self.base.iterable or self.base.sized
+
+    def _flagged(self) -> Iterator[tuple[Any, bool]]:
+        """Each batch with whether it is the last: counted from the length, or, for a stream without one,
+        known by loading the next batch first (as Accelerate does)."""
+        if self._sized:
+            last = len(self.base) - 1
+            for i, batch in enumerate(self.base, self.base.start_batch):
+                yield batch, i == last
+            return
+        it = iter(self.base)
+        current, record = next(it, _END), self.base.batch_record()
+        while current is not _END:
+            upcoming = next(it, _END)
+            ahead = self.base.batch_record()
+            # while `current` is used, the loader describes it (for gather_for_metrics, state_dict), not the next one
+            self.base.restore_batch_record(record)
+            yield current, upcoming is _END
+            current, record = upcoming, ahead
+
     def __repr__(self) -> str:
-        return f"PreparedDataLoader({len(self)} batches, rank {self.base.rank} of {self.base.world_size})"
+        size = f"{len(self)} batches" if self._sized else "a stream without length"
+        return f"PreparedDataLoader({size}, rank {self.base.rank} of {self.base.world_size})"
+
+
+_END = object()
 
 
 class PreparedOptimizer(torch.optim.Optimizer):

@@ -255,9 +255,10 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         if self.engine is not None:
             self.engine.set_gradient_accumulation_boundary(enabled)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """The engine's backward (loss scaling for fp16); divided by the accumulation steps unless GradAccum scaled it."""
-        self.engine.backward(loss, scale_wrt_gas=not self._cadence_accumulates)
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """The engine's backward (loss scaling for fp16); divided by the accumulation steps unless GradAccum scaled it.
+        `kwargs` go to the engine's backward (`retain_graph`)."""
+        self.engine.backward(loss, scale_wrt_gas=not self._cadence_accumulates, **kwargs)
 
     def step(self, opt: torch.optim.Optimizer) -> bool:
         """`engine.step()` every micro-batch; True when it updated the weights (a window's end, no fp16 overflow).

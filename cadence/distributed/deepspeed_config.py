@@ -186,13 +186,14 @@ def optimizer_entry(opt: torch.optim.Optimizer) -> dict:
 
 
 def fill_optimizer(section: dict, opt: torch.optim.Optimizer) -> None:
-    """Fill a config optimizer's "auto" hyper-parameters from the Learner's optimizer."""
+    """Fill a config optimizer's "auto" hyper-parameters from the optimizer given (the Learner's, or an
+    Accelerate script's optimizer or `DummyOptim`)."""
     d = opt.defaults
     known = {"lr": d.get("lr"), "betas": list(d["betas"]) if "betas" in d else None, "eps": d.get("eps"),
              "weight_decay": d.get("weight_decay"), "momentum": d.get("momentum")}
     for key, value in section.setdefault("params", {}).items():
         if is_auto(value):
             if known.get(key) is None:
-                raise ValueError(f"DeepSpeed optimizer {section.get('type')}: the Learner's {type(opt).__name__} has no "
-                                 f"{key} to fill \"auto\" with; give a number")
+                raise ValueError(f"DeepSpeed optimizer {section.get('type')}: the optimizer given, "
+                                 f"{type(opt).__name__}, has no {key} to fill \"auto\" with; give a number")
             section["params"][key] = known[key]

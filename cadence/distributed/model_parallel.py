@@ -178,10 +178,10 @@ class ModelParallel(FSDP):
         """With `loss_parallel`: torch's `loss_parallel()`, cross-entropy on logits sliced over the vocabulary."""
         return _loss_parallel() if self.loss_parallel and env.is_initialized() else None
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """With `loss_parallel`, the backward of the sliced cross-entropy runs inside it too (torch requires both)."""
         with _loss_parallel() if self.loss_parallel and env.is_initialized() else contextlib.nullcontext():
-            super().backward(loss)
+            super().backward(loss, **kwargs)
 
     def shard(self, dl: DataLoader) -> DistributedDL:
         """This dp group's part of `dl`: the ranks of one tp group get the same batches."""

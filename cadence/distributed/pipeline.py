@@ -313,7 +313,7 @@ class Pipeline(OwnsStep, ModelParallel):
         """The pp-group rank of the process holding the last stage (rank 0 under V-shaped schedules)."""
         return 0 if self.v_shaped else self.pp_size - 1
 
-    def backward(self, loss: torch.Tensor | None) -> None:
+    def backward(self, loss: torch.Tensor | None, **kwargs: Any) -> None:
         """Nothing: the schedule ran the backward inside `forward_backward`."""
 
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:

@@ -67,8 +67,8 @@ class ScaledPrecision(AutocastPrecision):
         self.skipped_steps = 0
         self._unscaled: set[int] = set()   # optimizers whose gradients are unscaled since the last update
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.scaler.scale(loss).backward()
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        self.scaler.scale(loss).backward(**kwargs)
 
     def unscale(self, opt: torch.optim.Optimizer) -> None:
         if id(opt) not in self._unscaled:

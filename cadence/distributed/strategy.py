@@ -128,9 +128,9 @@ class Strategy:
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
         """With `enabled=False` the next forward and backward keep gradients local (accumulation micro-steps)."""
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of `loss` (scaled for fp16)."""
-        self.precision.backward(loss)
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward of `loss` (scaled for fp16); `kwargs` go to `loss.backward` (`retain_graph`, `inputs`)."""
+        self.precision.backward(loss, **kwargs)
 
     def step(self, opt: torch.optim.Optimizer) -> bool:
         """Step the optimizer; False when the step was skipped (e.g. fp16 overflow)."""

@@ -227,7 +227,7 @@ class XLA(Strategy):
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
         self._sync_grads = enabled
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward, traced on this thread; with one process per device, the gradients are averaged once, at the
         optimizer step's micro-step.
 
@@ -237,7 +237,7 @@ class XLA(Strategy):
         device here (SPMD included), so nothing runs in parallel on another device's thread.
         """
         with torch.autograd.set_multithreading_enabled(False):
-            self.precision.backward(loss)
+            self.precision.backward(loss, **kwargs)
         if self._sync_grads and self.created_group:
             import torch_xla.core.xla_model as xm
 

@@ -51,6 +51,32 @@ def test_accumulate_steps_once_per_window_and_on_the_last_batch():
         torch.testing.assert_close(p, q)
 
 
+def test_a_stream_without_length_iterates_and_ends_its_last_accumulation_window(tmp_path):
+    class Stream(torch.utils.data.IterableDataset):   # a streaming dataset: no __len__
+        def __iter__(self):
+            return iter(torch.arange(11.0))
+
+    acc = Accelerator(gradient_accumulation_steps=2)
+    model = acc.prepare(torch.nn.Linear(1, 1))
+    dl = acc.prepare(DataLoader(Stream(), batch_size=2))     # 6 batches: windows [0,1] [2,3] [4,5]; then 5 batches
+    seen, ends, syncs = [], [], []
+    for batch in dl:
+        with acc.accumulate(model):
+            acc.backward(model(batch[:, None]).sum())
+        seen += acc.gather_for_metrics(batch).tolist()
+        ends.append(acc.gradient_state.end_of_dataloader)
+        syncs.append(acc.sync_gradients)
+    assert seen == list(range(11))
+    assert ends == [False] * 5 + [True] and syncs == [False, True] * 3
+    assert not acc.gradient_state.end_of_dataloader and acc.gradient_state.active_dataloader is None
+    assert [len(b) for b in dl] == [2] * 5 + [1]              # a second epoch of the same stream
+    for i, _ in enumerate(dl):
+        if i == 2:
+            acc.save_state(tmp_path / "state")                 # mid-stream, after batches 0-2
+    acc.load_state(tmp_path / "state")
+    assert [b.tolist() for b in dl] == [[6.0, 7.0], [8.0, 9.0], [10.0]]   # the rest of that pass
+
+
 def test_batches_as_dicts_reach_the_device_and_a_model_computing_its_own_loss():
     class OwnLoss(torch.nn.Module):
         def __init__(self):
@@ -101,6 +127,15 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler():
     opt.step(); sched.step()
     assert not acc.optimizer_step_was_skipped and sched.get_last_lr() == [0.05]
 
+
+@pytest.mark.parametrize("precision", ["no", "fp16"])
+def test_backward_passes_its_keyword_arguments_to_the_loss_backward(precision):
+    acc = Accelerator(mixed_precision=precision, kwargs_handlers=[GradScalerKwargs(init_scale=1.0)])
+    model = acc.prepare(torch.nn.Linear(2, 1))
+    loss = model(torch.ones(1, 2)).sum()
+    acc.backward(loss, retain_graph=True)                 # the graph survives for a second backward
+    acc.backward(loss, inputs=[model.bias])               # gradients for the given inputs only
+    assert model.weight.grad.tolist() == [[1.0, 1.0]] and model.bias.grad.tolist() == [2.0]
 
 def test_clip_grad_norm_returns_the_norm_before_clipping():
     acc = Accelerator()
@@ -222,6 +257,21 @@ def test_bad_input_is_refused_with_what_to_change(tmp_path):
         acc.prepare(model, DummyOptim(model.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="total_limit"):
         ProjectConfiguration(total_limit=0)
+
+
+def test_dummy_optim_fills_the_auto_values_of_the_optimizer_a_deepspeed_config_names():
+    pytest.importorskip("deepspeed")
+    from cadence.utils import DeepSpeedPlugin
+
+    config = {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "eps": 1e-6}}}
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config, zero_stage=0))
+    try:
+        net = torch.nn.Linear(3, 1)
+        model, _ = acc.prepare(net, DummyOptim(net.parameters(), lr=0.02, weight_decay=0.1))
+        group = model.optimizer.param_groups[0]               # the engine's optimizer, built from the config
+        assert (group["lr"], group["weight_decay"], group["eps"]) == (0.02, 0.1, 1e-6)
+    finally:
+        acc.strategy.teardown()   # the one-process group DeepSpeed needs must not outlive the test
 
 
 def test_find_executable_batch_size_halves_on_a_real_allocation_failure():

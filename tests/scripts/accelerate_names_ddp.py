@@ -4,6 +4,8 @@ several processes, each checked here against Accelerate's documented behaviour; 
 - accelerator.distributed_type is MULTI_CPU under DDP;
 - DistributedDataParallelKwargs(comm_hook=..., comm_wrapper=...) registers torch's hook on the DDP model;
 - gather_for_metrics(loss.repeat(bs)) on a smaller last batch keeps the real number of samples;
+- a stream without __len__ (IterableDataset): gather_for_metrics gives each sample once, as tensors and as objects,
+  and the last batch ends the dataloader and its accumulation window;
 - LocalSGD: weights drift apart between averagings and are equal after one, also with accumulation inside;
 - trigger_sync_in_backward: a backward after a no_sync forward averages the gradients;
 - GradientAccumulationPlugin(sync_each_batch=True) averages gradients on every micro-step, False only at the end;
@@ -15,7 +17,7 @@ several processes, each checked here against Accelerate's documented behaviour; 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from cadence import (Accelerator, DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType,
                      GradientAccumulationPlugin)
@@ -70,6 +72,29 @@ def gather_for_metrics_of_a_repeated_loss() -> None:
     counts = [acc.gather_for_metrics(batch.mean().repeat(4)).numel() for batch in dl]
     assert counts == [8, 2], counts
     ok("gather_for_metrics of a repeated loss")
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(11.0))
+
+
+def gather_for_metrics_over_a_stream() -> None:
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = acc.prepare(nn.Linear(1, 1))
+    dl = acc.prepare(DataLoader(Stream(), batch_size=2))     # 3 steps of 2 batches of 2: the last holds 2 + 1 items
+    seen, names, ends, syncs = [], [], [], []
+    for batch in dl:
+        with acc.accumulate(model):
+            acc.backward(model(batch[:, None]).sum())
+        seen += acc.gather_for_metrics(batch).tolist()
+        names += acc.gather_for_metrics([f"item {int(x)}" for x in batch])
+        ends.append(acc.gradient_state.end_of_dataloader)
+        syncs.append(acc.sync_gradients)
+    assert sorted(seen) == list(range(11)), seen
+    assert sorted(names) == sorted(f"item {i}" for i in range(11)), names
+    assert (ends, syncs) == ([False, False, True], [False, True, True]), (ends, syncs)
+    ok("gather_for_metrics over a stream without length")
 
 
 def local_sgd(accumulation: int) -> None:
@@ -150,6 +175,7 @@ def fsdp_no_sync_matches_ddp() -> None:
 if __name__ == "__main__":
     distributed_type_and_comm_hooks()
     gather_for_metrics_of_a_repeated_loss()
+    gather_for_metrics_over_a_stream()
     local_sgd(accumulation=1)
     local_sgd(accumulation=2)
     trigger_sync_in_backward()
