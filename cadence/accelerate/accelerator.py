@@ -35,7 +35,7 @@ from ..distributed.precision import make_precision
 from . import sync
 from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, load_accelerator_state,
                             save_accelerator_state)
-from .clipping import clip_grad_norm
+from .clipping import clip_grad_norm, clip_part, refuse_part_under_own_clipping
 from .collectives import ProcessHelpers
 from .handlers import (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
                        ProjectConfiguration)
@@ -45,8 +45,8 @@ from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType,
                       GradientAccumulationPlugin)
 from .prepare_methods import PrepareMethods
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
-from .preparation import (check_rng_types, choose_engine, make_strategy, one_deepspeed_plugin, owns_parameters,
-                          refuse_unsupported, restore_forward, sort_handlers)
+from .preparation import (check_rng_types, choose_engine, covers_trainable, make_strategy, one_deepspeed_plugin,
+                          owns_parameters, refuse_unsupported, restore_forward, sort_handlers)
 from .properties import RunProperties
 from .saving import save_object
 from .state import GradientState, PartialState
@@ -230,7 +230,10 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         params = list(parameters)
         for model, opt in self._units():
             if opt is not None and owns_parameters(model, params, self.strategy):
-                return clip_grad_norm(self.strategy, model, opt, self._stepper.get(id(model)), max_norm, norm_type)
+                if covers_trainable(model, params, self.strategy):
+                    return clip_grad_norm(self.strategy, model, opt, self._stepper.get(id(model)), max_norm,
+                                          norm_type)
+                return clip_part(self.strategy, opt, params, max_norm, norm_type)
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
@@ -249,7 +252,10 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         params = list(parameters)
         for model, opt in self._units():
             if opt is not None and owns_parameters(model, params, self.strategy):
-                return self.strategy.clip_grad_value(model, opt, clip_value)
+                if covers_trainable(model, params, self.strategy):
+                    return self.strategy.clip_grad_value(model, opt, clip_value)
+                refuse_part_under_own_clipping(self.strategy)
+                self.strategy.precision.unscale(opt)
         torch.nn.utils.clip_grad_value_(params, clip_value)
 
     # ------------------------------------------------------------------ models and weights

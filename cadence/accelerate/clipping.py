@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed.grad_norm import clip_by_total_norm
 from ..distributed.strategy import OwnsClipping
 
-__all__ = ["clip_grad_norm"]
+__all__ = ["clip_grad_norm", "clip_part", "refuse_part_under_own_clipping"]
 
 
 def clip_grad_norm(strategy: Any, model: nn.Module, engine_opt: torch.optim.Optimizer, opt: Any, max_norm: float,
@@ -39,6 +40,22 @@ def clip_grad_norm(strategy: Any, model: nn.Module, engine_opt: torch.optim.Opti
     opt.step_now()
     norm = strategy.last_grad_norm()
     return _as_tensor(norm if norm is not None else fallback)
+
+
+def clip_part(strategy: Any, engine_opt: torch.optim.Optimizer, params: list, max_norm: float,
+              norm_type: float = 2.0) -> torch.Tensor:
+    """Clip only `params`, part of a prepared model, by their own global norm (over every shard); that norm.
+    The rest of the model's gradients stay as they are (Accelerate's, torch's `clip_grad_norm_` over them)."""
+    refuse_part_under_own_clipping(strategy)
+    strategy.precision.unscale(engine_opt)
+    return clip_by_total_norm(params, max_norm, norm_type)
+
+
+def refuse_part_under_own_clipping(strategy: Any) -> None:
+    if isinstance(strategy, OwnsClipping):
+        raise ValueError(f"{type(strategy).__name__} clips the whole model inside its own step, so clipping part of "
+                         f"it is not possible: pass all of the model's parameters (model.parameters()), or clip "
+                         f"under DDP or FSDP")
 
 
 def _as_tensor(norm: float | torch.Tensor | None) -> torch.Tensor:

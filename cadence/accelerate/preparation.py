@@ -25,8 +25,8 @@ from ..distributed.registry import get_strategy, strategy_class
 from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
 from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
-__all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters", "autocast_forward",
-           "restore_forward", "all_tensors", "split_loader", "fit_scheduler_to_groups", "refuse_unsupported",
+__all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters",
+           "covers_trainable", "autocast_forward", "restore_forward", "all_tensors", "split_loader", "fit_scheduler_to_groups", "refuse_unsupported",
            "one_deepspeed_plugin", "check_rng_types"]
 
 _HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
@@ -109,6 +109,12 @@ def retarget(opt: Any, names: dict[int, str], params: dict[str, nn.Parameter]) -
 def owns_parameters(model: nn.Module, params: list, strategy: Any) -> bool:
     mine = {id(p) for p in strategy.unwrap(model).parameters()}
     return bool(params) and id(params[0]) in mine
+
+
+def covers_trainable(model: nn.Module, params: list, strategy: Any) -> bool:
+    """Do `params` hold every trainable parameter of the prepared `model` (not just a part of it)?"""
+    given = {id(p) for p in params}
+    return all(id(p) in given for p in strategy.unwrap(model).parameters() if p.requires_grad)
 
 
 def autocast_forward(module: nn.Module, context: Callable[[], Any]) -> None:

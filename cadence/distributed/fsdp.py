@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from . import env
 from .data import DistributedDL
+from .grad_norm import clip_by_total_norm
 from .precision import FullPrecision, fsdp_mixed_precision, sharded_scaler
 from .staging import HostBuffers, Staging, host_copy
 from .strategy import (MakeOpt, OwnsPrecision, Strategy, meta_copy, named_by_position,
@@ -278,14 +279,8 @@ class FSDP(OwnsPrecision, Strategy):
     def clip_grad_norm(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float,
                        norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the true global norm over every shard; returns that norm (before clipping)."""
-        from torch.distributed.tensor import DTensor
-
         self.precision.unscale(opt)
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, norm_type)
-        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
-        return norm
+        return clip_by_total_norm(model.parameters(), max_norm, norm_type)
 
     # ------------------------------------------------------------------ state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

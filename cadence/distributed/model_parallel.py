@@ -35,6 +35,7 @@ from ..tied_weights import retie, tied_names
 from . import env
 from .data import DistributedDL
 from .fsdp import FSDP
+from .grad_norm import clip_by_total_norm
 from .precision import FullPrecision
 from .strategy import MakeOpt, meta_copy
 
@@ -196,21 +197,8 @@ class ModelParallel(FSDP):
     def _clip_by_total(self, model: nn.Module, opt: torch.optim.Optimizer, max_norm: float, norm_type: float,
                        combine: Callable[[torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
         """Unscale; the norm per mesh, combined, then `combine(norm, norm_type)` (over pipeline stages); clip by it."""
-        from torch.distributed.tensor import DTensor
-
         self.precision.unscale(opt)
-        by_mesh: dict[Any, list[nn.Parameter]] = {}
-        for p in model.parameters():
-            if p.grad is not None:
-                by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
-        norms = []
-        for params in by_mesh.values():
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
-            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        total = combine(torch.nn.utils.get_total_norm(norms, norm_type), norm_type)
-        for params in by_mesh.values():  # torch's foreach ops take one mesh at a time
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return total
+        return clip_by_total_norm(model.parameters(), max_norm, norm_type, combine)
 
     # ------------------------------------------------------------------ the data-parallel group
     @property

@@ -55,3 +55,10 @@ def test_clip_grad_norm_returns_the_global_norm_and_clips_alike_on_ddp_fsdp_zero
         assert results[engine]["norms"] == pytest.approx(norms, rel=1e-4), engine
         flat = [x for step in results[engine]["losses"] for x in step]
         assert flat == pytest.approx([x for step in losses for x in step], rel=1e-5), engine
+
+    for engine in ("ddp", "fsdp"):   # a part of the model: its own norm, the rest of the gradients untouched
+        part = results[engine]["part"]
+        assert part["returned"] == pytest.approx(part["part"], rel=1e-5) and part["rest"] > 1e-2, (engine, part)
+        assert part["part_after"] == pytest.approx(1e-3, rel=1e-3) and part["rest_after"] == part["rest"], engine
+    for engine in ("zero2", "zero3"):
+        assert "clips the whole model inside its own step" in results[engine]["part"]["refused"], engine
