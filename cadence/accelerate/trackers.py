@@ -10,6 +10,7 @@ Runs open and write on the main process only; elsewhere every call does nothing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -64,6 +65,13 @@ class TrackerSet:
         numbers = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
         for tracker in self.trackers:
             tracker.log(numbers, step)
+
+    def __iter__(self) -> Iterator[GeneralTracker]:
+        """The open trackers, as Accelerate's `accelerator.trackers` list (`for t in accelerator.trackers: t.name`)."""
+        return iter(self.trackers)
+
+    def __len__(self) -> int:
+        return len(self.trackers)
 
     def get(self, name: str, unwrap: bool) -> Any:
         for tracker in self.trackers:

@@ -187,7 +187,7 @@ class ReduceLROnPlateau(_Patient):
 class SaveModel(MonitorCallback):
     """Save the weights whenever `monitor` improves and load the best at the end of fit (fastai's SaveModelCallback).
 
-    Weights go to `learn.save(fname)` (`path/model_dir/<fname>.safetensors`), written by the
+    Weights go to `learn.save(fname)` (the directory `path/model_dir/<fname>/`), written by the
     main process; every process loads them at the end. `every_epoch=True` (or n) saves
     `<fname>_<epoch>` every (n-th) epoch instead and loads nothing; `at_end=True` saves the
     final weights as `<fname>` at the end instead of loading the best.

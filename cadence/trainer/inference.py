@@ -143,7 +143,8 @@ class InferenceMethods:
         (default: `loss_func.activation` if the loss defines one).
 
         >>> preds, targs = learn.get_preds()
-        >>> inps, preds, targs, losses = learn.get_preds(ds_idx=0, with_input=True, with_loss=True, act=torch.softmax)
+        >>> inps, preds, targs, losses = learn.get_preds(ds_idx=0, with_input=True, with_loss=True,
+        ...                                              act=partial(torch.softmax, dim=-1))
         """
         from .gather import GatherPreds
 

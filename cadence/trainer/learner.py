@@ -63,6 +63,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         wd_bn_bias: weight decay on normalisation and bias parameters too (torch's optimizers' way, the
             default); False keeps them from decaying, fastai's default (each splitter group is then two
             optimizer groups; lrs, freezing and schedules still count splitter groups).
+        moms: the momentum `fit_one_cycle` moves through (start, middle, end), fastai's default.
         compile: torch.compile the model: True (torch's defaults), a backend name, a dict of
             torch.compile options, False; None follows `cadence launch --dynamo_backend` (see `learn.compile`).
 
@@ -74,7 +75,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
                  opt_func: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW, lr: float | slice | None = None,
                  splitter: Callable[[nn.Module], Iterable] | None = None, cbs: Any = None, metrics: Any = None,
                  path: str | Path = ".", model_dir: str | Path = "models", wd: float | None = None, strategy: Any = None,
-                 train_bn: bool = True, compile: bool | str | dict | None = None, wd_bn_bias: bool = True):
+                 train_bn: bool = True, compile: bool | str | dict | None = None, wd_bn_bias: bool = True,
+                 moms: tuple[float, float, float] = (0.95, 0.85, 0.95)):
         if not isinstance(dls, DataLoaders):
             raise TypeError(f"dls must be a cadence.DataLoaders, got {type(dls).__name__}: "
                             f"wrap your loaders as DataLoaders(train_dl, valid_dl)")
@@ -93,7 +95,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             warnings.warn(f"Learner(lr={lr!r}) and opt_func's lr={default_lr(opt_func)!r} differ: cadence trains at "
                           f"lr={lr!r} (fastai would take the opt_func's; see docs/fastai.md)", stacklevel=2)
         self.path, self.model_dir, self.wd, self.strategy = Path(path), Path(model_dir), wd, strategy
-        self.train_bn, self.wd_bn_bias = train_bn, wd_bn_bias
+        self.train_bn, self.wd_bn_bias, self.moms = train_bn, wd_bn_bias, tuple(moms)
         self.model, self.opt = strategy.setup(model, self._make_opt)
         self._set_compile(compile)
         self.cbs: list[Callback] = []

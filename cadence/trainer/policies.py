@@ -35,9 +35,10 @@ class FitPolicies:
 
     def fit_one_cycle(self, n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
                       div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,
-                      moms: tuple[float, float, float] | None = (0.95, 0.85, 0.95), cbs: Any = None,
+                      moms: tuple[float, float, float] | None = None, cbs: Any = None,
                       resume: str | Path | None = None, start_epoch: int = 0) -> None:
-        """Train with the one-cycle policy: lr warms up to `lr_max` then anneals; momentum does the reverse.
+        """Train with the one-cycle policy: lr warms up to `lr_max` then anneals; momentum does the reverse
+        (through `moms`, default the Learner's `moms`, as fastai's).
 
         `start_epoch` skips the epochs before it, the schedule going on from where they would have left it.
 
@@ -46,8 +47,7 @@ class FitPolicies:
         """
         lr_max = self._peak_lrs(lr_max)
         scheds = {"lr": combined_cos(pct_start, lr_max / div, lr_max, lr_max / div_final)}
-        if moms is not None:
-            scheds["mom"] = combined_cos(pct_start, *moms)
+        scheds["mom"] = combined_cos(pct_start, *(self.moms if moms is None else moms))
         self.fit(n_epoch, lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
                  start_epoch=start_epoch)
 

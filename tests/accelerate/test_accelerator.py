@@ -312,6 +312,26 @@ def test_trackers_log_to_csv(tmp_path):
     assert [(r["step"], float(r["loss"])) for r in rows] == [("0", 0.5), ("5", 0.25)]
 
 
+def test_tensorboard_logs_text_and_dicts_as_accelerates_and_the_trackers_iterate(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = Accelerator(log_with="tensorboard", project_dir=tmp_path)
+    acc.init_trackers("proj")
+    acc.log({"phase": "warmup", "loss": {"train": 1.0, "eval": 2.0}, "lr": 0.1}, step=3)
+    assert [t.name for t in acc.trackers] == ["tensorboard"] and len(acc.trackers) == 1
+    acc.end_training()
+    runs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}   # add_scalars: one run per dict key too
+    tags = {}
+    for run in runs:
+        tb = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
+        tb.Reload()
+        tags[run.relative_to(tmp_path).as_posix()] = tb.Tags()
+        for tag in tb.Tags()["scalars"]:
+            tags[f"{run.name}:{tag}"] = [(e.step, e.value) for e in tb.Scalars(tag)]
+    assert [(3, pytest.approx(0.1))] in tags.values() and [(3, 2.0)] in tags.values() and [(3, 1.0)] in tags.values()
+    assert any("phase/text_summary" in t.get("tensors", []) for t in tags.values() if isinstance(t, dict)), tags
+
+
 def test_scheduler_built_over_the_prepared_optimizer_skips_with_it():
     acc = Accelerator(mixed_precision="fp16")
     model, opt, dl = _setup(acc)

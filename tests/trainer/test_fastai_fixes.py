@@ -85,3 +85,12 @@ def test_an_epoch_whose_validation_is_cancelled_records_no_valid_values_not_the_
     rows = learn.recorder.values
     assert rows[1]["valid_loss"] is None and rows[1]["accuracy"] is None            # EarlyStopping sees nothing
     assert None not in (rows[0]["valid_loss"], rows[2]["valid_loss"]) and rows[0]["valid_loss"] != rows[2]["valid_loss"]
+
+
+def test_fit_one_cycle_moms_none_moves_through_the_learners_moms_as_fastais(dls, model):
+    seen = []
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), moms=(0.9, 0.8, 0.7),
+                    cbs=Callback(after_batch=lambda cb: seen.append(cb.opt.param_groups[0]["betas"][0])))
+    with learn.no_bar():
+        learn.fit_one_cycle(2, 1e-3, moms=None)                  # fastai: None means the Learner's moms
+    assert seen[0] == pytest.approx(0.9) and seen[2] == pytest.approx(0.8) and seen[-1] == pytest.approx(0.7, abs=1e-2)

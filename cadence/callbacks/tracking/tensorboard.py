@@ -38,9 +38,15 @@ class TensorBoardTracker(FileTracker):
         text = json.dumps(config, indent=2, sort_keys=True)
         self.writer.add_text("hparams", f"```\n{text}\n```", global_step=self.step0)
 
-    def log(self, values: dict[str, float], step: int) -> None:
+    def log(self, values: dict[str, Any], step: int) -> None:
+        """Numbers as scalars; as Accelerate's tracker does, text as text and a dict of numbers as one chart."""
         for tag, value in values.items():
-            self.writer.add_scalar(tag, value, global_step=step)
+            if isinstance(value, str):
+                self.writer.add_text(tag, value, global_step=step)
+            elif isinstance(value, dict):
+                self.writer.add_scalars(tag, value, global_step=step)
+            else:
+                self.writer.add_scalar(tag, value, global_step=step)
 
     def finish(self) -> None:
         if self.writer is not None:
