@@ -26,7 +26,7 @@ from ..distributed.ops import map_tensors
 from ..distributed.registry import get_strategy, strategy_class
 from ..distributed.strategy import ConfiguredAtFit
 from ..trainer.callback import Callback, Order
-from ..trainer.learner import model_loss
+from ..trainer.model_output import model_loss
 from .accumulate import GradAccum
 from .precision import MixedPrecision
 

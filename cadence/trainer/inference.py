@@ -20,6 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from .callback import Callback, Order
 from .data import apply_to_tensors, to_device
+from .model_output import model_loss
 
 # a loader's in-order copy lives as long as the loader: a distributed fit shards it once (it is keyed by id)
 _ORDERED: "weakref.WeakKeyDictionary[DataLoader, DataLoader]" = weakref.WeakKeyDictionary()
@@ -216,8 +217,6 @@ class InferenceMethods:
         >>> probs = learn.predict(x_valid[0], act=partial(torch.softmax, dim=-1))
         >>> next_token_logits = learn.predict({"input_ids": ids})[-1]
         """
-        from .learner import model_loss
-
         xb = item if isinstance(item, (tuple, Mapping)) else (item,)
         xb = to_device(apply_to_tensors(lambda x: x.unsqueeze(0), xb), self.strategy.device)
         self.model.eval()

@@ -30,6 +30,7 @@ from .events import (CancelBackwardException, CancelBatchException, CancelEpochE
                      CancelValidateException, Event)
 from .features import FeatureMethods
 from .inference import InferenceMethods
+from .model_output import describe, model_loss
 from .optimizer import OptimizerMethods, check_opt_func, default_lr
 from .recorder import Recorder
 from .policies import FitPolicies, SkipToEpoch
@@ -314,10 +315,10 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             loss = self.loss_func(self.pred, *self.yb)
         except Exception as e:
             raise ValueError(f"loss_func could not use the model's output: loss_func(pred, *yb) with pred "
-                             f"{_describe(self.pred)} and yb {_describe(self.yb)} raised {type(e).__name__}: {e}. "
+                             f"{describe(self.pred)} and yb {describe(self.yb)} raised {type(e).__name__}: {e}. "
                              f"Check the model's output size and the targets.") from e
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-            raise ValueError(f"loss_func must return a scalar tensor, got {_describe(loss)}; use a reduction such as 'mean'")
+            raise ValueError(f"loss_func must return a scalar tensor, got {describe(loss)}; use a reduction such as 'mean'")
         self.loss_grad = self._loss = loss
 
     def _engine_pred_and_loss(self) -> None:
@@ -335,7 +336,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         if loss is None:  # validation or inference without labels
             return
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-            raise ValueError(f"the model's `loss` must be a scalar tensor, got {_describe(loss)}")
+            raise ValueError(f"the model's `loss` must be a scalar tensor, got {describe(loss)}")
         self.loss_grad = self._loss = loss
 
     @property
@@ -430,37 +431,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         return f"Learner(model={type(self.model).__name__}, dls={self.dls!r}, cbs={self.cbs})"
 
 
-
 def _detuplify(x: Any) -> Any:
     return x[0] if isinstance(x, tuple) and len(x) == 1 else x
-
-
-
-
-def model_loss(out: Any, training: bool) -> tuple[Any, torch.Tensor | None]:
-    """(prediction, loss) from the output of a model that computes its own loss: its `logits` and `loss`.
-
-    >>> pred, loss = model_loss(model(**batch), training=True)     # a Hugging Face ModelOutput, or a dict
-    """
-    get = out.get if isinstance(out, Mapping) else lambda k: getattr(out, k, None)
-    loss, logits = get("loss"), get("logits")
-    if loss is None and training:
-        raise ValueError(f"loss_func=None, so the model must compute its loss, but its output ({_describe(out)}) has "
-                         f"no `loss`: give a loss_func, e.g. Learner(dls, model, loss_func=nn.CrossEntropyLoss()), "
-                         f"or pass the labels in the batch (Hugging Face models need them)")
-    return (out if logits is None else logits), loss
-
-
-def _describe(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"tensor of shape {tuple(x.shape)} ({x.dtype})"
-    if isinstance(x, (list, tuple)):
-        return "(" + ", ".join(_describe(v) for v in x) + ")"
-    if isinstance(x, Mapping):
-        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in x.items()) + "}"
-    return type(x).__name__
-
-
 
 
 def _default_cbs() -> list[Callback]:

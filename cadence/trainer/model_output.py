@@ -1,0 +1,38 @@
+"""What a model's output holds: `model_loss` takes the prediction and loss of a model that computes its loss.
+
+>>> pred, loss = model_loss(gpt2(input_ids=ids, labels=ids), training=True)      # its logits and loss
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["model_loss", "describe"]
+
+
+def model_loss(out: Any, training: bool) -> tuple[Any, torch.Tensor | None]:
+    """(prediction, loss) from the output of a model that computes its own loss: its `logits` and `loss`.
+
+    >>> pred, loss = model_loss(model(**batch), training=True)     # a Hugging Face ModelOutput, or a dict
+    """
+    get = out.get if isinstance(out, Mapping) else lambda k: getattr(out, k, None)
+    loss, logits = get("loss"), get("logits")
+    if loss is None and training:
+        raise ValueError(f"loss_func=None, so the model must compute its loss, but its output ({describe(out)}) has "
+                         f"no `loss`: give a loss_func, e.g. Learner(dls, model, loss_func=nn.CrossEntropyLoss()), "
+                         f"or pass the labels in the batch (Hugging Face models need them)")
+    return (out if logits is None else logits), loss
+
+
+def describe(x: Any) -> str:
+    """A value's shape for an error message: tensors by shape and dtype, tuples and dicts by their items."""
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {tuple(x.shape)} ({x.dtype})"
+    if isinstance(x, (list, tuple)):
+        return "(" + ", ".join(describe(v) for v in x) + ")"
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k!r}: {describe(v)}" for k, v in x.items()) + "}"
+    return type(x).__name__
