@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from types import SimpleNamespace
@@ -156,7 +157,18 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         `kwargs` go to `loss.backward` (`retain_graph=True`, `inputs=`), as in Accelerate."""
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
+        self._warn_about_a_second_skip()
         self.strategy.backward(loss, **kwargs)
+
+    def _warn_about_a_second_skip(self) -> None:
+        dl = self.gradient_state.active_dataloader
+        skipped = dl.skipped_before_backward() if isinstance(dl, PreparedDataLoader) else 0
+        if skipped:
+            warnings.warn(f"this epoch's loader continued at batch {dl.resumed_at} (load_state restores where the "
+                          f"loaders stood), yet {skipped} more of its batches went by before the first backward: a "
+                          f"loop that skips the batches already done itself (`if step < resume_step: continue`) "
+                          f"skips them twice here. Drop that skip (or use accelerator.skip_first_batches, which "
+                          f"knows where the loader stands).", stacklevel=3)
 
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:

@@ -34,6 +34,8 @@ class PreparedDataLoader:
         self.base, self.gradient_state = loader, gradient_state
         self.rng_types = list(rng_types)   # random states copied from the main process when an iteration starts
         self.end_of_dataloader = False
+        self.resumed_at = 0   # the batch this pass started at (load_state / skip_first_batches moved it on)
+        self._before_backward: int | None = None   # batches a resumed pass yielded before its first backward
 
     def __len__(self) -> int:
         return len(self.base)
@@ -51,13 +53,23 @@ class PreparedDataLoader:
         if self.rng_types:
             synchronize_rng_states(self.rng_types)
         self.gradient_state._enter(self)
+        self.resumed_at = self.base.start_batch
+        self._before_backward = 0 if self.resumed_at else None
         try:
             for batch, last in self._flagged():
                 self.end_of_dataloader = last
+                if self._before_backward is not None:
+                    self._before_backward += 1
                 yield batch
         finally:
             self.end_of_dataloader = False
             self.gradient_state._leave(self)
+
+    def skipped_before_backward(self) -> int:
+        """At the first backward of a pass that started mid-epoch: how many of its batches went by untrained
+        before it (a loop skipping the batches done itself, though the loader already continues); then 0."""
+        n, self._before_backward = self._before_backward, None
+        return max((n or 0) - 1, 0)
 
     @property
     def _sized(self) -> bool:

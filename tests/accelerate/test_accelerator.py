@@ -77,6 +77,35 @@ def test_a_stream_without_length_iterates_and_ends_its_last_accumulation_window(
     assert [b.tolist() for b in dl] == [[6.0, 7.0], [8.0, 9.0], [10.0]]   # the rest of that pass
 
 
+def test_a_loop_that_skips_the_batches_load_state_already_skipped_is_warned(tmp_path):
+    import warnings
+
+    def run(skip_done_batches):
+        acc = Accelerator()
+        model = torch.nn.Linear(1, 1)
+        model, opt, dl = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                                     DataLoader(torch.arange(10.0)[:, None], batch_size=1))
+        for step, batch in enumerate(dl):
+            acc.backward(model(batch).sum())
+            if step == 3:
+                acc.save_state(tmp_path / "state")
+                break
+        acc.load_state(tmp_path / "state")              # the loader continues at batch 4
+        trained = []
+        for step, batch in enumerate(dl):
+            if skip_done_batches and step < 4:           # Accelerate scripts' own skip (older diffusers scripts)
+                continue
+            acc.backward(model(batch).sum())
+            trained.append(int(batch))
+        return trained
+
+    with pytest.warns(UserWarning, match=r"continued at batch 4.*4 more of its batches.*skips them twice"):
+        assert run(skip_done_batches=True) == [8, 9]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run(skip_done_batches=False) == [4, 5, 6, 7, 8, 9]    # what the script means: the rest, once
+
+
 def test_batches_as_dicts_reach_the_device_and_a_model_computing_its_own_loss():
     class OwnLoss(torch.nn.Module):
         def __init__(self):
