@@ -25,7 +25,7 @@ from .handlers import DummyOptim, DummyScheduler
 from .loaders import shard_loader
 from .parallelism import refuse_presliced
 from .plugins import DistributedType
-from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
+from .prepared import EngineScheduler, PreparedDataLoader, PreparedOptimizer, PreparedScheduler
 from .preparation import autocast_forward, fit_scheduler_to_groups, optimizes, retarget, split_loader
 
 __all__ = ["PrepareMethods"]
@@ -71,7 +71,7 @@ class PrepareMethods:
             if isinstance(arg, torch.optim.lr_scheduler.LRScheduler):
                 out[i] = self._prepare_scheduler(arg)
             elif isinstance(arg, DummyScheduler):
-                out[i] = arg  # the engine that built the optimizer from its config steps this schedule itself
+                out[i] = self._prepare_engine_scheduler(arg)
         return out[0] if len(out) == 1 else tuple(out)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
@@ -206,6 +206,14 @@ class PrepareMethods:
         prepared = PreparedDataLoader(sharded, self.gradient_state, self.rng_types)
         self._dataloaders.append(prepared)
         return prepared
+
+    def _prepare_engine_scheduler(self, dummy: DummyScheduler) -> EngineScheduler:
+        """The schedule a DeepSpeed config names, its "auto" values from `dummy`; the engine steps it."""
+        if self.distributed_type != DistributedType.DEEPSPEED or self.strategy.engine is None:
+            raise ValueError("DummyScheduler stands for the scheduler a DeepSpeed config names: prepare it with the "
+                             "model and optimizer under DeepSpeed, or give a torch scheduler on this engine")
+        self.strategy.build_scheduler(dummy.total_num_steps, dummy.warmup_num_steps, dummy.lr_scheduler_callable)
+        return EngineScheduler(self.strategy.engine)
 
     def _prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         mine = [o for o in self._optimizers if scheduler.optimizer in (o, o.optimizer)]  # built before or after prepare

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Iterator
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from ..distributed.data import DistributedDL
 from .utils import synchronize_rng_states
 
-__all__ = ["PreparedDataLoader", "PreparedOptimizer", "PreparedScheduler"]
+__all__ = ["PreparedDataLoader", "PreparedOptimizer", "PreparedScheduler", "EngineScheduler"]
 
 
 class PreparedDataLoader:
@@ -139,7 +140,11 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.accelerator.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            zero = self.optimizer.zero_grad
+            if "set_to_none" in inspect.signature(zero).parameters:
+                zero(set_to_none=set_to_none)
+            else:  # DeepSpeed's fused optimizers (a config's optimizer) have none
+                zero()
             self.accelerator.strategy.end_of_step()
 
     def step(self, closure: Any = None) -> None:
@@ -226,3 +231,29 @@ class PreparedScheduler:
         if name == "scheduler":
             raise AttributeError(name)
         return getattr(self.scheduler, name)
+
+
+class EngineScheduler:
+    """A `DummyScheduler` prepared: the DeepSpeed engine steps the schedule with its optimizer, so `step` does
+    nothing (Accelerate's DeepSpeedSchedulerWrapper); the rates are the engine's.
+
+    >>> sched = accelerator.prepare(DummyScheduler(opt, total_num_steps=1000, warmup_num_steps=100))
+    >>> sched.get_last_lr()
+    """
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the engine stepped the schedule at its optimizer step."""
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.engine.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        scheduler = self.engine.lr_scheduler
+        return scheduler.state_dict() if scheduler is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.engine.lr_scheduler is not None:
+            self.engine.lr_scheduler.load_state_dict(state_dict)

@@ -21,7 +21,6 @@ checkpoints written and read in `deepspeed_checkpoint`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import sys
 from collections.abc import Callable
@@ -34,8 +33,8 @@ from torch.utils.data import DataLoader
 
 from . import deepspeed_checkpoint, env
 from .data import DistributedDL
-from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimizer, fit_buckets, has_auto, is_auto,
-                               largest_layer, launcher_options, optimizer_entry)
+from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimizer, fill_scheduler, fit_buckets, has_auto,
+                               is_auto, largest_layer, launcher_options, optimizer_entry)
 from .deepspeed_install import build_ops, import_deepspeed
 from .deepspeed_state import full_fp32, materialize_state, set_zero3_partition
 from .precision import AutocastPrecision, FullPrecision
@@ -228,20 +227,24 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
                              f"{micro_batch_size}: set it to \"auto\" or {micro_batch_size}")
         engine.set_train_micro_batch_size(micro_batch_size)
 
-    def _build_scheduler(self, total_steps: int) -> None:
+    def build_scheduler(self, total_steps: int | None, warmup_steps: int | None = None,
+                        make: Callable[[Any], Any] | None = None) -> None:
+        """The schedule an Accelerate script's `DummyScheduler` stands for: `make(optimizer)`, or the config's
+        scheduler with its "auto" values from `total_steps` and `warmup_steps` (a config without "auto": as it is)."""
+        if make is not None:
+            self.engine.lr_scheduler, self._auto_scheduler = make(self.engine.optimizer), None
+        elif self._auto_scheduler is not None:
+            if total_steps is None:
+                raise ValueError("the DeepSpeed config's scheduler has \"auto\" values but the DummyScheduler gives "
+                                 "no total_num_steps: pass DummyScheduler(optimizer, total_num_steps=..., "
+                                 "warmup_num_steps=...)")
+            self._build_scheduler(total_steps, warmup_steps)
+
+    def _build_scheduler(self, total_steps: int, warmup_steps: int | None = None) -> None:
         """The config's scheduler with its "auto" values from the fit (steps) and the optimizer (lr)."""
-        sched = copy.deepcopy(self._auto_scheduler)
-        params = sched.setdefault("params", {})
         lr = self.engine.optimizer.param_groups[0]["lr"]
-        fill = {"total_num_steps": total_steps, "warmup_num_steps": max(1, total_steps // 10), "warmup_max_lr": lr,
-                "warmup_min_lr": 0.0, "cycle_max_lr": lr, "cycle_min_lr": lr / 25}
-        for key, value in params.items():
-            if is_auto(value):
-                if key not in fill:
-                    raise ValueError(f"DeepSpeed scheduler {sched.get('type')}: cadence cannot fill {key}=\"auto\"; "
-                                     f"give a number")
-                params[key] = fill[key]
-        self.engine._config.scheduler_name, self.engine._config.scheduler_params = sched["type"], params
+        name, params = fill_scheduler(self._auto_scheduler, total_steps, warmup_steps, lr)
+        self.engine._config.scheduler_name, self.engine._config.scheduler_params = name, params
         self.engine.lr_scheduler = self.engine._scheduler_from_config(self.engine.optimizer)
         self._auto_scheduler = None
 

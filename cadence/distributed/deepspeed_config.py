@@ -197,3 +197,19 @@ def fill_optimizer(section: dict, opt: torch.optim.Optimizer) -> None:
                 raise ValueError(f"DeepSpeed optimizer {section.get('type')}: the optimizer given, "
                                  f"{type(opt).__name__}, has no {key} to fill \"auto\" with; give a number")
             section["params"][key] = known[key]
+
+
+def fill_scheduler(section: dict, total_steps: int, warmup_steps: int | None, lr: float) -> tuple[str, dict]:
+    """(type, params) of a config scheduler, its "auto" values filled from the fit's steps (warm-up: a tenth of
+    them unless given) and the optimizer's `lr`."""
+    params = copy.deepcopy(section.get("params", {}))
+    warmup = max(1, total_steps // 10) if warmup_steps is None else warmup_steps
+    fill = {"total_num_steps": total_steps, "warmup_num_steps": warmup, "warmup_max_lr": lr,
+            "warmup_min_lr": 0.0, "cycle_max_lr": lr, "cycle_min_lr": lr / 25}
+    for key, value in params.items():
+        if is_auto(value):
+            if key not in fill:
+                raise ValueError(f"DeepSpeed scheduler {section.get('type')}: cadence cannot fill {key}=\"auto\"; "
+                                 f"give a number")
+            params[key] = fill[key]
+    return section["type"], params

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from cadence import (Accelerator, DummyOptim, GradScalerKwargs, PartialState, ProjectConfiguration,
+from cadence import (Accelerator, DummyOptim, DummyScheduler, GradScalerKwargs, PartialState, ProjectConfiguration,
                      find_executable_batch_size, set_seed)
 from cadence.callbacks.tracking import Tracker
 from cadence.callbacks.tracking import tracker as tracking_tracker
@@ -301,6 +301,30 @@ def test_dummy_optim_fills_the_auto_values_of_the_optimizer_a_deepspeed_config_n
         assert (group["lr"], group["weight_decay"], group["eps"]) == (0.02, 0.1, 1e-6)
     finally:
         acc.strategy.teardown()   # the one-process group DeepSpeed needs must not outlive the test
+
+
+def test_dummy_scheduler_fills_the_auto_values_of_the_schedule_a_deepspeed_config_names():
+    pytest.importorskip("deepspeed")
+    from cadence.utils import DeepSpeedPlugin
+
+    config = {"optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+              "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": "auto",
+                                                                "warmup_num_steps": "auto", "total_num_steps": "auto",
+                                                                "warmup_type": "linear"}}}
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config, zero_stage=0))
+    try:
+        net = torch.nn.Linear(3, 1)
+        opt = DummyOptim(net.parameters(), lr=0.1)
+        model, opt, sched = acc.prepare(net, opt, DummyScheduler(opt, total_num_steps=8, warmup_num_steps=4))
+        lrs = []
+        for _ in range(8):
+            acc.backward(model(torch.ones(2, 3)).sum())
+            opt.step(); sched.step(); opt.zero_grad()          # sched.step(): the engine stepped it already
+            lrs.append(sched.get_last_lr()[0])
+        # DeepSpeed's WarmupDecayLR at iterations 0..7: 0.1 * t / 4 over the warm-up, then 0.1 * (8 - t) / 4
+        assert lrs == pytest.approx([0.0, 0.025, 0.05, 0.075, 0.1, 0.075, 0.05, 0.025], abs=1e-6), lrs
+    finally:
+        acc.strategy.teardown()
 
 
 def test_find_executable_batch_size_halves_on_a_real_allocation_failure():
