@@ -44,7 +44,7 @@ from .trainer.recorder import Recorder
 from .trainer.lr_find import LRFinder, SuggestedLRs, minimum, slide, steep, valley
 from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SchedPoly, combine_scheds,
                                combined_cos)
-from .trainer.transfer import BnFreeze
+from .trainer.transfer import BnFreeze, FitStage
 # fastai names (issue 21)
 from .callbacks.mixup import CutMix, MixUp
 from .callbacks.short_epoch import ShortEpochCallback
@@ -62,7 +62,7 @@ __all__ = [
     "PearsonCorrCoef", "SpearmanCorrCoef", "accuracy_multi", "F1Score", "Precision", "Recall", "RocAuc", "RocAucBinary",
     "RocAucMulti", "MatthewsCorrCoef", "BalancedAccuracy", "Dice", "skm_to_cadence",
     "ParamScheduler", "LRFinder", "SuggestedLRs", "SchedLin", "SchedCos", "SchedNo", "SchedExp", "SchedPoly",
-    "combine_scheds", "combined_cos", "valley", "slide", "minimum", "steep", "BnFreeze",
+    "combine_scheds", "combined_cos", "valley", "slide", "minimum", "steep", "BnFreeze", "FitStage",
     "DistributedTrainer", "DistributedDL", "rank", "world_size", "local_rank", "is_main_process",
     "is_local_main_process", "is_distributed", "setup_distrib", "teardown_distrib", "notebook_launcher",
     "debug_launcher", "broadcast", "gather", "gather_for_metrics", "get_logger", "local_main_process_first",

@@ -233,11 +233,11 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         return self.strategy.forward_context()
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Unscale (fp16), then clip the gradients of the prepared model owning `parameters` by their global norm
-        (over every shard and process); returns that norm, before clipping, on every engine.
+        """Unscale (fp16), then clip the gradients of `parameters` by their global norm (over every shard and
+        process); returns that norm, before clipping, on every engine. Part of a model: that part alone.
 
         An engine that clips itself (DeepSpeed) is given `max_norm` and takes its optimizer step here, the
-        norm it computed returned (see `cadence.accelerate.clipping`).
+        norm it computed returned (see `cadence.accelerate.clipping`); it refuses a part of the model.
         """
         params = list(parameters)
         for model, opt in self._units():
@@ -260,7 +260,8 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
             self.strategy.precision.unscale(opt.optimizer if isinstance(opt, PreparedOptimizer) else opt)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Unscale (fp16), then clamp every gradient element of the owning prepared model to [-clip_value, clip_value]."""
+        """Unscale (fp16), then clamp every gradient element of `parameters` to [-clip_value, clip_value] (part of
+        a model: that part alone; DeepSpeed refuses a part)."""
         params = list(parameters)
         for model, opt in self._units():
             if opt is not None and owns_parameters(model, params, self.strategy):
@@ -268,6 +269,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
                     return self.strategy.clip_grad_value(model, opt, clip_value)
                 refuse_part_under_own_clipping(self.strategy)
                 self.strategy.precision.unscale(opt)
+                break
         torch.nn.utils.clip_grad_value_(params, clip_value)
 
     # ------------------------------------------------------------------ models and weights

@@ -26,8 +26,8 @@ from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwarg
 from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
 __all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters",
-           "covers_trainable", "autocast_forward", "restore_forward", "all_tensors", "split_loader", "fit_scheduler_to_groups", "refuse_unsupported",
-           "one_deepspeed_plugin", "check_rng_types"]
+           "covers_trainable", "autocast_forward", "restore_forward", "all_tensors", "split_loader",
+           "fit_scheduler_to_groups", "refuse_unsupported", "one_deepspeed_plugin", "check_rng_types"]
 
 _HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
 

@@ -55,8 +55,8 @@ class PrepareMethods:
             if isinstance(arg, nn.Module):
                 mine = [o for o in opts if optimizes(o, arg)]
                 earlier = [] if mine else self._unbound_optimizers_of(arg)
-                out[i] = self._prepare_model(arg, mine or [o.optimizer for o in earlier])
-                built = self._model_opts[-1]   # a DummyOptim stands for the optimizer the engine built from its config
+                out[i], built = self._prepare_model(arg, mine or [o.optimizer for o in earlier])
+                # a DummyOptim stands for the optimizer the engine built from its config
                 prepared_opts.update({id(o): PreparedOptimizer(built if isinstance(o, DummyOptim) else o, self)
                                       for o in mine})
                 if mine or earlier:
@@ -84,7 +84,7 @@ class PrepareMethods:
         if evaluation_mode:
             return self._prepare_for_evaluation(model, self.device_placement if device_placement is None
                                                 else device_placement)
-        return self._prepare_model(model, [])
+        return self._prepare_model(model, [])[0]
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
                           ) -> PreparedOptimizer:
@@ -112,11 +112,17 @@ class PrepareMethods:
                                     else device_placement)
 
     # ------------------------------------------------------------------ one object of each kind
-    def _prepare_model(self, model: nn.Module, opts: list) -> nn.Module:
-        if any(model is m for m in self._models):
-            return model
+    def _prepare_model(self, model: nn.Module, opts: list) -> tuple[nn.Module, Any]:
+        """(the wrapped model, the optimizer the engine gave for it: `opts[0]` rebuilt, or the one a config named)."""
+        for k, m in enumerate(self._models):
+            if model is m:
+                return model, self._model_opts[k]
         refuse_presliced(model, self.parallelism_config)
         self._refuse_engine_without_optimizer(opts)
+        dummy = next((o for o in opts if isinstance(o, DummyOptim)), None)
+        if dummy is not None and not (self.distributed_type == DistributedType.DEEPSPEED
+                                      and "optimizer" in self.strategy.config):
+            self._refuse_dummy(dummy)   # before the engine is built: its own error would not say what to change
         if self.strategy.precision.name != "no":
             autocast_forward(model, self.strategy.forward_context)
         names = {id(p): n for n, p in model.named_parameters()}
@@ -129,13 +135,12 @@ class PrepareMethods:
                 retarget(opt, names, params)
             return opts[0] if opts else None
         wrapped, opt = self.strategy.setup(model, make_opt, self.strategy.precision)
-        self._refuse_dummy(opt)
         wrapped = self._compile_model(wrapped)
         sync.give_no_sync(self.strategy, wrapped)
         self._models.append(wrapped)
         self._model_opts.append(opt)
         self._given_names[id(wrapped)] = names
-        return wrapped
+        return wrapped, opt
 
     def _unbound_optimizers_of(self, model: nn.Module) -> list[PreparedOptimizer]:
         """Optimizers over `model`'s parameters prepared in an earlier call than it, standing alone so far: the
@@ -193,9 +198,11 @@ class PrepareMethods:
 
     def _refuse_dummy(self, opt: Any) -> Any:
         if isinstance(opt, DummyOptim):
-            raise ValueError(f"DummyOptim stands for an optimizer a DeepSpeed config names, but strategy "
-                             f"{self.strategy.name!r} builds none from a config: pass a torch optimizer, or launch "
-                             f"with --use_deepspeed and a config that has an `optimizer` section")
+            here = ("this DeepSpeed config names none" if self.distributed_type == DistributedType.DEEPSPEED
+                    else f"strategy {self.strategy.name!r} builds none from a config")
+            raise ValueError(f"DummyOptim stands for the optimizer a DeepSpeed config names, and {here}: pass a "
+                             f"torch optimizer, or run under DeepSpeed (--use_deepspeed) with a config that has an "
+                             f"`optimizer` section")
         return opt
 
     def _prepare_loader(self, dl: DataLoader, placement: bool) -> PreparedDataLoader:
@@ -212,6 +219,10 @@ class PrepareMethods:
         if self.distributed_type != DistributedType.DEEPSPEED or self.strategy.engine is None:
             raise ValueError("DummyScheduler stands for the scheduler a DeepSpeed config names: prepare it with the "
                              "model and optimizer under DeepSpeed, or give a torch scheduler on this engine")
+        if "scheduler" not in self.strategy.config and dummy.lr_scheduler_callable is None:
+            raise ValueError("DummyScheduler stands for the scheduler a DeepSpeed config names, and this config names "
+                             "none: add a `scheduler` section, pass DummyScheduler(..., lr_scheduler_callable=fn), or "
+                             "give a torch scheduler")
         self.strategy.build_scheduler(dummy.total_num_steps, dummy.warmup_num_steps, dummy.lr_scheduler_callable)
         return EngineScheduler(self.strategy.engine)
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Iterator
 
@@ -93,6 +94,7 @@ class PreparedDataLoader:
             self.base.restore_batch_record(record)
             yield current, upcoming is _END
             current, record = upcoming, ahead
+        self.base.restore_batch_record(record)   # the pass is over: the epoch is complete
 
     def __repr__(self) -> str:
         size = f"{len(self)} batches" if self._sized else "a stream without length"
@@ -140,11 +142,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.accelerator.sync_gradients:
-            zero = self.optimizer.zero_grad
-            if "set_to_none" in inspect.signature(zero).parameters:
-                zero(set_to_none=set_to_none)
+            if _takes_set_to_none(self.optimizer.zero_grad):
+                self.optimizer.zero_grad(set_to_none=set_to_none)
             else:  # DeepSpeed's fused optimizers (a config's optimizer) have none
-                zero()
+                self.optimizer.zero_grad()
             self.accelerator.strategy.end_of_step()
 
     def step(self, closure: Any = None) -> None:
@@ -186,6 +187,17 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"PreparedOptimizer({self.optimizer!r})"
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_set_to_none_of(zero_grad: Any) -> bool:
+    parameters = inspect.signature(zero_grad).parameters
+    return "set_to_none" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _takes_set_to_none(zero_grad: Any) -> bool:
+    """Whether an optimizer's `zero_grad` takes `set_to_none` (looked up once per optimizer class)."""
+    return _takes_set_to_none_of(getattr(zero_grad, "__func__", zero_grad))
 
 
 class PreparedScheduler:

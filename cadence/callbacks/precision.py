@@ -1,8 +1,9 @@
 """MixedPrecision: train in bf16 or fp16 (autocast; fp16 with a GradScaler).
 
 The callback is the switch; the strategy runs it (FSDP and DeepSpeed do mixed precision
-themselves). Outside training the predictions come back in fp32, as fastai's do. An fp16 step whose gradients overflow is skipped: `learn.step` does not advance,
-so schedules do not either, and `skipped_steps` counts it.
+themselves). Outside training the predictions come back in fp32, as fastai's do. An fp16 step
+whose gradients overflow is skipped: `learn.step` does not advance, so schedules do not either,
+and `skipped_steps` counts it.
 
 >>> learn = Learner(dls, model, loss_func=F.cross_entropy).to_bf16()
 >>> learn.fit(1, cbs=MixedPrecision("fp16"))

@@ -303,12 +303,12 @@ class DistributedDL(Resumable):
 
     def batch_record(self) -> tuple:
         """What the loader keeps of the batch it yielded last (where it lies, each rank's real items, the batches
-        done), which `gather_for_metrics` and `state_dict` read: a reader one batch ahead puts it back
-        (`restore_batch_record`) while the batch before is in use."""
-        return self.last_batch, getattr(self, "_last_counts", None), self._steps_done
+        done, whether the epoch is over), which `gather_for_metrics` and `state_dict` read: a reader one batch
+        ahead puts it back (`restore_batch_record`) while the batch before is in use."""
+        return self.last_batch, getattr(self, "_last_counts", None), self._steps_done, self._complete
 
     def restore_batch_record(self, record: tuple) -> None:
-        self.last_batch, self._last_counts, self._steps_done = record
+        self.last_batch, self._last_counts, self._steps_done, self._complete = record
 
     def last_batch_masks(self, ranks: list[int]) -> list[torch.Tensor] | None:
         """For each of `ranks`, the real-item mask of its batch at the step this rank yielded last (None before one)."""

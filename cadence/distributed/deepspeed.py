@@ -33,8 +33,8 @@ from torch.utils.data import DataLoader
 
 from . import deepspeed_checkpoint, env
 from .data import DistributedDL
-from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimizer, fill_scheduler, fit_buckets, has_auto,
-                               is_auto, largest_layer, launcher_options, optimizer_entry)
+from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimizer, fill_scheduler, fit_buckets,
+                               has_auto, is_auto, largest_layer, launcher_options, optimizer_entry)
 from .deepspeed_install import build_ops, import_deepspeed
 from .deepspeed_state import full_fp32, materialize_state, set_zero3_partition
 from .precision import AutocastPrecision, FullPrecision
@@ -156,6 +156,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self._auto_scheduler = cfg.pop("scheduler", None) if has_auto(cfg.get("scheduler")) else None
         self.engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
         return self.engine, opt
+
     def _engine_config(self, precision: str, micro_batch: int) -> dict:
         """The config DeepSpeed is built with: "auto" batch sizes, accumulation, clipping and precision filled."""
         return engine_config(self.config, precision, micro_batch)

@@ -51,6 +51,8 @@ def apply_to_tensors(f: Any, b: Any) -> Any:
         return f(b)
     if isinstance(b, Mapping):
         return type(b)({k: apply_to_tensors(f, v) for k, v in b.items()})
+    if isinstance(b, tuple) and hasattr(b, "_fields"):  # a namedtuple takes its fields as arguments
+        return type(b)(*(apply_to_tensors(f, v) for v in b))
     if isinstance(b, (list, tuple)):
         return type(b)(apply_to_tensors(f, v) for v in b)
     return b

@@ -8,23 +8,18 @@ from typing import Any, Callable
 import torch
 
 from .callback import Callback, Order
-from .data import to_detach
+from .data import apply_to_tensors, to_detach
 
 
 def _cat(chunks: list[Any]) -> Any:
     """Concatenate a list of batches (tensors, or tuples or dicts of tensors) along dim 0."""
     first = chunks[0]
     if isinstance(first, (tuple, list)):
-        return type(first)(_cat([c[i] for c in chunks]) for i in range(len(first)))
+        parts = [_cat([c[i] for c in chunks]) for i in range(len(first))]
+        return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)   # namedtuples too
     if isinstance(first, Mapping):
         return {k: _cat([c[k] for c in chunks]) for k in first}
     return torch.cat(chunks)
-
-
-def _map(f: Callable, x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {k: _map(f, v) for k, v in x.items()}
-    return type(x)(_map(f, v) for v in x) if isinstance(x, (tuple, list)) else f(x)
 
 
 def per_item_loss(loss_func: Callable, pred: torch.Tensor, yb: tuple) -> torch.Tensor:
@@ -68,7 +63,7 @@ class GatherPreds(Callback):
         for name in ("inputs", "preds", "targs", "losses"):
             chunks = getattr(self, name)
             if chunks:
-                setattr(self, name, [_map(gather, _cat(chunks))])
+                setattr(self, name, [apply_to_tensors(gather, _cat(chunks))])
 
     def result(self, act: Callable | None = None) -> tuple:
         """(inputs?, preds, targs, losses?) concatenated over all batches."""

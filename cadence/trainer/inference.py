@@ -226,7 +226,7 @@ class InferenceMethods:
             pred = model_loss(pred, training=False)[0]
         act = act if act is not None else getattr(self.loss_func, "activation", None)
         pred = act(pred) if act is not None else pred
-        return apply_to_tensors(lambda t: t[0], pred)
+        return apply_to_tensors(lambda t: t[0] if t.ndim else t, pred)   # a scalar (an auxiliary loss) stays
 
 
 def _as_list(cbs: Any) -> list:

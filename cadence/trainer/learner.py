@@ -318,7 +318,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
                              f"{describe(self.pred)} and yb {describe(self.yb)} raised {type(e).__name__}: {e}. "
                              f"Check the model's output size and the targets.") from e
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-            raise ValueError(f"loss_func must return a scalar tensor, got {describe(loss)}; use a reduction such as 'mean'")
+            raise ValueError(f"loss_func must return a scalar tensor, got {describe(loss)}; use a reduction such as "
+                             f"'mean'")
         self.loss_grad = self._loss = loss
 
     def _engine_pred_and_loss(self) -> None:

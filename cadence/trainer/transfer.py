@@ -100,7 +100,7 @@ class TransferMethods:
         if not isinstance(epochs, int) or epochs < 1 or not isinstance(freeze_epochs, int) or freeze_epochs < 0:
             raise ValueError(f"fine_tune needs epochs >= 1 and freeze_epochs >= 0 (ints), got {epochs!r} and "
                              f"{freeze_epochs!r}")
-        cbs = listify(kwargs.pop("cbs", None))
+        cbs = [cb() if isinstance(cb, type) else cb for cb in listify(kwargs.pop("cbs", None))]  # one per recipe
         if freeze_epochs and (resume is None or self._resumed_stage(resume, cbs) != UNFROZEN):
             self.freeze()
             self.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.99, cbs=[*cbs, FitStage(FROZEN)],

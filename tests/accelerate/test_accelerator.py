@@ -75,6 +75,11 @@ def test_a_stream_without_length_iterates_and_ends_its_last_accumulation_window(
             acc.save_state(tmp_path / "state")                 # mid-stream, after batches 0-2
     acc.load_state(tmp_path / "state")
     assert [b.tolist() for b in dl] == [[6.0, 7.0], [8.0, 9.0], [10.0]]   # the rest of that pass
+    for i, _ in enumerate(dl):
+        if i == 5:
+            acc.save_state(tmp_path / "last")                  # at the last batch: the epoch not over yet
+    acc.load_state(tmp_path / "last")
+    assert [b.tolist() for b in dl] == []                      # what a sized loader gives: the pass had ended
 
 
 def test_a_loop_that_skips_the_batches_load_state_already_skipped_is_warned(tmp_path):
@@ -325,6 +330,33 @@ def test_dummy_scheduler_fills_the_auto_values_of_the_schedule_a_deepspeed_confi
         assert lrs == pytest.approx([0.0, 0.025, 0.05, 0.075, 0.1, 0.075, 0.05, 0.025], abs=1e-6), lrs
     finally:
         acc.strategy.teardown()
+
+
+@pytest.mark.parametrize("config, what", [({"zero_optimization": {"stage": 0}}, "optimizer"),
+                                          ({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "scheduler")])
+def test_a_dummy_without_its_section_in_the_deepspeed_config_is_refused_naming_it(config, what):
+    pytest.importorskip("deepspeed")
+    from cadence.utils import DeepSpeedPlugin
+
+    acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config, zero_stage=0))
+    try:
+        net = torch.nn.Linear(3, 1)
+        opt = DummyOptim(net.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match=rf"Dummy\w+ stands for the {what} a DeepSpeed config names"):
+            acc.prepare(net, opt, DummyScheduler(opt, total_num_steps=4))   # Accelerate refuses both alike
+    finally:
+        acc.strategy.teardown()
+
+
+def test_clip_grad_value_over_part_of_a_model_leaves_the_rest():
+    acc = Accelerator()
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    acc.backward(model(torch.randn(8, 4) * 10).pow(2).sum())
+    first = net[0].weight.grad.clone()
+    acc.clip_grad_value_(net[1].parameters(), 1e-3)
+    assert torch.equal(net[0].weight.grad, first) and first.abs().max() > 1e-3
+    assert net[1].weight.grad.abs().max() <= 1e-3
 
 
 def test_find_executable_batch_size_halves_on_a_real_allocation_failure():

@@ -83,7 +83,7 @@ def test_an_epoch_whose_validation_is_cancelled_records_no_valid_values_not_the_
     with learn.no_bar():
         learn.fit(3, lr=1e-2)
     rows = learn.recorder.values
-    assert rows[1]["valid_loss"] is None and rows[1]["accuracy"] is None            # EarlyStopping sees nothing
+    assert rows[1]["valid_loss"] is None and rows[1]["accuracy"] is None            # not epoch 0's values again
     assert None not in (rows[0]["valid_loss"], rows[2]["valid_loss"]) and rows[0]["valid_loss"] != rows[2]["valid_loss"]
 
 

@@ -1,5 +1,7 @@
 """get_preds, validate, tta and loss_not_reduced on one process, against fastai's documented behaviour."""
 
+import collections
+
 import pytest
 import torch
 from torch import nn
@@ -83,8 +85,11 @@ def test_tta_averages_augmented_passes_and_lerps_with_the_plain_one():
         learn.tta(dl=dl)
 
 
+Out = collections.namedtuple("Out", "logits hidden")
+
+
 class TwoOutputs(nn.Module):
-    """Logits and the hidden features, as many models return."""
+    """Logits and the hidden features, as many models return (a namedtuple, as torchvision's Inception)."""
 
     def __init__(self):
         super().__init__()
@@ -92,7 +97,7 @@ class TwoOutputs(nn.Module):
 
     def forward(self, x):
         h = self.body(x)
-        return self.head(h), h
+        return Out(self.head(h), h)
 
 
 class OwnLoss(nn.Module):
@@ -113,9 +118,11 @@ def test_predict_and_get_preds_keep_a_tuple_output_and_take_keyword_inputs():
     learn = Learner(DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8),
                                 DataLoader(TensorDataset(x, y), batch_size=8), device="cpu"),
                     TwoOutputs(), loss_func=lambda out, t: nn.functional.cross_entropy(out[0], t))
-    logits, hidden = learn.predict(x[3])                                # one item: no batch dimension
+    logits, hidden = out = learn.predict(x[3])                          # one item: no batch dimension
+    assert isinstance(out, Out)
     assert torch.equal(logits, learn.model(x[3:4])[0][0]) and torch.equal(hidden, learn.model(x[3:4])[1][0])
-    (all_logits, all_hidden), targs = learn.get_preds()
+    (all_logits, all_hidden), targs = preds, _ = learn.get_preds()
+    assert isinstance(preds, Out)
     assert torch.equal(all_logits, learn.model(x)[0].detach()) and all_hidden.shape == (40, 4) and torch.equal(targs, y)
     own = Learner(DataLoaders([], None, device="cpu"), OwnLoss(), loss_func=None)
     assert torch.equal(own.predict({"x": x[5]}), own.model.net(x[5:6])[0].detach())   # the logits, one item
