@@ -123,10 +123,14 @@ FROZEN, UNFROZEN = "fine_tune frozen", "fine_tune unfrozen"
 
 
 class FitStage(Callback):
-    """Names the part of a recipe of several fits a fit is (fine_tune's frozen and unfrozen parts); a checkpoint
-    keeps the name, so a resume knows which part to continue.
+    """Names which part of a recipe of several fits this fit is (fine_tune's frozen and unfrozen parts).
+
+    A checkpoint keeps the name, so a resume knows which part to continue.
 
     >>> learn.fit_one_cycle(1, cbs=[Checkpoint(), FitStage("warm-up")])
+    Checkpoint: step-00000004 written: ...
+    >>> import json; json.loads(open("checkpoints/step-00000004/state.json").read())["callbacks"]["fit_stage"]
+    {'stage': 'warm-up'}
     """
 
     def __init__(self, stage: str):
