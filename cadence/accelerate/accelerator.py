@@ -162,7 +162,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
 
     def _warn_about_a_second_skip(self) -> None:
         dl = self.gradient_state.active_dataloader
-        skipped = dl.skipped_before_backward() if isinstance(dl, PreparedDataLoader) else 0
+        skipped = dl.take_skipped_before_backward() if isinstance(dl, PreparedDataLoader) else 0
         if skipped:
             warnings.warn(f"this epoch's loader continued at batch {dl.resumed_at} (load_state restores where the "
                           f"loaders stood), yet {skipped} more of its batches went by before the first backward: a "

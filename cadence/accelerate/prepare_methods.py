@@ -30,6 +30,9 @@ from .preparation import autocast_forward, fit_scheduler_to_groups, optimizes, r
 
 __all__ = ["PrepareMethods"]
 
+_ONE_CALL_UNDER_DEEPSPEED = ("DeepSpeed builds its engine from the model and its optimizer together: pass both to one "
+                             "call, accelerator.prepare(model, optimizer, ...)")
+
 
 class PrepareMethods:
     """Mixed into `Accelerator`: needs `self.strategy`, the registries set in its `__init__` and `self.device`."""
@@ -148,8 +151,7 @@ class PrepareMethods:
         bound = {id(o) for o in self._model_opts if o is not None}
         earlier = [o for o in self._optimizers if id(o.optimizer) not in bound and optimizes(o.optimizer, model)]
         if earlier and self.distributed_type == DistributedType.DEEPSPEED:
-            raise ValueError("DeepSpeed builds its engine from the model and its optimizer together: pass both "
-                             "to one call, accelerator.prepare(model, optimizer, ...)")
+            raise ValueError(_ONE_CALL_UNDER_DEEPSPEED)
         return earlier
 
     def _refuse_engine_without_optimizer(self, opts: list) -> None:
@@ -180,8 +182,7 @@ class PrepareMethods:
             if not held & (set(names) | {id(p) for p in current.values()}):
                 continue
             if self.distributed_type == DistributedType.DEEPSPEED:
-                raise ValueError("DeepSpeed builds its engine from the model and its optimizer together: pass both "
-                                 "to one call, accelerator.prepare(model, optimizer, ...)")
+                raise ValueError(_ONE_CALL_UNDER_DEEPSPEED)
             if self._model_opts[k] is not None:
                 continue   # a second optimizer of one model stands alone (saved apart by save_state)
             retarget(opt, names, current)

@@ -67,7 +67,7 @@ class PreparedDataLoader:
             self.end_of_dataloader = False
             self.gradient_state._leave(self)
 
-    def skipped_before_backward(self) -> int:
+    def take_skipped_before_backward(self) -> int:
         """At the first backward of a pass that started mid-epoch: how many of its batches went by untrained
         before it (a loop skipping the batches done itself, though the loader already continues); then 0."""
         n, self._before_backward = self._before_backward, None
