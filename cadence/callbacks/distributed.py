@@ -92,6 +92,7 @@ class DistributedTrainer(Callback):
                 out = learn.model(*learn.xb) if type(learn.xb) is tuple else learn.model(**learn.xb)
             learn.pred, loss = model_loss(out, training=False)
             learn.loss = None if loss is None else loss.detach()
+            learn("after_pred")  # the new prediction as the first one was seen (fp32 under mixed precision)
             return
         learn.pred = map_tensors(real, learn.pred)
         learn.loss = learn.loss_func(learn.pred, *learn.yb).detach() if learn.yb else None

@@ -4,6 +4,7 @@
   (the train loader, ds_idx=0) and from the valid loader, with inputs, decoded classes and per-item losses;
 - a validation set of 1 item: the fit's metrics, `get_preds(dl=)` and `validate(dl=)` count it once, as one process
   does (the other ranks have padding alone), with a loss_func and with a model that computes its loss;
+- under to_bf16, a model computing its loss: the partly padded batch it runs again gives fp32 predictions too;
 - lr_find: one sweep on every process (the loss averaged over them), every process restored to the same weights;
 - Recorder: `train_loss` is the mean of the processes' own smoothed losses (fastai's smoothing, written out
   here), equal on every process; with `train_metrics=True`, `train_accuracy` is over every process's batches;
@@ -119,6 +120,22 @@ def check_one_valid_item(x, y):
                                                     - float(nn.functional.cross_entropy(out, y[N_TRAIN:N_TRAIN + 1]))) < 1e-6)
 
 
+def check_bf16_padded_batch_run_again(x, y):
+    """A model computing its loss under to_bf16: the last validation batch, partly padding, runs again on its real
+    samples alone; its predictions are fp32 as the others are (MixedPrecision's after_pred)."""
+    items = [{"x": a, "labels": b} for a, b in zip(x, y)]
+    valid = items[N_TRAIN:N_TRAIN + 5]  # 5 items: the last shard is part padding on 2 and 3 processes
+    learn = Learner(DataLoaders(DataLoader(items[:N_TRAIN], batch_size=BS), DataLoader(valid, batch_size=BS),
+                                device="cpu"), DictModel(), loss_func=None).to_bf16()
+    with learn.no_bar(), learn.distrib_ctx():
+        learn.fit(1, lr=0.1)
+        preds, _ = learn.get_preds()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = learn.model.net(x[N_TRAIN:N_TRAIN + 5])
+    check("bf16_padded_batch_run_again_fp32", preds.dtype == torch.float32 and preds.shape == (5, 3)
+          and torch.allclose(preds, out.float(), atol=0.05))
+
+
 def check_lr_find(x, y):
     """lr_find under DDP: the sweep records the loss averaged over the processes, so every process stops at the
     same batch, suggests the same rate and restores the same weights (a rank stopping early would hang the rest)."""
@@ -216,6 +233,7 @@ if __name__ == "__main__":
     x, y = data()
     check_get_preds(x, y)
     check_one_valid_item(x, y)
+    check_bf16_padded_batch_run_again(x, y)
     check_lr_find(x, y)
     check_recorder(x, y)
     check_batch_sampler_as_sampler()
