@@ -65,7 +65,7 @@ class MonitorCallback(Callback):
         self.mode = _resolve_mode(monitor, mode, comp)
         self.best: float | None = None
         self.best_epoch: int | None = None
-        self.new_best, self._restored = False, False
+        self.new_best, self.measured, self._restored = False, False, False
 
     def before_fit(self):
         self.new_best = False
@@ -94,6 +94,7 @@ class MonitorCallback(Callback):
 
     def after_epoch(self):
         value = self.learn.recorder.values[-1].get(self.monitor)
+        self.measured = value is not None  # None: not measured this epoch (its validation cancelled)
         self.new_best = self.improved(value)
         if self.new_best:
             self.best, self.best_epoch = value, self.learn.epoch
@@ -128,7 +129,10 @@ class _Patient(MonitorCallback):
         self.wait = 0
 
     def out_of_patience(self) -> bool:
-        """Count this epoch (after `MonitorCallback.after_epoch`); True when the wait reached `patience`."""
+        """Count this epoch (after `MonitorCallback.after_epoch`); True when the wait reached `patience`.
+        An epoch that did not measure `monitor` is not counted; a NaN counts as no improvement."""
+        if not self.measured:
+            return False
         self.wait = 0 if self.new_best else self.wait + 1
         return self.wait >= self.patience
 

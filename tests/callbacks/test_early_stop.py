@@ -55,6 +55,8 @@ def make_learner(dls, model, tmp_path, **kwargs):
     ([1.0, 0.8, 0.9, 0.7, 0.75, 0.8], dict(patience=2), 5, 3),            # an improvement resets the wait
     ([1.0, 0.95, 0.9, 0.85, 0.8, 0.75], dict(min_delta=0.1), 1, 0),       # improvements under min_delta do not count
     ([1.0, 1.2, 1.4, 1.6, 1.8, 2.0], dict(mode="max", patience=3), None, 5),  # mode="max": always improving
+    ([1.0, None, None, 0.9, 1.0, 1.1], dict(patience=2), 5, 3),           # epochs not validated are not counted
+    ([1.0, float("nan"), float("nan"), 0.5, 0.4, 0.3], dict(patience=2), 2, 0),  # a NaN is no improvement
 ])
 def test_early_stopping_stops_after_patience(dls, model, tmp_path, capsys, losses, kwargs, stop_epoch, best_epoch):
     learn = make_learner(dls, model, tmp_path)
