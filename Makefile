@@ -47,10 +47,10 @@ demo: setup
 # `make test` (CI) leaves out the tests marked `long` (pyproject.toml): further world sizes, engines and variants of
 # what it covers, and the bench scripts' runs; `make test-long` runs those. Both pass before a change is done.
 test: setup-dev setup-xla
-	CADENCE_XLA_VENV=$(XLA_VENV) $(PY) -m pytest -m "not long"
+	CADENCE_XLA_VENV=$(XLA_VENV) $(PY) -m pytest -m "not long" --durations=30
 
 test-long: setup-dev setup-xla
-	CADENCE_XLA_VENV=$(XLA_VENV) $(PY) -m pytest -m long
+	CADENCE_XLA_VENV=$(XLA_VENV) $(PY) -m pytest -m long --durations=30
 
 test-fast: setup-dev
 	$(PY) -m pytest -m "not slow"
