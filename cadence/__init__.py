@@ -40,6 +40,7 @@ from .trainer.metrics_classification import (BalancedAccuracy, Dice, F1Score, Ma
                                              RocAucBinary, RocAucMulti, accuracy_multi, skm_to_cadence)
 from .trainer.metrics_regression import (PearsonCorrCoef, Perplexity, SpearmanCorrCoef, exp_rmspe, mae, mse, msle,
                                          rmse)
+from .trainer.epoch_record import EpochRecord
 from .trainer.recorder import Recorder
 from .trainer.lr_find import LRFinder, SuggestedLRs, minimum, slide, steep, valley
 from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SchedPoly, combine_scheds,
@@ -76,5 +77,5 @@ __all__ = [
     "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "ProfileKwargs", "synchronize_rng_states",
     "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",
     # fastai names (issue 21)
-    "CutMix", "MixUp", "ShortEpochCallback", "before_batch_cb", "to_detach", "ValueMetric", "SmoothLoss",
+    "CutMix", "MixUp", "ShortEpochCallback", "before_batch_cb", "to_detach", "ValueMetric", "SmoothLoss", "EpochRecord",
 ]

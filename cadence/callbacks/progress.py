@@ -4,6 +4,7 @@ Attached to every Learner by default; output comes from the main process only.
 
 >>> learn.fit(3)                    # terminal: live bar with the running loss, a results row per epoch
 >>> with learn.no_bar(): learn.fit(1)
+>>> with learn.no_logging(): learn.fit(1)     # the bar without the results rows (fastai's)
 """
 
 from __future__ import annotations
@@ -78,16 +79,21 @@ class ProgressCallback(Callback):
         self.names = self.learn.recorder.metric_names
         self.widths = [max(len(n), 10) for n in self.names]
         if self.live:
-            if header:
+            if header and self._epoch_lines():
                 self.console.print("  ".join(n.rjust(w) for n, w in zip(self.names, self.widths)), style="bold")
             from .live_bar import live_bar
 
             self.bar = live_bar(self.console, self._poll)
             self.bar.start()
 
+    def _epoch_lines(self) -> bool:
+        """Whether epoch results are printed: not inside `learn.no_logging()` or `learn.no_mbar()` (fastai's)."""
+        return self.learn.log_epochs and self.learn.create_mbar
+
     def _start_bar(self, what: str):
         if self.active and self.live:
-            desc = f"epoch {self.learn.epoch + 1}/{self.learn.n_epoch} {what}" if self.in_fit else what
+            in_epoch = self.in_fit and self.learn.create_mbar  # no_mbar(): the pass's bar alone, as fastai's
+            desc = f"epoch {self.learn.epoch + 1}/{self.learn.n_epoch} {what}" if in_epoch else what
             self._xb_before = self.learn.xb  # the loop has not started this loader while xb is still this object
             self.task = self.bar.add_task(desc, total=n_batches(self.learn.dl), loss="")
 
@@ -125,14 +131,14 @@ class ProgressCallback(Callback):
             self._stop()
 
     def after_epoch(self):
-        if not self.active or not self.learn.recorder.values:
+        if not self.active or not self.learn.recorder.values or not self._epoch_lines():
             return
         row = self.learn.recorder.values[-1]
         if self.live:
             cells = [format_value(n, row.get(n)).rjust(w) for n, w in zip(self.names, self.widths)]
             self.console.print("  ".join(cells), highlight=False)
         else:
-            line = " | ".join(f"{n} {format_value(n, row.get(n))}" for n in self.names if n in row)
+            line = " | ".join(f"{n} {format_value(n, row.get(n))}" for n in self.names if n in row.keys())
             print(line + "\n", end="", flush=True)  # one write: other processes' lines cannot split it
 
     def after_fit(self):

@@ -161,6 +161,12 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         """The config DeepSpeed is built with: "auto" batch sizes, accumulation, clipping and precision filled."""
         return engine_config(self.config, precision, micro_batch)
 
+    def new_optimizer(self, model: nn.Module, make_opt: MakeOpt) -> torch.optim.Optimizer:
+        """Refused: the engine steps the optimizer it was built with, whatever `learn.opt` becomes."""
+        raise ValueError("learn.create_opt() (or fit(reset_opt=True)) cannot replace the optimizer under DeepSpeed: "
+                         "its engine steps the one it was built with in distrib_ctx; call it before distrib_ctx "
+                         "(the engine is then built with the new optimizer), or start a new distrib_ctx")
+
     def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
                 ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """A plain module with the trained fp32 weights (gathered on every rank) and a new optimizer over it."""

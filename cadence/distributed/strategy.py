@@ -108,6 +108,15 @@ class Strategy:
         """
         return model, opt
 
+    def new_optimizer(self, model: nn.Module, make_opt: Callable[[nn.Module], torch.optim.Optimizer]
+                      ) -> torch.optim.Optimizer:
+        """A fresh optimizer over the parameters `model` holds (`learn.create_opt()`, `fit(reset_opt=True)`), which
+        `step` then steps.
+
+        >>> learn.opt = learn.strategy.new_optimizer(learn.model, learn._make_opt)
+        """
+        return make_opt(self.unwrap(model))
+
     def shard(self, dl):
         """The part of `dl` this process iterates; all of it on one device."""
         return dl

@@ -2,7 +2,7 @@
 
 >>> dls = DataLoaders.from_dsets(train_ds, valid_ds, bs=64)
 >>> dls = DataLoaders(train_dl, valid_dl, device="cpu")
->>> xb, yb = to_device(next(iter(dls.train)), dls.device)
+>>> xb, yb = dls.one_batch()                 # the train loader's first batch, on dls.device
 """
 
 from __future__ import annotations
@@ -97,6 +97,15 @@ def _check_loader(name: str, dl: Any) -> None:
                         f"({type(dl[0]).__name__}) is a sample, not a batch")
 
 
+def _dataset(dl: Iterable, name: str) -> Any:
+    """`dl.dataset`; AttributeError naming what has none (a list of batches)."""
+    ds = getattr(dl, "dataset", None)
+    if ds is None:
+        raise AttributeError(f"dls.{name}_ds: the {name} loader, a {type(dl).__name__}, has no data set; a torch "
+                             f"DataLoader has one")
+    return ds
+
+
 def _default_device() -> torch.device:
     from ..distributed.env import default_device
 
@@ -112,7 +121,7 @@ class DataLoaders:
     it as keyword arguments, and `target_keys` (default "labels") name the targets.
 
     >>> dls = DataLoaders(train_dl, valid_dl)
-    >>> dls.train, dls.valid, dls.device
+    >>> dls.train, dls.valid, dls.device, dls.train_ds, dls.valid_ds
     """
 
     def __init__(self, train: Iterable, valid: Iterable | None = None, device: torch.device | str | None = None,
@@ -130,22 +139,47 @@ class DataLoaders:
     @classmethod
     def from_dsets(cls, train_ds: Dataset, valid_ds: Dataset | None = None, bs: int = 64, val_bs: int | None = None,
                    shuffle: bool = True, device: torch.device | str | None = None, n_inp: int | None = None,
-                   target_keys: Iterable[str] = ("labels",), **kwargs) -> "DataLoaders":
-        """Build torch DataLoaders: the train one shuffled, the valid one in order.
+                   target_keys: Iterable[str] = ("labels",), drop_last: bool = True, **kwargs) -> "DataLoaders":
+        """Build torch DataLoaders as fastai's: the train one shuffled and without its last partial batch
+        (`drop_last`), the valid one in order and whole.
 
-        Extra keyword arguments (num_workers, collate_fn, drop_last, ...) go to both loaders.
+        Extra keyword arguments (num_workers, collate_fn, ...) go to both loaders.
 
         >>> dls = DataLoaders.from_dsets(TensorDataset(x, y), TensorDataset(xv, yv), bs=64)
         """
         if not isinstance(bs, int) or bs < 1:
             raise ValueError(f"bs must be a positive int, got {bs!r}")
+        if drop_last and hasattr(train_ds, "__len__") and not isinstance(train_ds, IterableDataset) \
+                and len(train_ds) < bs:
+            raise ValueError(f"train_ds has {len(train_ds)} items, fewer than bs={bs}: without its partial last "
+                             f"batch (drop_last=True, fastai's default) the training loader has none; pass a "
+                             f"smaller bs, or drop_last=False")
         pin = kwargs.pop("pin_memory", torch.cuda.is_available())
-        train = DataLoader(train_ds, batch_size=bs, shuffle=shuffle, pin_memory=pin, **kwargs)
+        train = DataLoader(train_ds, batch_size=bs, shuffle=shuffle, pin_memory=pin, drop_last=drop_last, **kwargs)
         valid = None
         if valid_ds is not None:
-            valid_kwargs = {k: v for k, v in kwargs.items() if k != "drop_last"}
-            valid = DataLoader(valid_ds, batch_size=val_bs or bs, shuffle=False, pin_memory=pin, **valid_kwargs)
+            valid = DataLoader(valid_ds, batch_size=val_bs or bs, shuffle=False, pin_memory=pin, **kwargs)
         return cls(train, valid, device=device, n_inp=n_inp, target_keys=target_keys)
+
+    @property
+    def train_ds(self) -> Any:
+        """The training loader's data set (fastai's `dls.train_ds`)."""
+        return _dataset(self.train, "train")
+
+    @property
+    def valid_ds(self) -> Any:
+        """The validation loader's data set (fastai's `dls.valid_ds`); None without a validation loader."""
+        return None if self.valid is None else _dataset(self.valid, "valid")
+
+    def one_batch(self) -> Any:
+        """The training loader's first batch, on `self.device` (fastai's `dls.one_batch()`: with shuffling,
+        a random batch).
+
+        >>> xb, yb = dls.one_batch()
+        """
+        for batch in self.train:
+            return to_device(batch, self.device)
+        raise ValueError("dls.one_batch(): the training loader yields no batch")
 
     def __getitem__(self, i: int) -> Iterable:
         return (self.train, self.valid)[i]

@@ -11,6 +11,7 @@ Compilation, export and the summary live here; the methods for features built in
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Self
 
@@ -57,6 +58,34 @@ class FeatureMethods:
         return export(self, fname)
 
     # ------------------------------------------------------------------ output
+    @contextlib.contextmanager
+    def no_logging(self):
+        """Print no epoch results (header and one row per epoch) in a `with` block; the progress bar still
+        shows (fastai's).
+
+        >>> with learn.no_logging():
+        ...     learn.fit(1)
+        """
+        saved, self.log_epochs = self.log_epochs, False
+        try:
+            yield self
+        finally:
+            self.log_epochs = saved
+
+    @contextlib.contextmanager
+    def no_mbar(self):
+        """No epoch-level display in a `with` block: the bar of each pass only, without the epoch in it, and
+        no results table (fastai's, where the table is written into the master bar it switches off).
+
+        >>> with learn.no_mbar():
+        ...     learn.fit(1)
+        """
+        saved, self.create_mbar = self.create_mbar, False
+        try:
+            yield self
+        finally:
+            self.create_mbar = saved
+
     def summary(self) -> str:
         """Layers with output shapes and parameter counts, totals, frozen groups and callbacks (fastai's summary).
 

@@ -11,15 +11,22 @@ from .callback import Callback, Order
 from .data import apply_to_tensors, to_detach
 
 
-def _cat(chunks: list[Any]) -> Any:
-    """Concatenate a list of batches (tensors, or tuples or dicts of tensors) along dim 0."""
+def _cat(chunks: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of batches (tensors, or tuples or dicts of tensors) along `dim`."""
     first = chunks[0]
     if isinstance(first, (tuple, list)):
-        parts = [_cat([c[i] for c in chunks]) for i in range(len(first))]
+        parts = [_cat([c[i] for c in chunks], dim) for i in range(len(first))]
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)   # namedtuples too
     if isinstance(first, Mapping):
-        return {k: _cat([c[k] for c in chunks]) for k in first}
-    return torch.cat(chunks)
+        return {k: _cat([c[k] for c in chunks], dim) for k in first}
+    return torch.cat(chunks, dim)
+
+
+def _along(gather: Callable, dim: int) -> Callable:
+    """`gather`, which joins the processes' tensors along dim 0, joining them along `dim` instead."""
+    if dim == 0:
+        return gather
+    return lambda t: gather(t.movedim(dim, 0)).movedim(0, dim)
 
 
 def per_item_loss(loss_func: Callable, pred: torch.Tensor, yb: tuple) -> torch.Tensor:
@@ -38,13 +45,14 @@ def per_item_loss(loss_func: Callable, pred: torch.Tensor, yb: tuple) -> torch.T
 
 
 class GatherPreds(Callback):
-    """Keep every validation batch's predictions, targets and optionally inputs and per-item losses."""
+    """Keep every validation batch's predictions, targets and optionally inputs and per-item losses, concatenated
+    along `concat_dim` (fastai's: the batch dimension of the model's output)."""
 
     order = Order.RECORD + 1
     run_train = False
 
-    def __init__(self, with_input: bool = False, with_loss: bool = False):
-        self.with_input, self.with_loss = with_input, with_loss
+    def __init__(self, with_input: bool = False, with_loss: bool = False, concat_dim: int = 0):
+        self.with_input, self.with_loss, self.concat_dim = with_input, with_loss, concat_dim
         self.inputs, self.preds, self.targs, self.losses = [], [], [], []
 
     def after_batch(self):
@@ -59,20 +67,22 @@ class GatherPreds(Callback):
 
     def after_validate(self):
         """Combine every process's batches (padding already dropped), in rank order: the loader's order."""
-        gather = self.learn.strategy.gather
+        dim = self.concat_dim
+        gather = _along(self.learn.strategy.gather, dim)
         for name in ("inputs", "preds", "targs", "losses"):
             chunks = getattr(self, name)
             if chunks:
-                setattr(self, name, [apply_to_tensors(gather, _cat(chunks))])
+                setattr(self, name, [apply_to_tensors(gather, _cat(chunks, dim))])
 
     def result(self, act: Callable | None = None) -> tuple:
         """(inputs?, preds, targs, losses?) concatenated over all batches."""
         if not self.preds:
             raise ValueError("get_preds saw no batches: the data loader is empty")
-        preds = _cat(self.preds)
-        out = [act(preds) if act is not None else preds, _cat(self.targs) if self.targs else None]
+        dim = self.concat_dim
+        preds = _cat(self.preds, dim)
+        out = [act(preds) if act is not None else preds, _cat(self.targs, dim) if self.targs else None]
         if self.with_input:
-            out.insert(0, _cat(self.inputs))
+            out.insert(0, _cat(self.inputs, dim))
         if self.with_loss:
-            out.append(_cat(self.losses))
+            out.append(_cat(self.losses, dim))
         return tuple(out)

@@ -1,9 +1,11 @@
-"""Inference on a Learner: `validate`, `get_preds` (every item once, in data set order), `predict`, `tta`.
+"""Inference on a Learner: `validate`, `get_preds` (every item once, in data set order), `predict`, `tta`,
+`show_results`.
 
 >>> learn.validate()["accuracy"]
 >>> preds, targs = learn.get_preds()                      # the validation set, in its order
 >>> preds, targs, decoded = learn.get_preds(ds_idx=0, with_decoded=True)
 >>> preds, targs = learn.tta(batch_tfms=lambda x: x + 0.1 * torch.randn_like(x))
+>>> inputs, preds, targs = learn.show_results(max_n=4)   # and a table of them
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 
 from .callback import Callback, Order
 from .data import apply_to_tensors, to_device
+from .epoch_record import EpochRecord
 from .model_output import model_loss
 
 # a loader's in-order copy lives as long as the loader: a distributed fit shards it once (it is keyed by id)
@@ -122,6 +125,7 @@ class InferenceMethods:
                  cbs: Any = None) -> ValidResults:
         """Run one validation pass over `dl` (default: `dls[ds_idx]`, the validation set); returns
         `{"valid_loss": ..., <metric>: ...}`, which positions also index as fastai's list does.
+        `learn.final_record` becomes fastai's `[valid_loss, *metrics]` (an `EpochRecord`).
 
         >>> learn.validate()["accuracy"], learn.validate()[1]
         """
@@ -129,11 +133,13 @@ class InferenceMethods:
         with self.added_cbs(cbs):
             self._do_epoch_validate(dl)
             self._end_cleanup()
-        return ValidResults(self.recorder.pass_values())
+        res = ValidResults(self.recorder.pass_values())
+        self.final_record = EpochRecord(res)
+        return res
 
     def get_preds(self, ds_idx: int | Iterable = 1, dl: Iterable | None = None, with_input: bool = False,
                   with_decoded: bool = False, with_loss: bool = False, act: Callable | None = None,
-                  cbs: Any = None) -> tuple:
+                  inner: bool = False, reorder: bool = True, cbs: Any = None, concat_dim: int = 0) -> tuple:
         """Predictions and targets for every item of `dl`'s data set (default: `dls[ds_idx]`), once each, in the
         data set's order, on any number of processes: a torch DataLoader is read in order, without
         shuffling, sampler or dropped last batch (as fastai's `dl.new(shuffled=False, drop_last=False)`).
@@ -143,17 +149,28 @@ class InferenceMethods:
         `with_decoded`, per-item losses last if `with_loss`. `act` is applied to the predictions
         (default: `loss_func.activation` if the loss defines one).
 
+        fastai's flags: `reorder=False` reads a `dl` passed in as it is (its shuffling, sampler and dropped
+        last batch; `dls[ds_idx]` is read in order either way, as in fastai), the results in the order it
+        yields them; `concat_dim` is the dimension the batches are joined along (1 for sequence-first outputs);
+        `inner=True` (a callback calling it during `fit`) leaves the fit's state (loader, batch, train or eval
+        mode of every module) as it was. No progress is shown either way.
+
         >>> preds, targs = learn.get_preds()
         >>> inps, preds, targs, losses = learn.get_preds(ds_idx=0, with_input=True, with_loss=True,
         ...                                              act=partial(torch.softmax, dim=-1))
+        >>> preds, targs = learn.get_preds(dl=shuffled_dl, reorder=False)     # in the loader's own order
         """
         from .gather import GatherPreds
 
-        dl = in_dataset_order(self._pick_dl(ds_idx, dl, "get_preds"))
-        gatherer = GatherPreds(with_input, with_loss)
-        with self.no_bar(), self.added_cbs([*_as_list(cbs), gatherer]):
+        picked = self._pick_dl(ds_idx, dl, "get_preds")
+        given = dl is not None or not isinstance(ds_idx, int)
+        dl = in_dataset_order(picked) if reorder or not given else picked
+        gatherer = GatherPreds(with_input, with_loss, concat_dim)
+        kept = self._kept_loop_state() if inner else contextlib.nullcontext()
+        with kept, self.no_bar(), self.added_cbs([*_as_list(cbs), gatherer]):
             self._do_epoch_validate(dl)
-            self._end_cleanup()
+            if not inner:
+                self._end_cleanup()
         act = act if act is not None else getattr(self.loss_func, "activation", None)
         out = list(gatherer.result(act))
         if with_decoded:
@@ -161,6 +178,43 @@ class InferenceMethods:
             pred_i = 1 if with_input else 0
             out.insert(pred_i + 2, decodes(out[pred_i]) if decodes is not None else out[pred_i])
         return tuple(out)
+
+    @contextlib.contextmanager
+    def _kept_loop_state(self):
+        """The loop's state (loader, batch, counters, train or eval mode of every module) restored after the block."""
+        names = ("dl", "training", "iter", "n_iter", "xb", "yb", "pred", "_loss")
+        saved = {n: getattr(self, n, None) for n in names}
+        modes = [(m, m.training) for m in self.model.modules()]
+        try:
+            yield
+        finally:
+            for n, v in saved.items():
+                setattr(self, n, v)
+            self._handlers = self._train_handlers if self.training else self._valid_handlers
+            for m, mode in modes:
+                m.training = mode
+
+    def show_results(self, ds_idx: int = 1, dl: Iterable | None = None, max_n: int = 9, shuffle: bool = True
+                     ) -> tuple:
+        """Predictions for `max_n` items of `dls[ds_idx]` (or `dl`), printed as a table of input, target and
+        decoded prediction; returns `(inputs, preds, targs)` (`preds` after `act`, as `get_preds`).
+
+        The items are random with `shuffle` (process 0's draw under distribution), else the first ones.
+        fastai shows them decoded through the data's transforms (images, text); cadence loaders are plain
+        torch loaders with none, so the table shows tensors: a value, or the first values and the shape.
+
+        >>> inputs, preds, targs = learn.show_results(max_n=4)
+        """
+        from .results import pick_items, print_table
+
+        if not isinstance(max_n, int) or max_n < 1:
+            raise ValueError(f"show_results(max_n=...) is how many items to show, a positive int; got {max_n!r}")
+        items = pick_items(self._pick_dl(ds_idx, dl, "show_results"), max_n, shuffle, self.strategy.broadcast)
+        inputs, preds, targs, decoded = self.get_preds(dl=items, with_input=True, with_decoded=True)
+        inputs, preds, targs, decoded = apply_to_tensors(lambda t: t[:max_n], (inputs, preds, targs, decoded))
+        if self.strategy.is_main:
+            print_table(inputs, targs, decoded)
+        return inputs, preds, targs
 
     @contextlib.contextmanager
     def loss_not_reduced(self):

@@ -108,6 +108,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         self.epoch = self.iter = self.train_iter = self.step = 0
         self.dl = self.xb = self.yb = self.pred = self.loss_grad = None
         self._loss = torch.tensor(0.0)  # fastai's value before any batch
+        self.final_record = None  # the last epoch's recorder row (fastai's); validate() sets it too
+        self.log_epochs = self.create_mbar = True  # what no_logging() / no_mbar() switch off (fastai's create_mbar)
         self.add_cbs([Recorder(listify(metrics)), *_default_cbs(), *listify(cbs)])
         self("after_create")
 
@@ -168,7 +170,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             final()
 
     def fit(self, n_epoch: int, lr: float | slice | None = None, wd: float | None = None, cbs: Any = None,
-            resume: str | Path | None = None, start_epoch: int = 0) -> None:
+            reset_opt: bool = False, resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`), validating after each.
 
         `resume` continues a run saved by the `Checkpoint` callback exactly where it stopped,
@@ -178,8 +180,10 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
 
         `start_epoch` (fastai's) skips the epochs before it: training starts there, the counters and
         any schedule as if those epochs had run (e.g. after `learn.load` of a model saved then).
+        `reset_opt=True` (fastai's) builds a new optimizer first (`create_opt`): its state starts afresh.
 
         >>> learn.fit(3, lr=1e-2)
+        >>> learn.fit(1, lr=1e-3, reset_opt=True)              # no momentum carried over from the fit before
         >>> learn.fit(3, lr=1e-2, cbs=Checkpoint(every_n_steps=100), resume="auto")
         >>> learn.fit_one_cycle(10, 1e-2, start_epoch=4)       # epochs 4..9 of the 10-epoch schedule
         """
@@ -192,7 +196,9 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
                              "continues where its checkpoint stopped; pass only one")
         if start_epoch:
             cbs = [*listify(cbs), SkipToEpoch(start_epoch)]
-        if self.opt_func is not self._opt_built_with:
+        if reset_opt:
+            self.create_opt()
+        elif self.opt_func is not self._opt_built_with:
             warnings.warn("learn.opt_func was changed after the optimizer was built: this fit still uses the "
                           f"{type(self.opt).__name__} built with the Learner (fastai builds it lazily in fit); "
                           "call learn.create_opt() to use the new opt_func (see docs/fastai.md)", stacklevel=2)

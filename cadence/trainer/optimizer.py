@@ -29,9 +29,12 @@ class OptimizerMethods:
     def create_opt(self) -> torch.optim.Optimizer:
         """(Re)build `learn.opt` from `opt_func` over the current model (parameter groups from `splitter`).
 
+        Under `distrib_ctx` the engine builds it over the parameters it holds (`Strategy.new_optimizer`); an engine
+        that steps an optimizer of its own (DeepSpeed) refuses: call it before `distrib_ctx`.
+
         >>> learn.opt_func = partial(torch.optim.SGD, momentum=0.9); learn.create_opt()
         """
-        self.opt = self._make_opt(self.strategy.unwrap(self.model))
+        self.opt = self.strategy.new_optimizer(self.model, self._make_opt)
         return self.opt
 
     def _make_opt(self, model: nn.Module) -> torch.optim.Optimizer:

@@ -36,11 +36,12 @@ class FitPolicies:
     def fit_one_cycle(self, n_epoch: int, lr_max: float | slice | None = None, div: float = 25.0,
                       div_final: float = 1e5, pct_start: float = 0.25, wd: float | None = None,
                       moms: tuple[float, float, float] | None = None, cbs: Any = None,
-                      resume: str | Path | None = None, start_epoch: int = 0) -> None:
+                      reset_opt: bool = False, resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Train with the one-cycle policy: lr warms up to `lr_max` then anneals; momentum does the reverse
         (through `moms`, default the Learner's `moms`, as fastai's).
 
-        `start_epoch` skips the epochs before it, the schedule going on from where they would have left it.
+        `start_epoch` skips the epochs before it, the schedule going on from where they would have left it;
+        `reset_opt=True` builds a new optimizer first, as `fit(reset_opt=True)`.
 
         >>> learn.fit_one_cycle(3, lr_max=1e-2)
         >>> learn.fit_one_cycle(10, lr_max=1e-2, start_epoch=4)
@@ -48,12 +49,12 @@ class FitPolicies:
         lr_max = self._peak_lrs(lr_max)
         scheds = {"lr": combined_cos(pct_start, lr_max / div, lr_max, lr_max / div_final)}
         scheds["mom"] = combined_cos(pct_start, *(self.moms if moms is None else moms))
-        self.fit(n_epoch, lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
-                 start_epoch=start_epoch)
+        self.fit(n_epoch, lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], reset_opt=reset_opt,
+                 resume=resume, start_epoch=start_epoch)
 
     def fit_flat_cos(self, n_epoch: int, lr: float | slice | None = None, div_final: float = 1e5,
                      pct_start: float = 0.75, wd: float | None = None, cbs: Any = None,
-                     resume: str | Path | None = None, start_epoch: int = 0) -> None:
+                     reset_opt: bool = False, resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Train at a flat `lr` for `pct_start` of the steps, then anneal it by cosine to `lr / div_final`.
 
         >>> learn.fit_flat_cos(5, lr=1e-2)
@@ -62,12 +63,12 @@ class FitPolicies:
             raise ValueError(f"pct_start is the fraction of training at the flat rate, in [0, 1]; got {pct_start}")
         lr = self._peak_lrs(lr)
         scheds = {"lr": combined_cos(pct_start, lr, lr, lr / div_final)}
-        self.fit(n_epoch, lr=lr, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
-                 start_epoch=start_epoch)
+        self.fit(n_epoch, lr=lr, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], reset_opt=reset_opt,
+                 resume=resume, start_epoch=start_epoch)
 
     def fit_sgdr(self, n_cycles: int, cycle_len: int, lr_max: float | slice | None = None,
                  cycle_mult: int = 2, wd: float | None = None, cbs: Any = None,
-                 resume: str | Path | None = None, start_epoch: int = 0) -> None:
+                 reset_opt: bool = False, resume: str | Path | None = None, start_epoch: int = 0) -> None:
         """Cosine annealing with warm restarts: `n_cycles` cycles, the first `cycle_len` epochs, each
         `cycle_mult` times longer than the one before; the rate restarts at `lr_max` and anneals to 0.
 
@@ -79,8 +80,8 @@ class FitPolicies:
         lens = [cycle_len * cycle_mult ** i for i in range(n_cycles)]
         lr_max = self._peak_lrs(lr_max)
         scheds = {"lr": combine_scheds([n / sum(lens) for n in lens], [SchedCos(lr_max, 0) for _ in lens])}
-        self.fit(sum(lens), lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], resume=resume,
-                 start_epoch=start_epoch)
+        self.fit(sum(lens), lr=lr_max, wd=wd, cbs=[ParamScheduler(scheds), *_as_list(cbs)], reset_opt=reset_opt,
+                 resume=resume, start_epoch=start_epoch)
 
     def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10.0, num_it: int = 100, stop_div: bool = True,
                 show_plot: bool = True, suggest_funcs: Sequence[Suggestion] = (valley,)) -> Any:

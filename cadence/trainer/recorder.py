@@ -6,7 +6,7 @@ carried over the whole fit): `recorder.losses` holds it after every training bat
 `train_loss` column its value at the end of the epoch.
 
 >>> learn.fit(2)
->>> learn.recorder.values[-1]      # {'epoch': 1, 'train_loss': ..., 'valid_loss': ..., 'accuracy': ..., 'time': ...}
+>>> learn.recorder.values[-1]      # [train_loss, valid_loss, accuracy], as fastai's; by name too: ...["accuracy"]
 >>> learn.recorder.losses[:3], learn.recorder.lrs[:3]     # per training batch
 """
 
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .callback import Callback, Order
+from .epoch_record import EpochRecord
 from .metrics import AvgLoss, Metric, as_metric
 
 
@@ -61,6 +62,11 @@ class SmoothLoss:
 class Recorder(Callback):
     """Records per-batch smoothed training loss and lr, and per-epoch train loss, valid loss, metrics and time.
 
+    As fastai's: `values` holds one row per epoch, the list `[train_loss, valid_loss, *metrics]` (an
+    `EpochRecord`, which names its columns too: `values[-1]["accuracy"]`, `values[-1]["epoch"]`); `iters` the
+    number of training batches done at each of them; `log` the row being built, `[epoch, train_loss, ...]`,
+    with the time (as `mm:ss`) once the epoch ends; `learn.final_record` is the last row.
+
     Args:
         metrics: computed on the validation set (and, with `train_metrics`, on the training batches).
         add_time: add the epoch's duration as the last column, "time".
@@ -84,7 +90,11 @@ class Recorder(Callback):
         self.add_time, self.train_metrics = add_time, train_metrics
         self.train_loss, self.valid_loss = AvgLoss("train_loss"), AvgLoss("valid_loss")
         self.smooth = SmoothLoss(beta)
-        self.values: list[dict[str, float | None]] = []
+        self.values: list[EpochRecord] = []
+        self.iters: list[int] = []  # training batches done (this fit) when each row of `values` was recorded
+        self.log: list = []  # the current epoch's row as it is built (fastai's), its time formatted at the end
+        self._log_valid = False  # between the epoch's training and its validation, whose values go to `log`
+        self._valid_values: dict[str, float | None] | None = None  # that pass's values, once read
         self.losses: list[float] = []
         self.raw_losses: list[float] = []  # this process's batch losses before smoothing (since the fit or resume began)
         self.lrs: list[float] = []
@@ -133,13 +143,14 @@ class Recorder(Callback):
             else:
                 self.smooth.reset()
             return
-        self.losses, self.raw_losses, self.lrs, self.values = [], [], [], []
+        self.losses, self.raw_losses, self.lrs, self.values, self.iters = [], [], [], [], []
         self._batch_losses = []
         self.smooth.reset()
 
     def before_epoch(self):
         self._live = (0, None)
         self.start_time = time.perf_counter()
+        self.log, self._valid_values = [self.learn.epoch], None
         self.train_loss.reset()
         self._train_values = {}
         self.valid_loss.reset()  # a validation cancelled this epoch leaves its values empty, not the last epoch's
@@ -161,13 +172,18 @@ class Recorder(Callback):
         extended by the batches since the last call: a checkpoint's cost does not grow with the run.
         """
         t = self._as_tensor
-        return {"values": self.values, "losses": t["losses"](self.losses), "lrs": t["lrs"](self.lrs),
+        return {"values": [row.as_dict() for row in self.values], "iters": list(self.iters),
+                "losses": t["losses"](self.losses), "lrs": t["lrs"](self.lrs),
                 "epoch_losses": t["epoch_losses"](self._batch_losses)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` (lists, as checkpoints of format 1 hold them, load too; their `epoch_sizes`, which
-        weighted the unsmoothed epoch mean, is not needed)."""
-        self.values, self.losses, self.lrs = state["values"], _as_list(state["losses"]), _as_list(state["lrs"])
+        weighted the unsmoothed epoch mean, is not needed). A checkpoint written before `iters` was recorded
+        gets it spread evenly over the epochs it holds (exact when every epoch had as many batches)."""
+        self.losses, self.lrs = _as_list(state["losses"]), _as_list(state["lrs"])
+        self.values = [EpochRecord(row) for row in state["values"]]
+        n = len(self.values)
+        self.iters = list(state.get("iters") or [len(self.losses) * (i + 1) // n for i in range(n)])
         losses = _as_list(state["epoch_losses"])
         device = self.learn.strategy.device
         self._batch_losses = losses if self._on_cpu() else [torch.tensor(x, device=device) for x in losses]
@@ -212,6 +228,8 @@ class Recorder(Callback):
             for m in self.metrics:
                 m.sync(strategy.all_sum, strategy.gather)
             self._train_values.update({f"train_{m.name}": m.value for m in self.metrics})
+        self.log += self._train_values.values()
+        self._log_valid = True
 
     def _flush_losses(self) -> None:
         """Move the batch losses not yet in `losses` there, smoothed (one per entry of `lrs`)."""
@@ -231,15 +249,23 @@ class Recorder(Callback):
     after_cancel_fit = after_cancel_epoch  # lr_find, TerminateOnNaN: `losses` and `lrs` keep the same length
 
     def after_validate(self):
-        strategy = self.learn.strategy
+        learn = self.learn
         for m in (self.valid_loss, *self.metrics):
-            m.sync(strategy.all_sum, strategy.gather)
+            m.sync(learn.strategy.all_sum, learn.strategy.gather)
+        if self._log_valid and learn.dl is learn.dls.valid:  # the epoch's validation, not a get_preds a callback ran
+            self._valid_values = self.valid_values()  # read once: a ValueMetric computes its value when read
+            self.log += self._valid_values.values()
+            self._log_valid = False
 
     def after_epoch(self):
-        row = {"epoch": self.learn.epoch, "train_loss": None, **self._train_values, **self.valid_values()}
+        valid = self.valid_values() if self._valid_values is None else self._valid_values
+        row = EpochRecord({"epoch": self.learn.epoch, "train_loss": None, **self._train_values, **valid})
         if self.add_time:
             row["time"] = time.perf_counter() - self.start_time
         self.values.append(row)
+        self.iters.append(len(self.losses))
+        self.learn.final_record, self._log_valid = row, False
+        self.log = [row["epoch"], *row, *([_format_time(row["time"])] if self.add_time else [])]
 
     def valid_values(self) -> dict[str, float | None]:
         """valid_loss and every metric of the epoch's validation pass (`valid_<name>` with `train_metrics`); none
@@ -258,8 +284,7 @@ class Recorder(Callback):
         """
         ax = _axes()
         ax.plot(range(skip_start, len(self.losses)), self.losses[skip_start:], label="train")
-        per_epoch = len(self.losses) / max(len(self.values), 1)
-        valid = [(per_epoch * (i + 1), v["valid_loss"]) for i, v in enumerate(self.values) if v.get("valid_loss") is not None]
+        valid = [(i, v["valid_loss"]) for i, v in zip(self.iters, self.values) if v.get("valid_loss") is not None]
         if with_valid and valid:
             ax.plot(*zip(*valid), label="valid")
         ax.set(xlabel="batch", ylabel="loss")
@@ -306,6 +331,13 @@ class _GrowingTensor:
                     else torch.tensor(new, dtype=torch.float64))
             self.tensor = torch.cat([self.tensor, tail])
         return self.tensor
+
+
+def _format_time(seconds: float) -> str:
+    """fastai's `format_time`: `mm:ss`, or `h:mm:ss` from an hour on."""
+    t = int(seconds)
+    h, m, s = t // 3600, t // 60 % 60, t % 60
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
 def _as_list(values: Any) -> list:

@@ -475,3 +475,15 @@ def test_only_the_ranks_own_optimizer_file_is_read_into_its_masters(tmp_path):
     own, other = (reader.load(str(files[rank]), map_location="cpu") for rank in (0, 1))
     assert own[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS][0] is masters[0] and torch.equal(masters[0], torch.ones(8))
     assert torch.equal(other[OPTIMIZER_STATE_DICT][FP32_FLAT_GROUPS][0], torch.full((8,), 2.0))
+
+
+def test_reset_opt_is_refused_because_the_engine_steps_its_own_optimizer(dls, tmp_path):
+    """`fit(reset_opt=True)` under DeepSpeed: the engine steps the optimizer it was built with, so a new `learn.opt`
+    would never be stepped (ZeRO-0 in fp32 even hands back the very optimizer it was given); refused, naming the fix."""
+    from fixtures import make_learner
+
+    learn = make_learner(dls, tmp_path)
+    with learn.distrib_ctx(strategy="deepspeed", zero_stage=0):
+        learn.fit(1)
+        with pytest.raises(ValueError, match=r"cannot replace the optimizer under DeepSpeed.*before distrib_ctx"):
+            learn.fit(1, reset_opt=True)

@@ -30,7 +30,7 @@ def main(out: Path):
     with learn.distrib_ctx():
         learn.fit(2)
     if rank() == 0:
-        result = {"values": learn.recorder.values, "losses": learn.recorder.raw_losses, "step": learn.step,
+        result = {"values": [row.as_dict() for row in learn.recorder.values], "losses": learn.recorder.raw_losses, "step": learn.step,
                   "state": tracker.state_dict()}
         (out / "result.json").write_text(json.dumps(result))
     else:

@@ -214,7 +214,7 @@ def test_fit_one_cycle_schedule_and_recorder(dls):
     assert lrs.index(max(lrs)) == 2
     assert lrs[-1] < lrs[-2] < max(lrs)             # then anneals
     assert [v["epoch"] for v in learn.recorder.values] == [0, 1]
-    assert set(learn.recorder.values[0]) == {"epoch", "train_loss", "valid_loss", "time"}
+    assert learn.recorder.values[0].keys() == ["epoch", "train_loss", "valid_loss", "time"]
 
 
 def test_discriminative_lrs_with_splitter(dls):

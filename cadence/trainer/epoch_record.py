@@ -1,0 +1,76 @@
+"""EpochRecord: one row of `recorder.values`, fastai's list that names its columns too.
+
+fastai's `recorder.values` rows are lists `[train_loss, valid_loss, *metrics]` (no epoch, no time); cadence's
+were dicts. A row is now both: a list of those values, and readable (and writable) by column name, the epoch
+and the time included.
+
+>>> row = EpochRecord({"epoch": 0, "train_loss": 0.5, "valid_loss": 0.4, "accuracy": 0.9, "time": 1.5})
+>>> row, row[1], row["valid_loss"], row["epoch"], len(row)
+([0.5, 0.4, 0.9], 0.4, 0.4, 0, 3)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_OUTSIDE = ("epoch", "time")  # columns fastai's list leaves out: read by name only
+
+
+class EpochRecord(list):
+    """One epoch's results: fastai's list `[train_loss, valid_loss, *metrics]` that names its columns too.
+
+    The list holds the Recorder's columns but `epoch` and `time`, in order (with `train_metrics`, fastai's
+    `train_loss, train_<metric>..., valid_loss, valid_<metric>...`): positions, `len`, iteration, `==` with a
+    list, `np.array(values)` work as on fastai's. Every column, `epoch` and `time` included, is also read and
+    written by name (`row["accuracy"]`, `row["epoch"]`); `keys()`, `items()`, `get()` and `as_dict()` work as
+    on the dict rows cadence had, and `name in row` checks the column names.
+
+    >>> row = EpochRecord({"epoch": 2, "train_loss": 0.5, "valid_loss": 0.4})
+    >>> row["valid_loss"] = 0.3; row == [0.5, 0.3], row.as_dict()
+    (True, {'epoch': 2, 'train_loss': 0.5, 'valid_loss': 0.3})
+    """
+
+    def __init__(self, columns: dict[str, Any]):
+        self.names = [k for k in columns if k not in _OUTSIDE]
+        self.outside = {k: columns[k] for k in _OUTSIDE if k in columns}
+        super().__init__(columns[k] for k in self.names)
+
+    def keys(self) -> list[str]:
+        """The column names, in order: `epoch`, the list's columns, `time` (when recorded)."""
+        return [*(["epoch"] if "epoch" in self.outside else []), *self.names,
+                *(["time"] if "time" in self.outside else [])]
+
+    def as_dict(self) -> dict[str, Any]:
+        """`{name: value}` for every column, in order (what the rows were before, and what a checkpoint stores)."""
+        return {k: self[k] for k in self.keys()}
+
+    def items(self) -> list[tuple[str, Any]]:
+        return list(self.as_dict().items())
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self.keys() else default
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            if key in self.outside:
+                return self.outside[key]
+            if key not in self.names:
+                raise KeyError(f"{key!r}: this epoch recorded {self.keys()}")
+            return super().__getitem__(self.names.index(key))
+        return super().__getitem__(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if not isinstance(key, str):
+            return super().__setitem__(key, value)
+        if key in _OUTSIDE:
+            self.outside[key] = value
+        elif key in self.names:
+            super().__setitem__(self.names.index(key), value)
+        else:  # a new column, as a dict would take it: last in the list
+            self.names.append(key)
+            self.append(value)
+
+    def __contains__(self, item: Any) -> bool:
+        if isinstance(item, str):  # a column name (the values are numbers or None)
+            return item in self.keys()
+        return super().__contains__(item)
