@@ -34,6 +34,8 @@ from torch import nn
 from ..compile import check_compile_options, options_from_env
 from ..distributed.precision import make_precision
 from . import sync
+from .accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
+from .bin_export import write_bin_weights
 from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, load_accelerator_state,
                             save_accelerator_state)
 from .clipping import clip_grad_norm, clip_part, refuse_part_under_own_clipping
@@ -137,7 +139,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         if _engine_accumulation(self.state.deepspeed_plugin) is not None:   # Accelerate uses DeepSpeed's number
             self.gradient_accumulation_steps = _engine_accumulation(self.state.deepspeed_plugin)
         self.trackers = TrackerSet(log_with, self.logging_dir)
-        self.step = 0   # micro-steps seen by `accumulate` in the current window
+        self.step = 0   # `accumulate` blocks since a prepared loader last ended (Accelerate's `step`)
         self._models: list[nn.Module] = []
         self._model_opts: list[torch.optim.Optimizer | None] = []
         self._stepper: dict[int, PreparedOptimizer] = {}   # id(prepared model) -> the prepared optimizer stepping it
@@ -178,10 +180,11 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         >>> with accelerator.accumulate(model):
         ...     accelerator.backward(model(**batch).loss); optimizer.step(); optimizer.zero_grad()
         """
-        self.step += 1
-        sync_now = self.step % self.gradient_accumulation_steps == 0 or self.gradient_state.end_of_dataloader
-        if sync_now:
+        if self.gradient_state.end_of_dataloader:   # Accelerate's count: micro-steps since the loader's last end
             self.step = 0
+        else:
+            self.step += 1
+        sync_now = self.step % self.gradient_accumulation_steps == 0
         self.gradient_state.sync_gradients = sync_now
         with contextlib.ExitStack() as stack:
             if not (sync_now or self.gradient_accumulation_plugin.sync_each_batch):
@@ -282,8 +285,16 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict of a prepared model, complete on the main process (sharded engines
-        gather it there); every process must call it."""
-        return self.strategy.model_state_dict(model)
+        gather it there); every process must call it.
+
+        `unwrap=False`, as in Accelerate: the wrapper's own state dict (DDP's names start with `module.`); FSDP
+        and DeepSpeed give the model's names either way.
+
+        >>> accelerator.get_state_dict(model, unwrap=False)     # {"module.0.weight": ...} under DDP
+        """
+        if unwrap or self.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            return self.strategy.model_state_dict(model)
+        return model.state_dict()
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """Save `obj` to `f` once per run (on the main process): `torch.save`, or safetensors for a dict of tensors
@@ -295,12 +306,24 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> Path:
-        """Full weights as safetensors in the Hugging Face layout (shards and an index above `max_shard_size`)."""
-        if not safe_serialization:
-            raise ValueError("cadence writes weights as safetensors only; call save_model(..., safe_serialization=True)")
-        from ..callbacks.checkpoint import save_model
+        """Full weights in the Hugging Face layout (shards and an index above `max_shard_size`): safetensors, or with
+        `safe_serialization=False` `torch.save` files as Accelerate writes them (`pytorch_model.bin`, see
+        `cadence.accelerate.bin_export`). Every process calls it; the main process writes.
 
-        return save_model(SimpleNamespace(strategy=self.strategy, model=model), save_directory, max_shard_size)
+        >>> accelerator.save_model(model, "export", max_shard_size="500MB", safe_serialization=False)
+        """
+        if safe_serialization:
+            from ..callbacks.checkpoint import save_model
+
+            return save_model(SimpleNamespace(strategy=self.strategy, model=model), save_directory, max_shard_size)
+        directory = Path(save_directory)
+        if directory.is_file():
+            raise ValueError(f"save_model: {directory} is a file; give a directory for the weights")
+        state = self.strategy.full_state_dict(model)   # a collective on sharded engines
+        if self.is_main_process:
+            write_bin_weights(state, directory, max_shard_size)
+        self.wait_for_everyone()
+        return directory
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load these objects (anything with `state_dict` / `load_state_dict`) with `save_state`."""
@@ -343,14 +366,21 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
     def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
         """Restore a `save_state` checkpoint (default with automatic naming: the newest one).
 
-        Loaders continue where they stood when it was saved (the rest of that epoch).
+        Loaders continue where they stood when it was saved (the rest of that epoch). A checkpoint that Hugging Face
+        Accelerate's `save_state` wrote loads too (`cadence.accelerate.accelerate_checkpoint`): weights, optimizers,
+        schedulers, registered objects, random states and `step`, read without unpickling code.
+
+        >>> accelerator.load_state("accelerate_run/checkpoints/checkpoint_3")     # written by Accelerate or cadence
         """
         self.finish_saving()
         if input_dir is None:
             if not self.project_configuration.automatic_checkpoint_naming or self.project_dir is None:
                 raise ValueError("load_state needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
             input_dir = latest_checkpoint_dir(Path(self.project_dir))
-        load_accelerator_state(self, input_dir)
+        if is_accelerate_checkpoint(input_dir):
+            load_accelerate_checkpoint(self, input_dir)
+        else:
+            load_accelerator_state(self, input_dir)
 
     def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
         """`dataloader`, whose next iteration starts at batch `num_batches` (the skipped ones are not loaded)."""

@@ -34,6 +34,8 @@ from ..distributed.state_files import load_optimizer_file, save_optimizer_file
 from ..distributed.staging import host_copy
 from ..serialization import (STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights, save_torch,
                              save_weights, sibling, staging_dir, writing)
+from .accelerate_checkpoint import is_accelerate_checkpoint
+from .preparation import owning_model
 from .state_hooks import run_load_hooks, run_save_hooks
 
 __all__ = ["save_accelerator_state", "load_accelerator_state", "automatic_checkpoint_dir", "latest_checkpoint_dir"]
@@ -66,8 +68,9 @@ def automatic_checkpoint_dir(project_dir: Path, iteration: int, total_limit: int
 
 
 def latest_checkpoint_dir(project_dir: Path) -> Path:
-    """The highest-numbered `checkpoint_<n>` under `project_dir/checkpoints`."""
-    found = [d for d in _numbered(project_dir / "checkpoints") if (d / "state.json").is_file()]
+    """The highest-numbered complete `checkpoint_<n>` under `project_dir/checkpoints` (cadence's or Accelerate's)."""
+    found = [d for d in _numbered(project_dir / "checkpoints")
+             if (d / "state.json").is_file() or is_accelerate_checkpoint(d)]
     if not found:
         raise FileNotFoundError(f"no complete checkpoint under {project_dir / 'checkpoints'}; "
                                 f"call save_state() first or pass load_state(path)")
@@ -167,7 +170,7 @@ def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, 
     for i, obj in enumerate(acc._custom_objects):
         obj.load_state_dict(load_torch(directory / f"custom_checkpoint_{i}.pt"))
     for i, opt in enumerate(_standalone(acc)):
-        owner, opt_state = _owner(acc, opt), load_torch(directory / f"optimizer_{i}.pt")
+        owner, opt_state = owning_model(acc, opt), load_torch(directory / f"optimizer_{i}.pt")
         if owner is not None:
             acc.strategy.load_optimizer_state_dict(owner, opt.optimizer, opt_state)
         else:
@@ -189,14 +192,8 @@ def _standalone(acc: Any) -> list:
     return [opt for opt in acc._optimizers if id(opt) not in bound]
 
 
-def _owner(acc: Any, opt: Any) -> Any:
-    """The prepared model holding `opt`'s parameters, or None."""
-    held = {id(p) for group in opt.param_groups for p in group["params"]}
-    return next((m for m in acc._models if held & {id(p) for p in acc.strategy.unwrap(m).parameters()}), None)
-
-
 def _standalone_state(acc: Any, opt: Any) -> dict:
-    owner = _owner(acc, opt)
+    owner = owning_model(acc, opt)
     return acc.strategy.optimizer_state_dict(owner, opt.optimizer) if owner is not None else opt.optimizer.state_dict()
 
 

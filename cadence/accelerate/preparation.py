@@ -25,7 +25,7 @@ from ..distributed.registry import get_strategy, strategy_class
 from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
 from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
-__all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters",
+__all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters", "owning_model",
            "covers_trainable", "autocast_forward", "restore_forward", "all_tensors", "split_loader",
            "fit_scheduler_to_groups", "refuse_unsupported", "one_deepspeed_plugin", "check_rng_types"]
 
@@ -109,6 +109,12 @@ def retarget(opt: Any, names: dict[int, str], params: dict[str, nn.Parameter]) -
 def owns_parameters(model: nn.Module, params: list, strategy: Any) -> bool:
     mine = {id(p) for p in strategy.unwrap(model).parameters()}
     return bool(params) and id(params[0]) in mine
+
+
+def owning_model(acc: Any, opt: Any) -> Any:
+    """The prepared model holding `opt`'s parameters, or None."""
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    return next((m for m in acc._models if held & {id(p) for p in acc.strategy.unwrap(m).parameters()}), None)
 
 
 def covers_trainable(model: nn.Module, params: list, strategy: Any) -> bool:

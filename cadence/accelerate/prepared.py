@@ -47,6 +47,29 @@ class PreparedDataLoader:
             raise AttributeError(name)
         return getattr(self.base, name)
 
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step over all processes (Accelerate's): the batch size given to the loader with
+        `split_batches`, else that batch size times the number of processes.
+
+        >>> accelerator.prepare(DataLoader(ds, batch_size=8)).total_batch_size     # 16 on 2 processes
+        """
+        size = self.base.batch_size or getattr(self.base.dl.batch_sampler, "batch_size", None)
+        if size is None:
+            raise ValueError("total_batch_size: this loader's batch sampler has no batch_size, so its batches have "
+                             "no fixed size")
+        return size * self.base.world_size   # with split_batches the loader holds the per-process share
+
+    @property
+    def total_dataset_length(self) -> int:
+        """The length of the whole dataset, every process's part together (Accelerate's).
+
+        >>> accelerator.prepare(DataLoader(range(10), batch_size=4)).total_dataset_length
+        10
+        """
+        dataset = self.base.dataset
+        return dataset.total_length if hasattr(dataset, "total_length") else len(dataset)
+
     def skip_batches(self, n: int) -> None:
         """Start the next iteration at batch `n` without loading the skipped items."""
         self.base.skip_batches(n)

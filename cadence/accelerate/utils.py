@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import inspect
 import os
 import random
 from typing import Any, Callable, Iterator
@@ -53,25 +54,37 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128) -> Callable:
-    """Decorator: call `function(batch_size, ...)`, halving `batch_size` after every out-of-memory error.
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Callable[[], int] | None = None) -> Callable:
+    """Decorator: call `function(batch_size, ...)`, reducing `batch_size` after every out-of-memory error.
 
-    The decorated function is called without the batch size; it fails with RuntimeError once
-    the batch size reaches zero.
+    As in Accelerate 1.15: the size is multiplied by 0.9 (rounded down) after each failure, or set to
+    what `reduce_batch_size_fn()` returns (no arguments, the new size); the size found is kept for the
+    next call. The decorated function is called without the batch size; it fails with RuntimeError once
+    the size reaches zero.
 
     >>> @find_executable_batch_size(starting_batch_size=128)
     ... def train(batch_size, model):
     ...     dl = DataLoader(ds, batch_size=batch_size); ...
-    >>> train(model)
+    >>> train(model)                    # tries 128, 115, 103, ... until one fits
+    >>> sizes = iter([64, 32, 16])
+    >>> @find_executable_batch_size(starting_batch_size=128, reduce_batch_size_fn=lambda: next(sizes))
+    ... def train(batch_size): ...      # tries 128, 64, 32, 16
     """
     if function is None:
-        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size)
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn)
     if not isinstance(starting_batch_size, int) or starting_batch_size < 1:
         raise ValueError(f"starting_batch_size must be a positive int, got {starting_batch_size!r}")
+    batch_size = starting_batch_size
+
+    def reduce() -> int:
+        return reduce_batch_size_fn() if reduce_batch_size_fn is not None else int(batch_size * 0.9)
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
-        batch_size = starting_batch_size
+        nonlocal batch_size
+        _refuse_a_given_batch_size(function, args)
         _release_memory()
         while batch_size > 0:
             try:
@@ -80,10 +93,21 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
                 if not _is_out_of_memory(e):
                     raise
                 _release_memory()
-                batch_size //= 2
-        raise RuntimeError(f"no executable batch size found: {function.__name__} ran out of memory down to "
-                           f"batch size 1 (started at {starting_batch_size})")
+                batch_size = reduce()
+        raise RuntimeError(f"no executable batch size found: {function.__name__} ran out of memory until the batch "
+                           f"size reached zero (started at {starting_batch_size})")
     return run
+
+
+def _refuse_a_given_batch_size(function: Callable, args: tuple) -> None:
+    """TypeError when the caller passed more positional arguments than `function` takes after its batch size
+    (the batch size itself, most likely: the decorator passes it)."""
+    params = list(inspect.signature(function).parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params) or len(params) >= len(args) + 1:
+        return
+    given = ", ".join(f"{p.name}={value!r}" for p, value in zip(params[1:], args[1:]))
+    raise TypeError(f"{function.__name__} was called with its batch size as the first argument; the decorator passes "
+                    f"it: call {function.__name__}({given})")
 
 
 def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | None = None) -> None:

@@ -359,7 +359,7 @@ def test_clip_grad_value_over_part_of_a_model_leaves_the_rest():
     assert net[1].weight.grad.abs().max() <= 1e-3
 
 
-def test_find_executable_batch_size_halves_on_a_real_allocation_failure():
+def test_find_executable_batch_size_reduces_on_a_real_allocation_failure():
     tried = []
 
     @find_executable_batch_size(starting_batch_size=64)
@@ -367,7 +367,8 @@ def test_find_executable_batch_size_halves_on_a_real_allocation_failure():
         tried.append(batch_size)
         return torch.empty(2**60 if batch_size > 8 else batch_size, dtype=torch.uint8).numel()
 
-    assert allocate() == 8 and tried == [64, 32, 16, 8]
+    assert allocate() == 8   # Accelerate 1.15's reduction: times 0.9, rounded down
+    assert tried == [64, 57, 51, 45, 40, 36, 32, 28, 25, 22, 19, 17, 15, 13, 11, 9, 8]
 
 
 def test_helpers_on_one_process(capsys):
