@@ -1,4 +1,5 @@
-"""Shared test helpers: run scripts on N processes through our own launcher, with a timeout."""
+"""Shared test helpers: run scripts on N processes through our own launcher, with a timeout; a checkpointable
+counter."""
 
 from __future__ import annotations
 
@@ -34,3 +35,16 @@ def run_launch(script: str | Path, *script_args: str, nproc: int = 2, flags: tup
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc
+
+
+class Counter:
+    """An object with a state (`register_for_checkpointing`'s kind): `n`, counted by the test."""
+
+    def __init__(self):
+        self.n = 0
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from cadence import Accelerator, ProjectConfiguration, find_executable_batch_size
-from helpers import SCRIPTS, cadence_env, run_launch
+from helpers import SCRIPTS, Counter, cadence_env, run_launch
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -169,17 +169,6 @@ def reference(tmp_path_factory):
                           env=env, timeout=240, capture_output=True, text=True)
     assert proc.returncode == 0, f"the reference run with Accelerate failed:\n{proc.stdout}\n{proc.stderr}"
     return out
-
-
-class Counter:
-    def __init__(self):
-        self.n = 0
-
-    def state_dict(self):
-        return {"n": self.n}
-
-    def load_state_dict(self, state):
-        self.n = state["n"]
 
 
 def _resuming_run():

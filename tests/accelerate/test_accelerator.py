@@ -14,6 +14,7 @@ from cadence import (Accelerator, DummyOptim, DummyScheduler, GradScalerKwargs, 
 from cadence.callbacks.tracking import Tracker
 from cadence.callbacks.tracking import tracker as tracking_tracker
 from cadence.callbacks.tracking.csv import CSVTracker
+from helpers import Counter
 from scripts.regression import RegressionDataset, RegressionModel
 
 
@@ -242,16 +243,6 @@ def test_total_limit_keeps_the_newest(tmp_path):
 
 
 def test_register_for_checkpointing(tmp_path):
-    class Counter:
-        def __init__(self):
-            self.n = 0
-
-        def state_dict(self):
-            return {"n": self.n}
-
-        def load_state_dict(self, s):
-            self.n = s["n"]
-
     acc = Accelerator()
     with pytest.raises(ValueError, match="Item at index 0.*Item at index 1") as e:
         acc.register_for_checkpointing(torch.ones(1), torch.ones(1), Counter())

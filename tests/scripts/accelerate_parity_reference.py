@@ -24,19 +24,9 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hf"))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "hf"), str(Path(__file__).resolve().parent.parent)]
+from helpers import Counter  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
-
-
-class Counter:
-    def __init__(self):
-        self.n = 0
-
-    def state_dict(self):
-        return {"n": self.n}
-
-    def load_state_dict(self, state):
-        self.n = state["n"]
 
 
 def model_and_data():
