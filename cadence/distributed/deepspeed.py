@@ -63,6 +63,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
 
     name = "deepspeed"
     steps_wait_for_staging = True  # `step` waits for an async save's late copy before the engine's step
+    optimizer_replaceable = False  # its engine steps the optimizer it was built with, whatever learn.opt is
 
     def __init__(self, device: torch.device | str | None = None, config: str | os.PathLike | dict | None = None,
                  zero_stage: int | None = None, offload_optimizer_device: str | None = None,
@@ -160,12 +161,6 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
     def _engine_config(self, precision: str, micro_batch: int) -> dict:
         """The config DeepSpeed is built with: "auto" batch sizes, accumulation, clipping and precision filled."""
         return engine_config(self.config, precision, micro_batch)
-
-    def new_optimizer(self, model: nn.Module, make_opt: MakeOpt) -> torch.optim.Optimizer:
-        """Refused: the engine steps the optimizer it was built with, whatever `learn.opt` becomes."""
-        raise ValueError("learn.create_opt() (or fit(reset_opt=True)) cannot replace the optimizer under DeepSpeed: "
-                         "its engine steps the one it was built with in distrib_ctx; call it before distrib_ctx "
-                         "(the engine is then built with the new optimizer), or start a new distrib_ctx")
 
     def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
                 ) -> tuple[nn.Module, torch.optim.Optimizer]:

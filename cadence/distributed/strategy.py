@@ -42,6 +42,7 @@ class Strategy:
     _skeleton: nn.Module | None = None  # a sharding engine's meta copy of the user's module, taken before it wraps
     staging: Staging | None = None  # an asynchronous save still copying the parameters and optimizer state
     steps_wait_for_staging = False  # this engine's `step` waits for `staging` itself (else: a hook on the optimizer)
+    optimizer_replaceable = True  # `new_optimizer` gives an optimizer `step` steps (False: refused)
     _writers: tuple[int, int] | None = None  # the ranks writing model.safetensors and optimizer.pt (`_file_writers`)
 
     def __init__(self, device: torch.device | str | None = None):
@@ -111,10 +112,14 @@ class Strategy:
     def new_optimizer(self, model: nn.Module, make_opt: Callable[[nn.Module], torch.optim.Optimizer]
                       ) -> torch.optim.Optimizer:
         """A fresh optimizer over the parameters `model` holds (`learn.create_opt()`, `fit(reset_opt=True)`), which
-        `step` then steps.
+        `step` then steps; refused by an engine that steps the optimizer it was built with (DeepSpeed).
 
         >>> learn.opt = learn.strategy.new_optimizer(learn.model, learn._make_opt)
         """
+        if not self.optimizer_replaceable:
+            raise ValueError(f"learn.create_opt() (or fit(reset_opt=True)) cannot replace the optimizer under "
+                             f"{self.name}: its engine steps the one it was built with in distrib_ctx; call it "
+                             f"before distrib_ctx (the engine is then built with the new optimizer)")
         return make_opt(self.unwrap(model))
 
     def shard(self, dl):

@@ -485,5 +485,5 @@ def test_reset_opt_is_refused_because_the_engine_steps_its_own_optimizer(dls, tm
     learn = make_learner(dls, tmp_path)
     with learn.distrib_ctx(strategy="deepspeed", zero_stage=0):
         learn.fit(1)
-        with pytest.raises(ValueError, match=r"cannot replace the optimizer under DeepSpeed.*before distrib_ctx"):
+        with pytest.raises(ValueError, match=r"cannot replace the optimizer under deepspeed.*before distrib_ctx"):
             learn.fit(1, reset_opt=True)
