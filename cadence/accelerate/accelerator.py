@@ -35,7 +35,6 @@ from ..compile import check_compile_options, options_from_env
 from ..distributed.precision import make_precision
 from . import sync
 from .accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
-from .bin_export import write_bin_weights
 from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, load_accelerator_state,
                             save_accelerator_state)
 from .clipping import clip_grad_norm, clip_part, refuse_part_under_own_clipping
@@ -308,22 +307,14 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
                    safe_serialization: bool = True) -> Path:
         """Full weights in the Hugging Face layout (shards and an index above `max_shard_size`): safetensors, or with
         `safe_serialization=False` `torch.save` files as Accelerate writes them (`pytorch_model.bin`, see
-        `cadence.accelerate.bin_export`). Every process calls it; the main process writes.
+        `cadence.callbacks.checkpoint.bin_export`), swapped in whole. Every process calls it; the main process writes.
 
         >>> accelerator.save_model(model, "export", max_shard_size="500MB", safe_serialization=False)
         """
-        if safe_serialization:
-            from ..callbacks.checkpoint import save_model
+        from ..callbacks.checkpoint import save_model
 
-            return save_model(SimpleNamespace(strategy=self.strategy, model=model), save_directory, max_shard_size)
-        directory = Path(save_directory)
-        if directory.is_file():
-            raise ValueError(f"save_model: {directory} is a file; give a directory for the weights")
-        state = self.strategy.full_state_dict(model)   # a collective on sharded engines
-        if self.is_main_process:
-            write_bin_weights(state, directory, max_shard_size)
-        self.wait_for_everyone()
-        return directory
+        return save_model(SimpleNamespace(strategy=self.strategy, model=model), save_directory, max_shard_size,
+                          safe_serialization=safe_serialization)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load these objects (anything with `state_dict` / `load_state_dict`) with `save_state`."""

@@ -147,13 +147,15 @@ def load_state(self, directory: str | Path) -> Learner:
 
 
 @_learner_method
-def save_model(self, directory: str | Path, max_shard_size: int | str = "2GB", merge_adapter: bool = False) -> Path:
+def save_model(self, directory: str | Path, max_shard_size: int | str = "2GB", merge_adapter: bool = False,
+               safe_serialization: bool = True) -> Path:
     """Write the weights only, as `model.safetensors` or shards with an index (the Hugging Face layout);
-    a peft model its adapter, or with `merge_adapter=True` the model with the adapter merged in.
+    a peft model its adapter, or with `merge_adapter=True` the model with the adapter merged in;
+    `safe_serialization=False`: `pytorch_model.bin` (or its shards) instead.
 
     >>> learn.save_model("models/final")
     """
-    return checkpoint.save_model(self, directory, max_shard_size, merge_adapter)
+    return checkpoint.save_model(self, directory, max_shard_size, merge_adapter, safe_serialization)
 
 
 # ---------------------------------------------------------------------- output

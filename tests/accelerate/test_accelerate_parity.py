@@ -84,6 +84,41 @@ def test_a_tied_weight_goes_to_the_shard_of_its_first_name_and_stays_tied(tmp_pa
     assert loaded["0.weight"].data_ptr() == loaded["1.weight"].data_ptr()
 
 
+def test_an_export_of_one_format_replaces_the_others_weights_and_keeps_other_files(tmp_path):
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(_model())
+    acc.save_model(model, tmp_path, safe_serialization=True)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    acc.save_model(model, tmp_path, max_shard_size=60, safe_serialization=False)
+    shards = ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [*shards, "tokenizer.json"]   # no model.safetensors left
+    acc.save_model(model, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "tokenizer.json"]
+
+
+def test_a_bin_export_that_fails_leaves_the_previous_export_whole(tmp_path, monkeypatch):
+    from cadence.callbacks.checkpoint import bin_export
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(_model())
+    acc.save_model(model, tmp_path / "export", max_shard_size=60, safe_serialization=False)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()}
+    written = []
+
+    def full_disk(obj, path, **kwargs):   # the second file's write fails, as on a full disk
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(path)
+        torch.save(obj, path)
+    monkeypatch.setattr(bin_export, "save_torch", full_disk)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    with pytest.raises(OSError, match="could not write the export to .*export.*previous export in it.*untouched"):
+        acc.save_model(model, tmp_path / "export", max_shard_size=60, safe_serialization=False)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]                # no staged directory left behind
+
+
 # ---------------------------------------------------------------------------- find_executable_batch_size
 def _out_of_memory_above(limit: int, tried: list):
     def train(batch_size):

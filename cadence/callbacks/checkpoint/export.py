@@ -4,6 +4,9 @@ What `from_pretrained` reads: each tied weight stored once under the name transf
 alias is named in the file's metadata, so cadence's loaders restore it), the weights in their master
 precision (fp32 under a bf16 engine), and a transformers model's `config.json`. A peft model writes
 its adapter in peft's layout, or, with `merge_adapter=True`, the base model with the adapter merged in.
+`safe_serialization=False` writes `torch.save` files instead (`pytorch_model.bin`, or its shards and index:
+`bin_export.py`), as Accelerate's and transformers' `save_model` / `save_pretrained` do; an export of one
+format replaces the other's files.
 
 An export appears whole or not at all: it is written into a staged directory next to its target and
 swapped in (`serialization.commit_dir`), so a kill or a full disk at any moment leaves the previous
@@ -31,12 +34,13 @@ from torch import nn
 
 from ...tied_weights import tied_names
 from ...serialization import SAVE_ID_KEY, atomic_path, commit_dir, parse_size, recover_dir, save_weights, staging_dir
+from .bin_export import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, write_bin_weights
 
 SINGLE_NAME, INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
 
 
 def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | str = "2GB",
-               merge_adapter: bool = False) -> Path:
+               merge_adapter: bool = False, safe_serialization: bool = True) -> Path:
     """Write the weights only, in the Hugging Face layout: `model.safetensors`, or shards and an index.
 
     Every rank must call it (sharded engines gather the weights); the main process writes. A peft
@@ -60,12 +64,15 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
         staged = staging_dir(directory)
         try:
             if is_peft and not merge_adapter:
-                module.save_pretrained(str(staged), state_dict=state, safe_serialization=True)
+                module.save_pretrained(str(staged), state_dict=state, safe_serialization=safe_serialization)
             else:
                 if merge_adapter:
                     module = learn.strategy.plain_copy(learn.model, state).merge_and_unload()
                     state = module.state_dict()
-                _write_weights(state, tied_names(module), staged, limit, uuid.uuid4().hex)
+                if safe_serialization:
+                    _write_weights(state, tied_names(module), staged, limit, uuid.uuid4().hex)
+                else:  # torch.save keeps a tied weight's storage once by itself
+                    write_bin_weights(state, staged, limit)
                 _write_config(module, staged)
             _carry_other_files(directory, staged)
         except BaseException as e:
@@ -128,13 +135,16 @@ def _check_target(directory: Path) -> None:
 
 
 def _export_files(directory: Path) -> set[str]:
-    """The names in `directory` that belong to an export (weights, shards, index): the new save replaces them."""
-    names = {SINGLE_NAME, INDEX_NAME}
-    try:
-        names |= set(json.loads((directory / INDEX_NAME).read_text())["weight_map"].values())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return names | {p.name for p in directory.glob("model-*-of-*.safetensors")}
+    """The names in `directory` that belong to an export of either format (weights, shards, index): the new save
+    replaces them (a loader would take a `model.safetensors` left there for the new `.bin` weights)."""
+    names = {SINGLE_NAME, INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME}
+    for index in (INDEX_NAME, WEIGHTS_INDEX_NAME):
+        try:
+            names |= set(json.loads((directory / index).read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    return names | {p.name for pattern in ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin")
+                    for p in directory.glob(pattern)}
 
 
 def _carry_other_files(directory: Path, staged: Path) -> None:

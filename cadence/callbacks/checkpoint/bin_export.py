@@ -1,14 +1,14 @@
-"""`save_model(..., safe_serialization=False)`: the weights as `torch.save` files, in Accelerate's layout.
+"""`save_model(..., safe_serialization=False)`: the weights as `torch.save` files, in Accelerate's and transformers'
+layout.
 
 `pytorch_model.bin`, or, above `max_shard_size`, `pytorch_model-00001-of-0000N.bin` shards and their
 `pytorch_model.bin.index.json` (`{"metadata": {"total_size": ...}, "weight_map": {name: file}}`), cut as
 Accelerate cuts them (huggingface_hub's rule): tensors in order, a new shard when the next one would pass
 the limit, a tensor bigger than the limit alone in its shard, the names of one storage (tied weights) in
 the shard of the first. `load_checkpoint_in_model`, transformers' `from_pretrained` and `torch.load`
-read them. Each file is written under a temporary name and renamed; the index comes last. Files of an
-earlier save that the new one does not rewrite (shards, a single file, an index) are removed.
+read them. `save_model` writes them into its staged directory, swapped in whole (`export.py`).
 
->>> write_bin_weights(model.state_dict(), Path("export"), max_shard_size="200MB")
+>>> write_bin_weights(model.state_dict(), staged, max_shard_size="200MB")
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..serialization import atomic_path, parse_size, save_torch
+from ...serialization import atomic_path, parse_size, save_torch
 
 __all__ = ["write_bin_weights", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]
 
@@ -26,12 +26,10 @@ WEIGHTS_NAME, WEIGHTS_INDEX_NAME = "pytorch_model.bin", "pytorch_model.bin.index
 
 
 def write_bin_weights(state: dict[str, torch.Tensor], directory: Path, max_shard_size: int | str) -> list[str]:
-    """Write `state` (CPU tensors) into `directory` as above; returns the names of the weight files written."""
+    """Write `state` (CPU tensors) into the new directory `directory` as above; returns the weight files' names."""
     shards = _split(state, parse_size(max_shard_size, "max_shard_size"))
     names = [WEIGHTS_NAME] if len(shards) == 1 else \
         [f"pytorch_model-{i:05d}-of-{len(shards):05d}.bin" for i in range(1, len(shards) + 1)]
-    directory.mkdir(parents=True, exist_ok=True)
-    _remove_stale(directory, set(names))
     for name, keys in zip(names, shards):
         save_torch({k: state[k] for k in keys}, directory / name, host_tags=False)
     if len(shards) > 1:
@@ -76,11 +74,3 @@ def _split(state: dict[str, torch.Tensor], limit: int) -> list[list[str]]:
 def _total_size(state: dict[str, torch.Tensor]) -> int:
     storages = {_storage_key(t): t.untyped_storage().nbytes() for t in state.values()}
     return sum(storages.values())
-
-
-def _remove_stale(directory: Path, keep: set[str]) -> None:
-    """An earlier save's weight files that this one will not overwrite: a loader would take them for this save's."""
-    stale = [directory / WEIGHTS_NAME, directory / WEIGHTS_INDEX_NAME, *directory.glob("pytorch_model-*-of-*.bin")]
-    for path in stale:
-        if path.name not in keep and path.is_file():
-            path.unlink()
