@@ -26,6 +26,7 @@ from ..distributed.ops import map_tensors
 from ..distributed.registry import get_strategy, strategy_class
 from ..distributed.strategy import ConfiguredAtFit
 from ..trainer.callback import Callback, Order
+from ..trainer.gather import GatherPreds
 from ..trainer.model_output import model_loss
 from .accumulate import GradAccum
 from .precision import MixedPrecision
@@ -80,8 +81,11 @@ class DistributedTrainer(Callback):
         keep = dl.real_mask(dl.rank, *dl.last_batch)
         if bool(keep.all()):
             return
-        def real(t: torch.Tensor) -> torch.Tensor:
-            return t[keep.to(t.device)]
+        dim = next((cb.concat_dim for cb in learn.cbs if isinstance(cb, GatherPreds)), 0)  # get_preds(concat_dim=)
+
+        def real(t: torch.Tensor) -> torch.Tensor:  # the batch along `dim` where it is there (inputs may be batch-first)
+            at = dim if t.dim() > dim and t.shape[dim] == len(keep) else 0
+            return t[(slice(None),) * at + (keep.to(t.device),)]
         learn.xb, learn.yb = map_tensors(real, learn.xb), map_tensors(real, learn.yb)  # tuples or dicts of tensors
         if not bool(keep.any()):  # no sample at all: nothing to run the model on again
             learn.pred = map_tensors(real, learn.pred)

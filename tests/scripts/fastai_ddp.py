@@ -5,6 +5,8 @@
 - a validation set of 1 item: the fit's metrics, `get_preds(dl=)` and `validate(dl=)` count it once, as one process
   does (the other ranks have padding alone), with a loss_func and with a model that computes its loss;
 - under to_bf16, a model computing its loss: the partly padded batch it runs again gives fp32 predictions too;
+- get_preds(concat_dim=1) of a sequence-first model drops the padding along each tensor's batch dimension;
+- fit(reset_opt=True): a new optimizer, counted afresh, the processes still equal;
 - lr_find: one sweep on every process (the loss averaged over them), every process restored to the same weights;
 - Recorder: `train_loss` is the mean of the processes' own smoothed losses (fastai's smoothing, written out
   here), equal on every process; with `train_metrics=True`, `train_accuracy` is over every process's batches;
@@ -136,6 +138,51 @@ def check_bf16_padded_batch_run_again(x, y):
           and torch.allclose(preds, out.float(), atol=0.05))
 
 
+class SeqFirst(nn.Module):
+    """Outputs (2, batch, 3), sequence first, from batch-first inputs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return torch.stack([self.lin(x), -self.lin(x)])
+
+
+def seq_first(items):
+    """Inputs batch first, targets sequence first: (2, batch)."""
+    return torch.stack([a for a, _ in items]), torch.stack([b for _, b in items]).expand(2, -1)
+
+
+def check_concat_dim_with_padding(x, y):
+    """get_preds(concat_dim=1) of a sequence-first model over 5 items: the last shard's padding is dropped along the
+    batch dimension of each tensor (dim 1 of the outputs and targets, dim 0 of the inputs)."""
+    valid = TensorDataset(x[N_TRAIN:N_TRAIN + 5], y[N_TRAIN:N_TRAIN + 5])
+    learn = Learner(DataLoaders(DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS),
+                                DataLoader(valid, batch_size=BS, collate_fn=seq_first), device="cpu"), SeqFirst(),
+                    loss_func=lambda p, t: nn.functional.cross_entropy(p.flatten(0, 1), t.flatten()))
+    with learn.no_bar(), learn.distrib_ctx():
+        preds, targs = learn.get_preds(concat_dim=1)
+    with torch.no_grad():
+        out = learn.model(x[N_TRAIN:N_TRAIN + 5])
+    check("get_preds_concat_dim_drops_padding_along_the_batch", preds.shape == (2, 5, 3)
+          and torch.allclose(preds, out, atol=1e-6) and torch.equal(targs, y[N_TRAIN:N_TRAIN + 5].expand(2, -1)))
+
+
+def check_reset_opt(x, y):
+    """fit(reset_opt=True) under DDP: a new Adam, its steps counted afresh, the same weights on every process."""
+    learn = Learner(DataLoaders(DataLoader(TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), batch_size=BS), device="cpu"),
+                    model(), loss_func=nn.CrossEntropyLoss(), opt_func=torch.optim.Adam)
+    with learn.no_bar(), learn.distrib_ctx():
+        learn.fit(2, lr=1e-2)
+        learn.fit(1, lr=1e-2, reset_opt=True)
+        steps = {s["step"].item() for s in learn.opt.state.values()}
+        first = learn.strategy.gather(next(learn.model.parameters()).detach().flatten()[None])
+    per_rank = -(-N_TRAIN // world_size()) // BS   # the rank's batches in one epoch (the shard rounded up)
+    check("reset_opt_counts_afresh_under_ddp", steps == {float(per_rank)} and all(torch.equal(first[0], f) for f in first))
+
+
 def check_lr_find(x, y):
     """lr_find under DDP: the sweep records the loss averaged over the processes, so every process stops at the
     same batch, suggests the same rate and restores the same weights (a rank stopping early would hang the rest)."""
@@ -234,6 +281,8 @@ if __name__ == "__main__":
     check_get_preds(x, y)
     check_one_valid_item(x, y)
     check_bf16_padded_batch_run_again(x, y)
+    check_concat_dim_with_padding(x, y)
+    check_reset_opt(x, y)
     check_lr_find(x, y)
     check_recorder(x, y)
     check_batch_sampler_as_sampler()
