@@ -50,15 +50,22 @@ _NOT_READ = ("sampler*.bin", "dl_state_dict*.bin")
 
 
 def is_accelerate_checkpoint(directory: str | os.PathLike) -> bool:
-    """Whether `directory` holds a checkpoint of Accelerate's `save_state` (its RNG file, no cadence `state.json`)."""
+    """Whether `directory` holds a checkpoint of Accelerate's `save_state` (its RNG file, no cadence `state.json`).
+
+    >>> is_accelerate_checkpoint("accelerate_run/checkpoints/checkpoint_3")
+    True
+    """
     directory = Path(directory)
     return not (directory / "state.json").is_file() and any(directory.glob("random_states_*.pkl"))
 
 
 def load_accelerate_checkpoint(acc: Any, directory: str | os.PathLike) -> None:
     """Read Accelerate's files into the prepared models, optimizers, schedulers, registered objects, RNGs and
-    `acc.step`; after the load hooks, the numbers of files are checked against what was prepared before anything
-    is loaded."""
+    `acc.step`. The load hooks run first (a hook may load a model itself); then the numbers of files are checked
+    against what was prepared, before cadence loads any of them.
+
+    >>> load_accelerate_checkpoint(accelerator, "accelerate_run/checkpoints/checkpoint_3")
+    """
     directory = Path(directory)
     _refuse_sharded(directory)
     skipped = run_load_hooks(acc, str(directory))

@@ -11,6 +11,7 @@ and the time included.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 _OUTSIDE = ("epoch", "time")  # columns fastai's list leaves out: read by name only
@@ -35,6 +36,27 @@ class EpochRecord(list):
         self.outside = {k: columns[k] for k in _OUTSIDE if k in columns}
         super().__init__(columns[k] for k in self.names)
 
+    def __reduce__(self) -> tuple:  # copy, deepcopy and pickle rebuild it from its columns
+        return type(self), (self.as_dict(),)
+
+    def __eq__(self, other: Any) -> bool:
+        """Equal to a list of the same values (fastai's row), to a dict of the same columns (cadence's row), and to
+        another record with the same columns and values."""
+        if isinstance(other, (EpochRecord, Mapping)):
+            return self.as_dict() == dict(other)
+        return super().__eq__(other)
+
+    def __ne__(self, other: Any) -> bool:
+        return not self == other
+
+    __hash__ = None  # a list: unhashable
+
+    def _fixed(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a recorded epoch's columns are fixed: set a value by name or position "
+                        "(row['accuracy'] = 0.9, row[1] = 0.3), or make a list of it first (list(row))")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = __delitem__ = __iadd__ = __imul__ = _fixed
+
     def keys(self) -> list[str]:
         """The column names, in order: `epoch`, the list's columns, `time` (when recorded)."""
         return [*(["epoch"] if "epoch" in self.outside else []), *self.names,
@@ -45,9 +67,15 @@ class EpochRecord(list):
         return {k: self[k] for k in self.keys()}
 
     def items(self) -> list[tuple[str, Any]]:
+        """`(name, value)` for every column, as `as_dict().items()`."""
         return list(self.as_dict().items())
 
+    def values(self) -> list[Any]:
+        """Every column's value, `epoch` and `time` included, as `as_dict().values()` (`list(row)` is fastai's)."""
+        return list(self.as_dict().values())
+
     def get(self, name: str, default: Any = None) -> Any:
+        """The value of column `name`, or `default` if this epoch did not record it."""
         return self[name] if name in self.keys() else default
 
     def __getitem__(self, key: Any) -> Any:
@@ -68,7 +96,7 @@ class EpochRecord(list):
             super().__setitem__(self.names.index(key), value)
         else:  # a new column, as a dict would take it: last in the list
             self.names.append(key)
-            self.append(value)
+            super().append(value)
 
     def __contains__(self, item: Any) -> bool:
         if isinstance(item, str):  # a column name (the values are numbers or None)

@@ -181,10 +181,12 @@ class InferenceMethods:
 
     @contextlib.contextmanager
     def _kept_loop_state(self):
-        """The loop's state (loader, batch, counters, train or eval mode of every module) restored after the block."""
-        names = ("dl", "training", "iter", "n_iter", "xb", "yb", "pred", "_loss")
+        """The loop's state (loader, batch, counters, train or eval mode of every module) restored after the block;
+        the Recorder's metrics untouched (`inner_pass`: it sits the pass out, its training metrics accumulating)."""
+        names = ("dl", "training", "iter", "n_iter", "xb", "yb", "pred", "_loss", "inner_pass")
         saved = {n: getattr(self, n, None) for n in names}
         modes = [(m, m.training) for m in self.model.modules()]
+        self.inner_pass = True
         try:
             yield
         finally:

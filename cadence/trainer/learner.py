@@ -109,6 +109,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         self.dl = self.xb = self.yb = self.pred = self.loss_grad = None
         self._loss = torch.tensor(0.0)  # fastai's value before any batch
         self.final_record = None  # the last epoch's recorder row (fastai's); validate() sets it too
+        self.inner_pass = False  # a get_preds(inner=True) running inside fit: the Recorder sits it out
         self.log_epochs = self.create_mbar = True  # what no_logging() / no_mbar() switch off (fastai's create_mbar)
         self.add_cbs([Recorder(listify(metrics)), *_default_cbs(), *listify(cbs)])
         self("after_create")
@@ -191,6 +192,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             raise ValueError(f"n_epoch must be a positive int, got {n_epoch!r}")
         if not isinstance(start_epoch, int) or not 0 <= start_epoch < n_epoch:
             raise ValueError(f"start_epoch must be an int in [0, n_epoch={n_epoch}), got {start_epoch!r}")
+        if not isinstance(reset_opt, bool):  # fastai's position: a `resume` passed 5th lands here
+            raise TypeError(f"fit(reset_opt=...) is True or False, got {reset_opt!r}; pass resume= by name")
         if start_epoch and resume is not None:
             raise ValueError("fit(start_epoch=...) and fit(resume=...) both say where to start: a resumed run "
                              "continues where its checkpoint stopped; pass only one")

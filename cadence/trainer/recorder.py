@@ -190,6 +190,8 @@ class Recorder(Callback):
         self._resumed = True
 
     def before_validate(self):
+        if self.learn.inner_pass:  # get_preds(inner=True) inside fit: nothing of it is recorded
+            return
         self.valid_loss.reset()
         for m in self.metrics:
             m.reset()
@@ -205,7 +207,7 @@ class Recorder(Callback):
             if self.train_metrics and learn.yb:
                 for m in self.metrics:
                     m.accumulate(learn)
-        elif learn.yb:
+        elif learn.yb and not learn.inner_pass:
             self.valid_loss.accumulate(learn)
             for m in self.metrics:
                 m.accumulate(learn)
@@ -250,9 +252,11 @@ class Recorder(Callback):
 
     def after_validate(self):
         learn = self.learn
+        if learn.inner_pass:
+            return
         for m in (self.valid_loss, *self.metrics):
             m.sync(learn.strategy.all_sum, learn.strategy.gather)
-        if self._log_valid and learn.dl is learn.dls.valid:  # the epoch's validation, not a get_preds a callback ran
+        if self._log_valid and learn.dl is learn.dls.valid:  # the epoch's validation
             self._valid_values = self.valid_values()  # read once: a ValueMetric computes its value when read
             self.log += self._valid_values.values()
             self._log_valid = False

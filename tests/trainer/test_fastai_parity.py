@@ -3,8 +3,10 @@
 Expected values come from the data and from torch directly, never from the code under test.
 """
 
+import copy
 import io
 import json
+import pickle
 import re
 import warnings
 from functools import partial
@@ -17,7 +19,7 @@ from rich.console import Console
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cadence import Callback, DataLoaders, EpochRecord, Learner, Order, ProgressCallback, accuracy
+from cadence import Callback, DataLoaders, EpochRecord, Learner, Order, ProgressCallback, Recorder, accuracy
 
 N_TRAIN, N_VALID, BS = 40, 16, 8   # 5 training batches, 2 validation batches
 
@@ -178,6 +180,8 @@ def test_fit_reset_opt_starts_a_new_optimizer_and_takes_a_changed_opt_func():
     with learn.distrib_ctx():                                # one process: the engine keeps the optimizer it built
         learn.fit(1, reset_opt=True)
     assert type(learn.opt) is torch.optim.SGD
+    with pytest.raises(TypeError, match="reset_opt.*True or False, got 'auto'; pass resume= by name"):
+        learn.fit(1, None, None, None, "auto")             # a resume given by position, before reset_opt was there
 
 
 # ---------------------------------------------------------------- 6. get_preds(reorder=, inner=, concat_dim=)
@@ -250,15 +254,19 @@ def test_get_preds_inner_leaves_the_fit_as_it_was(capsys):
         def before_train(self):
             self.learn.model[1].eval()
 
-    plain = learner(model=bn_frozen_model(), cbs=FreezeBn())
+    def with_train_metrics(learn):      # train_accuracy accumulates over the epoch, around the inner pass
+        return learn.remove_cb(learn.recorder).add_cb(Recorder([accuracy], train_metrics=True))
+
+    plain = with_train_metrics(learner(model=bn_frozen_model(), cbs=FreezeBn()))
     plain.fit(2, lr=1e-2)
-    inner = learner(model=bn_frozen_model(), cbs=[FreezeBn(), PredsMidEpoch()], bar=True)
+    inner = with_train_metrics(learner(model=bn_frozen_model(), cbs=[FreezeBn(), PredsMidEpoch()], bar=True))
     inner.fit(2, lr=1e-2)
     assert inner.preds_mid_epoch.n_preds == [N_VALID, N_VALID]
     assert inner.preds_mid_epoch.states == [(True, True, True, 2, True, False)] * 2   # BatchNorm kept frozen
     for a, b in zip(plain.model.parameters(), inner.model.parameters()):
         assert torch.equal(a, b)                              # the same training, batch for batch
-    assert inner.recorder.values == plain.recorder.values     # and the epochs' own validation recorded
+    assert [list(r) for r in inner.recorder.values] == [list(r) for r in plain.recorder.values]   # every column
+    assert inner.recorder.values[0].keys()[:3] == ["epoch", "train_loss", "train_accuracy"]
     assert len(capsys.readouterr().out.splitlines()) == 2     # the two epoch lines: get_preds printed nothing
 
 
@@ -298,6 +306,22 @@ def test_values_rows_are_lists_that_name_their_columns_and_survive_a_checkpoint(
     assert all(isinstance(r, EpochRecord) for r in other.recorder.values)
     assert [r.as_dict() for r in other.recorder.values] == [r.as_dict() for r in values]   # epoch and time too
     assert other.recorder.iters == learn.recorder.iters == [5, 10]
+
+
+def test_a_row_copies_pickles_and_compares_as_the_dict_it_was_and_keeps_its_columns_fixed():
+    row = EpochRecord({"epoch": 3, "train_loss": 0.5, "valid_loss": 0.4, "time": 2.0})
+    copied = copy.copy(row)
+    copied["new"], copied["time"] = 1.0, 9.0                 # the copy's columns are its own
+    assert row.keys() == ["epoch", "train_loss", "valid_loss", "time"] and row["time"] == 2.0
+    assert pickle.loads(pickle.dumps(row)).as_dict() == copy.deepcopy(row).as_dict() == \
+        {"epoch": 3, "train_loss": 0.5, "valid_loss": 0.4, "time": 2.0}
+    assert row == {"epoch": 3, "train_loss": 0.5, "valid_loss": 0.4, "time": 2.0} and row == [0.5, 0.4]
+    assert row != {"epoch": 3, "train_loss": 0.5} and row != copied and dict(row)["epoch"] == 3
+    assert row.values() == [3, 0.5, 0.4, 2.0] and list(row) == [0.5, 0.4]
+    for change in (lambda: row.append(1.0), lambda: row.pop(), lambda: row.__delitem__(0), lambda: row.sort()):
+        with pytest.raises(TypeError, match="columns are fixed: set a value by name or position"):
+            change()
+    assert row.as_dict() == {"epoch": 3, "train_loss": 0.5, "valid_loss": 0.4, "time": 2.0}
 
 
 # ---------------------------------------------------------------- 9. from_dsets drops the last partial batch
