@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+from collections.abc import Callable
 from typing import Any, Iterator
 
 import torch
@@ -27,7 +28,6 @@ from ..distributed.registry import get_strategy, strategy_class
 from ..distributed.strategy import ConfiguredAtFit
 from ..trainer.callback import Callback, Order
 from ..trainer.gather import GatherPreds
-from ..trainer.model_output import model_loss
 from .accumulate import GradAccum
 from .precision import MixedPrecision
 
@@ -47,6 +47,7 @@ class DistributedTrainer(Callback):
         self.launcher_cbs = launcher_cbs  # added from `cadence launch` settings; removed on detach
         self._shards: dict[int, DistributedDL] = {}
         self._fit_configured = False
+        self._padding_only: torch.Tensor | None = None  # the batch is padding alone: its rows go after the loss
         if strategy.loss_context() is not None:  # entered by the loop around pred + loss; absent, it costs nothing
             self.forward_context = strategy.loss_context
 
@@ -69,37 +70,47 @@ class DistributedTrainer(Callback):
                 self._shards[id(dl)] = self.strategy.shard(dl)
             self.learn.dl = self._shards[id(dl)]
 
-    def after_loss(self):
-        """In validation, keep only real samples of the batch (DistributedDL pads the last shard).
+    def before_batch(self):
+        """In validation, run the model on the batch's real samples only (DistributedDL pads the last shard).
 
-        A batch of padding alone (a validation set smaller than the number of processes) keeps zero rows and a
-        loss of 0 that weighs nothing: every rank still counts a batch, so every rank combines its metrics."""
+        Dropped before the forward, so every rank runs the model once per batch: under FSDP and ZeRO-3 a forward is
+        a collective (it gathers the parameters), and a model computing its own loss gets its real samples. A batch
+        of padding alone (a validation set smaller than the number of processes) runs whole and keeps zero rows
+        after its loss (`after_loss`)."""
         learn = self.learn
+        self._padding_only = None
         dl = learn.dl
         if learn.training or not isinstance(dl, DistributedDL) or dl.last_batch is None:
             return
         keep = dl.real_mask(dl.rank, *dl.last_batch)
         if bool(keep.all()):
             return
-        dim = next((cb.concat_dim for cb in learn.cbs if isinstance(cb, GatherPreds)), 0)  # get_preds(concat_dim=)
-
-        def real(t: torch.Tensor) -> torch.Tensor:  # the batch along `dim` where it is there (inputs may be batch-first)
-            at = dim if t.dim() > dim and t.shape[dim] == len(keep) else 0
-            return t[(slice(None),) * at + (keep.to(t.device),)]
+        if not bool(keep.any()):
+            self._padding_only = keep
+            return
+        real = _rows(keep, learn)
         learn.xb, learn.yb = map_tensors(real, learn.xb), map_tensors(real, learn.yb)  # tuples or dicts of tensors
-        if not bool(keep.any()):  # no sample at all: nothing to run the model on again
-            learn.pred = map_tensors(real, learn.pred)
-            learn.loss = None if learn.loss is None else torch.zeros_like(learn.loss.detach())
+
+    def after_loss(self):
+        """A batch of padding alone keeps zero rows and a loss of 0 that weighs nothing: every rank still counts a
+        batch, so every rank combines its metrics."""
+        keep, learn = self._padding_only, self.learn
+        if keep is None or learn.training:
             return
-        if learn.loss_func is None:  # the model computes its loss: run it again on the real samples
-            with learn._forward_context():
-                out = learn.model(*learn.xb) if type(learn.xb) is tuple else learn.model(**learn.xb)
-            learn.pred, loss = model_loss(out, training=False)
-            learn.loss = None if loss is None else loss.detach()
-            learn("after_pred")  # the new prediction as the first one was seen (fp32 under mixed precision)
-            return
-        learn.pred = map_tensors(real, learn.pred)
-        learn.loss = learn.loss_func(learn.pred, *learn.yb).detach() if learn.yb else None
+        real = _rows(keep, learn)
+        learn.xb, learn.yb, learn.pred = (map_tensors(real, t) for t in (learn.xb, learn.yb, learn.pred))
+        learn.loss = None if learn.loss is None else torch.zeros_like(learn.loss.detach())
+
+
+def _rows(keep: torch.Tensor, learn: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A tensor's rows that `keep` marks, along the batch dimension (`get_preds(concat_dim=)`'s where a tensor has
+    it there: inputs may be batch-first when outputs are sequence-first)."""
+    dim = next((cb.concat_dim for cb in learn.cbs if isinstance(cb, GatherPreds)), 0)
+
+    def real(t: torch.Tensor) -> torch.Tensor:
+        at = dim if t.dim() > dim and t.shape[dim] == len(keep) else 0
+        return t[(slice(None),) * at + (keep.to(t.device),)]
+    return real
 
 
 def _shard(strategy: Any, dl: Any) -> Any:

@@ -19,10 +19,6 @@ The loop, as `Learner.fit` runs it::
 Raising `Cancel<Level>Exception` inside a level fires `after_cancel_<level>` and then still
 `after_<level>`; the enclosing level continues.
 
-Under distribution, the last validation batch of a process may be partly padding: its padding is dropped
-in `after_loss`, and a model that computes its own loss runs again on the real samples, which fires
-`after_pred` a second time for that batch. Collect predictions in `after_batch` (as `get_preds` does).
-
 >>> class Stop(Callback):
 ...     def after_batch(self):
 ...         if self.learn.iter == 10: raise CancelEpochException()

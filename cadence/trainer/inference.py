@@ -162,6 +162,10 @@ class InferenceMethods:
         """
         from .gather import GatherPreds
 
+        if with_loss and self.loss_func is None:
+            raise ValueError("get_preds(with_loss=True): the model computes its own loss (loss_func=None), one "
+                             "number per batch, so there is no loss per item; give the Learner a loss_func that "
+                             "computes it from the predictions, or call get_preds without with_loss")
         picked = self._pick_dl(ds_idx, dl, "get_preds")
         given = dl is not None or not isinstance(ds_idx, int)
         dl = in_dataset_order(picked) if reorder or not given else picked

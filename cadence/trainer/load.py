@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from torch import nn
 from ..serialization import check_state_dict, load_weights
 from ..tied_weights import retie, tied_names
 from .data import DataLoaders
-from .export import PICKLE, WEIGHTS
+from .export import MANIFEST, PICKLE, WEIGHTS
 from .learner import Learner
 
 
@@ -52,9 +53,18 @@ def load_learner(path: str | os.PathLike, trust_pickle: bool = False, model: nn.
     else:
         check_state_dict(model, state, source=str(path / WEIGHTS))
         model.load_state_dict(state)
-    loss_func = loss_func or extra.get("loss_func", _no_loss)  # None when the exported model computes its loss
+    if loss_func is None:  # the exported one: None when the model computes its loss (export.json says so too)
+        loss_func = extra["loss_func"] if "loss_func" in extra else None if _computed_its_loss(path) else _no_loss
     dls = DataLoaders([], None, device="cpu" if cpu else None, n_inp=extra.get("n_inp"))
     return Learner(dls, model, loss_func=loss_func)
+
+
+def _computed_its_loss(path: Path) -> bool:
+    """Whether the exported Learner had no loss_func (its model computes its loss), from the plain-JSON manifest."""
+    try:
+        return json.loads((path / MANIFEST).read_text()).get("loss_func") == "None"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _unpickle(path: Path, trust_pickle: bool) -> dict[str, Any]:

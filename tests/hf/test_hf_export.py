@@ -108,6 +108,8 @@ def test_export_and_load_learner_keep_the_tie_and_the_models_own_loss(tmp_path):
     torch.testing.assert_close(logits(model), logits(learn.model), rtol=0, atol=0)
     assert loaded.loss_func is None                                      # the model computes its loss, as it did
     assert loaded.validate(dl=learn.dls.valid) == learn.validate()
+    own = load_learner(tmp_path / "exported", model=tiny_model("gpt2", seed=5))   # no unpickling: export.json says
+    assert own.loss_func is None and own.validate(dl=learn.dls.valid) == learn.validate()   # it computed its loss
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])

@@ -4,7 +4,7 @@
   (the train loader, ds_idx=0) and from the valid loader, with inputs, decoded classes and per-item losses;
 - a validation set of 1 item: the fit's metrics, `get_preds(dl=)` and `validate(dl=)` count it once, as one process
   does (the other ranks have padding alone), with a loss_func and with a model that computes its loss;
-- under to_bf16, a model computing its loss: the partly padded batch it runs again gives fp32 predictions too;
+- under to_bf16, a model computing its loss: a partly padded batch gives fp32 predictions too, FSDP2 included;
 - get_preds(concat_dim=1) of a sequence-first model drops the padding along each tensor's batch dimension;
 - fit(reset_opt=True): a new optimizer, counted afresh, the processes still equal;
 - lr_find: one sweep on every process (the loss averaged over them), every process restored to the same weights;
@@ -122,20 +122,25 @@ def check_one_valid_item(x, y):
                                                     - float(nn.functional.cross_entropy(out, y[N_TRAIN:N_TRAIN + 1]))) < 1e-6)
 
 
-def check_bf16_padded_batch_run_again(x, y):
-    """A model computing its loss under to_bf16: the last validation batch, partly padding, runs again on its real
-    samples alone; its predictions are fp32 as the others are (MixedPrecision's after_pred)."""
+def check_model_computed_loss_padded_batch(x, y):
+    """A model computing its loss, under to_bf16, on DDP and FSDP2: the last validation batch, partly padding, runs
+    on its real samples only, on every rank at once (FSDP2's forward gathers the parameters: a rank running the
+    model again alone hung it); predictions fp32 as the others are (MixedPrecision's after_pred), loss by hand."""
     items = [{"x": a, "labels": b} for a, b in zip(x, y)]
     valid = items[N_TRAIN:N_TRAIN + 5]  # 5 items: the last shard is part padding on 2 and 3 processes
-    learn = Learner(DataLoaders(DataLoader(items[:N_TRAIN], batch_size=BS), DataLoader(valid, batch_size=BS),
-                                device="cpu"), DictModel(), loss_func=None).to_bf16()
-    with learn.no_bar(), learn.distrib_ctx():
-        learn.fit(1, lr=0.1)
-        preds, _ = learn.get_preds()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = learn.model.net(x[N_TRAIN:N_TRAIN + 5])
-    check("bf16_padded_batch_run_again_fp32", preds.dtype == torch.float32 and preds.shape == (5, 3)
-          and torch.allclose(preds, out.float(), atol=0.05))
+    for strategy in ("ddp", "fsdp"):
+        learn = Learner(DataLoaders(DataLoader(items[:N_TRAIN], batch_size=BS), DataLoader(valid, batch_size=BS),
+                                    device="cpu"), DictModel(), loss_func=None).to_bf16()
+        with learn.no_bar(), learn.distrib_ctx(strategy=strategy):
+            learn.fit(1, lr=0.1)
+            preds, _ = learn.get_preds()
+            again = learn.validate()["valid_loss"]
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = learn.model.net(x[N_TRAIN:N_TRAIN + 5])
+        by_hand = float(nn.functional.cross_entropy(out.float(), y[N_TRAIN:N_TRAIN + 5]))
+        check(f"model_computed_loss_padded_batch_{strategy}", preds.dtype == torch.float32 and preds.shape == (5, 3)
+              and torch.allclose(preds, out.float(), atol=0.05) and abs(again - by_hand) < 0.05
+              and abs(learn.recorder.values[-1]["valid_loss"] - by_hand) < 0.05)
 
 
 class SeqFirst(nn.Module):
@@ -280,7 +285,7 @@ if __name__ == "__main__":
     x, y = data()
     check_get_preds(x, y)
     check_one_valid_item(x, y)
-    check_bf16_padded_batch_run_again(x, y)
+    check_model_computed_loss_padded_batch(x, y)
     check_concat_dim_with_padding(x, y)
     check_reset_opt(x, y)
     check_lr_find(x, y)

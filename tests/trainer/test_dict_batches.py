@@ -35,6 +35,8 @@ def test_model_computing_its_own_loss_trains_and_is_evaluated_on_its_logits():
     assert last["valid_loss"] == pytest.approx(total, rel=1e-5) and last["accuracy"] == pytest.approx(expected_acc)
     preds, targs = learn.get_preds()
     assert preds.shape == (70, 2) and torch.equal(targs, torch.stack([d["labels"] for d in token_data(70, seed=1)]))
+    with pytest.raises(ValueError, match=r"with_loss=True\): the model computes its own loss.*no loss per item"):
+        learn.get_preds(with_loss=True)
 
 
 def test_loss_func_over_named_targets():

@@ -6,7 +6,8 @@ from helpers import run_launch
 
 CHECKS = ["get_preds_train_all_items_in_order", "get_preds_train_values", "get_preds_valid_all_items_in_order",
           "tta_lerps_augmented_and_plain_in_order", "one_valid_item_counted_once_on_every_process",
-          "one_valid_item_get_preds", "one_valid_item_model_computed_loss", "bf16_padded_batch_run_again_fp32",
+          "one_valid_item_get_preds", "one_valid_item_model_computed_loss", "model_computed_loss_padded_batch_ddp",
+          "model_computed_loss_padded_batch_fsdp",
           "get_preds_concat_dim_drops_padding_along_the_batch", "reset_opt_counts_afresh_under_ddp",
           "lr_find_one_sweep_on_every_process",
           "recorder_losses_are_this_process_smoothed", "recorder_train_loss_is_the_mean_over_processes",
