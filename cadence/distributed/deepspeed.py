@@ -36,7 +36,7 @@ from .data import DistributedDL
 from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimizer, fill_scheduler, fit_buckets,
                                has_auto, is_auto, largest_layer, launcher_options, optimizer_entry)
 from .deepspeed_install import build_ops, import_deepspeed
-from .deepspeed_state import full_fp32, materialize_state, set_zero3_partition
+from .deepspeed_state import frozen_fp32, full_fp32, materialize_state, set_zero3_partition
 from .precision import AutocastPrecision, FullPrecision
 from .staging import HostBuffers, Staging
 from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
@@ -82,8 +82,8 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self.engine = None
         self.created_group = False
         self._cadence_accumulates = False  # GradAccum scales the losses and marks the window ends
-        self._skeleton: nn.Module | None = None
-        self._auto_scheduler: dict | None = None
+        self._skeleton, self._auto_scheduler = None, None
+        self._frozen: dict[int, torch.Tensor] = {}  # the frozen parameters' fp32 values (`frozen_fp32`)
 
     @classmethod
     def check_launcher_config(cls, config: Any) -> None:
@@ -142,7 +142,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         deepspeed = import_deepspeed()
         self.precision = _engine_precision(precision or self.precision, self.device)
         self._precision_fixed = True
-        self._skeleton = meta_copy(model)
+        self._skeleton, self._frozen = meta_copy(model), frozen_fp32(model, self.precision.name, self.stage)
         cfg = self._engine_config(self.precision.name, micro_batch=1)
         fit_buckets(cfg["zero_optimization"], largest_layer(model))
         optimizer = None
@@ -336,7 +336,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
                 state[name] = t.detach().cpu().clone()
                 continue
             if id(param) not in masters:
-                masters[id(param)] = full_fp32(param)
+                masters[id(param)] = full_fp32(param, self._frozen.get(id(param)))
             state[name] = masters[id(param)]
         return state
 
@@ -353,6 +353,8 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             for name, param in params.items():
                 with torch.no_grad():
                     param.copy_(state[name].to(param.dtype))
+                if id(param) in self._frozen:  # a frozen weight loaded: its exact value from now on
+                    self._frozen[id(param)] = state[name].detach().float().cpu()
         for name, param in params.items():
             if hasattr(param, "ds_id"):
                 set_zero3_partition(param._z3_optimizer, param, state[name], key=None)

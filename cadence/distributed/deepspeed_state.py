@@ -8,6 +8,8 @@ DeepSpeed's `safe_get_full_*` / `safe_set_full_*` do most of it; these helpers c
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -32,9 +34,31 @@ def materialize_state(opt) -> None:
         group["params"], group["lr"] = saved if zero3 is not None else (group["params"], saved[1])
 
 
-def full_fp32(param: nn.Parameter) -> torch.Tensor:
-    """The whole fp32 master of `param` on the CPU: gathered from the ZeRO partitions, or the parameter itself."""
+def frozen_fp32(model: nn.Module, precision: str, stage: int) -> dict[int, torch.Tensor]:
+    """The fp32 values of `model`'s frozen parameters on the host, by parameter id, before a bf16/fp16 engine rounds
+    them: DeepSpeed keeps fp32 masters of the trained parameters only, so without these an export (and the model
+    after `distrib_ctx`) would hold a frozen base model rounded to bf16. ZeRO-0 to 2 only: each rank holds whole
+    parameters anyway (on the CPU these are the parameters' own storages, no copy); ZeRO-3 partitions them so that
+    no rank does, and warns instead."""
+    frozen = [p for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32]
+    if precision == "fp32" or not frozen:
+        return {}
+    if stage == 3:
+        warnings.warn(f"DeepSpeed ZeRO-3 in {precision} keeps no fp32 copy of the {len(frozen)} frozen parameters "
+                      f"({sum(p.numel() for p in frozen) * 4 / 2**20:,.1f} MiB in fp32): they are rounded to "
+                      f"{precision}, in training and in what save_model / the model after distrib_ctx hold; ZeRO-2 "
+                      f"or FSDP keep them exact", stacklevel=3)
+        return {}
+    return {id(p): p.detach().cpu() for p in frozen}
+
+
+def full_fp32(param: nn.Parameter, kept: torch.Tensor | None = None) -> torch.Tensor:
+    """The whole fp32 master of `param` on the CPU: gathered from the ZeRO partitions, or the parameter itself;
+    `kept` (from `frozen_fp32`) for a frozen parameter whose working copy is still its rounding."""
     from deepspeed.utils import safe_get_full_fp32_param
+
+    if kept is not None and not param.requires_grad and torch.equal(kept.to(param.device, param.dtype), param):
+        return kept
 
     full = safe_get_full_fp32_param(param)
     if full is not None:

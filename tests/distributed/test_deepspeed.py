@@ -4,6 +4,7 @@ Each launch trains several Learners in sequence (tests/scripts/deepspeed_runs.py
 start of a DeepSpeed launch is paid once; the tests compare the exported full weights.
 """
 
+import contextlib
 import importlib
 import json
 from types import SimpleNamespace
@@ -487,3 +488,30 @@ def test_reset_opt_is_refused_because_the_engine_steps_its_own_optimizer(dls, tm
         learn.fit(1)
         with pytest.raises(ValueError, match=r"cannot replace the optimizer under deepspeed.*before distrib_ctx"):
             learn.fit(1, reset_opt=True)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_frozen_weights_leave_a_bf16_engine_exact_at_zero2_and_zero3_warns(dls, tmp_path, stage):
+    """DeepSpeed keeps fp32 masters of the trained parameters only: a frozen layer (a LoRA base model) would come back
+    rounded to bf16, in the model after distrib_ctx and in save_model. ZeRO-2 keeps their fp32 values; ZeRO-3, which
+    must not hold whole parameters, says it rounds them."""
+    from safetensors.torch import load_file
+
+    from fixtures import make_learner
+
+    learn = make_learner(dls, tmp_path).to_bf16()
+    frozen = learn.model[0].weight
+    frozen.requires_grad_(False)
+    before = frozen.detach().clone()
+    assert not torch.equal(before.bfloat16().float(), before)       # bf16 would change it
+    with pytest.warns(UserWarning, match="keeps no fp32 copy of the 1 frozen param") if stage == 3 else \
+            contextlib.nullcontext():
+        with learn.distrib_ctx(strategy="deepspeed", zero_stage=stage):
+            learn.fit(1)
+            learn.save_model(tmp_path / "export")
+    exported = load_file(tmp_path / "export" / "model.safetensors")["0.weight"]
+    if stage == 2:
+        assert torch.equal(learn.model[0].weight, before) and torch.equal(exported, before)
+        assert not torch.equal(learn.model[2].weight, make_learner(dls, tmp_path).model[2].weight)   # it trained
+    else:
+        assert torch.equal(exported, before.bfloat16().float())
