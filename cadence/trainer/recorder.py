@@ -54,9 +54,10 @@ class SmoothLoss:
     def value(self) -> float | None:
         return self.val / (1 - self.beta ** self.count) if self.count else None
 
-    def restore(self, value: float, count: int) -> None:
-        """Continue from a debiased `value` after `count` batches (what `recorder.losses` holds)."""
-        self.count, self.val = count, value * (1 - self.beta ** count)
+    def restore(self, value: float, count: int, raw: float | None = None) -> None:
+        """Continue from a debiased `value` after `count` batches (what `recorder.losses` holds), or from the moving
+        average itself (`raw`, `val` as saved: bitwise the run's own)."""
+        self.count, self.val = count, value * (1 - self.beta ** count) if raw is None else raw
 
 
 class Recorder(Callback):
@@ -84,6 +85,8 @@ class Recorder(Callback):
 
     order = Order.RECORD
 
+    state_per_rank = True  # each process smooths its own losses: a resume restores each process's own
+
     def __init__(self, metrics: list[Any] | None = None, add_time: bool = True, train_metrics: bool = False,
                  beta: float = 0.98):
         self.metrics: list[Metric] = [as_metric(m) for m in (metrics or [])]
@@ -100,7 +103,7 @@ class Recorder(Callback):
         self.lrs: list[float] = []
         self._batch_losses: list[torch.Tensor | float] = []  # floats on the CPU, tensors on an accelerator
         self._float_losses = True
-        self._resumed = False
+        self._resumed, self._smooth_val = False, None
         self._train_values: dict[str, float | None] = {}
         self._live: tuple[int, SmoothLoss | None] = (0, None)  # smooth_loss read mid-epoch: batches folded in, state
         self._as_tensor = {key: _GrowingTensor() for key in ("losses", "lrs", "epoch_losses")}
@@ -139,7 +142,7 @@ class Recorder(Callback):
         self._live = (0, None)
         if self._resumed:  # load_state_dict restored the history of the interrupted run
             if self.losses:  # the smoothed loss continues where the saved run's stood
-                self.smooth.restore(self.losses[-1], len(self.losses))
+                self.smooth.restore(self.losses[-1], len(self.losses), self._smooth_val)
             else:
                 self.smooth.reset()
             return
@@ -173,6 +176,7 @@ class Recorder(Callback):
         """
         t = self._as_tensor
         return {"values": [row.as_dict() for row in self.values], "iters": list(self.iters),
+                "smooth_val": self.smooth.val,
                 "losses": t["losses"](self.losses), "lrs": t["lrs"](self.lrs),
                 "epoch_losses": t["epoch_losses"](self._batch_losses)}
 
@@ -181,6 +185,7 @@ class Recorder(Callback):
         weighted the unsmoothed epoch mean, is not needed). A checkpoint written before `iters` was recorded
         gets it spread evenly over the epochs it holds (exact when every epoch had as many batches)."""
         self.losses, self.lrs = _as_list(state["losses"]), _as_list(state["lrs"])
+        self._smooth_val = state.get("smooth_val")  # the moving average itself (absent: from `losses`)
         self.values = [EpochRecord(row) for row in state["values"]]
         n = len(self.values)
         self.iters = list(state.get("iters") or [len(self.losses) * (i + 1) // n for i in range(n)])

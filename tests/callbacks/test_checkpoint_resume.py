@@ -82,7 +82,7 @@ def test_kill_during_a_checkpoint_write_leaves_latest_complete(tmp_path):
 
 @pytest.mark.long
 def test_two_processes_killed_resume_exactly(tmp_path):
-    run_launch("resume.py", "--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
+    ref = run_launch("resume.py", "--ckpt", tmp_path / "ref", "--out", tmp_path / "ref.st")
     killed = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st", "--kill-at", 5,
                         check=False)
     assert killed.returncode != 0
@@ -91,6 +91,9 @@ def test_two_processes_killed_resume_exactly(tmp_path):
     done = run_launch("resume.py", "--ckpt", tmp_path / "run", "--out", tmp_path / "run.st")
     assert "STEPS 9" in done.stdout
     assert_same_weights(tmp_path / "ref.st", tmp_path / "run.st")
+    # each process's own smoothed loss resumed (not rank 0's on both): the train_loss column, their mean, is the same
+    column = [line for line in ref.stdout.splitlines() if line.startswith("TRAIN_LOSS")]
+    assert len(column) == 1 and column[0] in done.stdout.splitlines(), (column, done.stdout)
     assert_tracked_steps(tmp_path / "run", 9)
 
     # the same 2-process checkpoint continues on one process: the rest of epoch 1 keeps its global batches of

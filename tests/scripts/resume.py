@@ -128,6 +128,7 @@ def main():
     if is_main_process():
         save_file({k: v.contiguous() for k, v in learn.model.state_dict().items()}, args.out)
         print(f"STEPS {learn.step}", flush=True)
+        print(f"TRAIN_LOSS {[row['train_loss'] for row in learn.recorder.values]}", flush=True)
         if fs_ops is not None:
             print(f"FSOPS {fs_ops.get('any', 0)}", flush=True)
 
