@@ -64,7 +64,6 @@ class Callback:
     run_train: bool = True      # called during training batches/events
     run_valid: bool = True      # called during validation
     run_lr_find: bool = True    # False: detached during lr_find's throwaway fit (callbacks acting on the run's results)
-    state_per_rank: bool = False  # True: a checkpoint keeps each process's own `state_dict` (they differ)
     learn: Any = None
 
     def __init__(self, **event_funcs: Callable[["Callback"], Any]):

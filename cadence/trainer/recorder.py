@@ -85,8 +85,6 @@ class Recorder(Callback):
 
     order = Order.RECORD
 
-    state_per_rank = True  # each process smooths its own losses: a resume restores each process's own
-
     def __init__(self, metrics: list[Any] | None = None, add_time: bool = True, train_metrics: bool = False,
                  beta: float = 0.98):
         self.metrics: list[Metric] = [as_metric(m) for m in (metrics or [])]
@@ -175,24 +173,34 @@ class Recorder(Callback):
         extended by the batches since the last call: a checkpoint's cost does not grow with the run.
         """
         t = self._as_tensor
-        return {"values": [row.as_dict() for row in self.values], "iters": list(self.iters),
-                "smooth_val": self.smooth.val,
-                "losses": t["losses"](self.losses), "lrs": t["lrs"](self.lrs),
-                "epoch_losses": t["epoch_losses"](self._batch_losses)}
+        return {"values": [row.as_dict() for row in self.values], "iters": list(self.iters), "lrs": t["lrs"](self.lrs),
+                **self.rank_state_dict()}
+
+    def rank_state_dict(self) -> dict[str, Any]:
+        """What differs per process: its own smoothed losses, the current epoch's batch losses and the moving
+        average (bitwise); a checkpoint keeps each process's in its own file, and a resume restores each its own."""
+        t = self._as_tensor
+        return {"losses": t["losses"](self.losses), "epoch_losses": t["epoch_losses"](self._batch_losses),
+                "smooth_val": self.smooth.val}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()` (lists, as checkpoints of format 1 hold them, load too; their `epoch_sizes`, which
         weighted the unsmoothed epoch mean, is not needed). A checkpoint written before `iters` was recorded
         gets it spread evenly over the epochs it holds (exact when every epoch had as many batches)."""
-        self.losses, self.lrs = _as_list(state["losses"]), _as_list(state["lrs"])
-        self._smooth_val = state.get("smooth_val")  # the moving average itself (absent: from `losses`)
+        self.lrs = _as_list(state["lrs"])
+        self.load_rank_state_dict(state)
         self.values = [EpochRecord(row) for row in state["values"]]
         n = len(self.values)
         self.iters = list(state.get("iters") or [len(self.losses) * (i + 1) // n for i in range(n)])
+        self._resumed = True
+
+    def load_rank_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `rank_state_dict()` (this process's own; `load_state_dict` restored the main process's first)."""
+        self.losses = _as_list(state["losses"])
+        self._smooth_val = state.get("smooth_val")  # the moving average itself (absent: from `losses`)
         losses = _as_list(state["epoch_losses"])
         device = self.learn.strategy.device
         self._batch_losses = losses if self._on_cpu() else [torch.tensor(x, device=device) for x in losses]
-        self._resumed = True
 
     def before_validate(self):
         if self.learn.inner_pass:  # get_preds(inner=True) inside fit: nothing of it is recorded

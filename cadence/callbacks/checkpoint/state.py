@@ -132,7 +132,7 @@ def stage_state(learn: Any, directory: Path, epoch_complete: bool, copy: bool = 
         state = json.loads(json.dumps(state))  # the values of now: callbacks go on changing their own lists
         if copy:
             tensors = host_copy(tensors)
-    own = {cb.name: cb.state_dict() for cb in learn.cbs if cb.state_per_rank}  # beside the rank's RNG state
+    own = {cb.name: cb.rank_state_dict() for cb in learn.cbs if callable(getattr(cb, "rank_state_dict", None))}
     return StagedSave(directory, engine_write, {**rng_state(strategy), **({"callbacks": own} if own else {})},
                       state, tensors)
 
@@ -224,10 +224,12 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
     rng = _read_rng(directory, state)
     learn.strategy.wait_for_staging()
     learn.strategy.load_checkpoint(directory, learn.model, learn.opt)
-    own = (rng or {}).get("callbacks", {})  # this rank's own state of the callbacks that keep one (the Recorder)
+    own = (rng or {}).get("callbacks", {})  # what differs per process (the Recorder's smoothed loss): this rank's
     for cb in learn.cbs:
         if cb.name in state["callbacks"] and callable(getattr(cb, "load_state_dict", None)):
-            cb.load_state_dict(own.get(cb.name, state["callbacks"][cb.name]))
+            cb.load_state_dict(state["callbacks"][cb.name])
+        if cb.name in own and callable(getattr(cb, "load_rank_state_dict", None)):
+            cb.load_rank_state_dict(own[cb.name])
     if rng is not None:
         set_rng_state(rng, learn.strategy)
     _restore_position(learn, state)
