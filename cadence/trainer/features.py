@@ -66,11 +66,8 @@ class FeatureMethods:
         >>> with learn.no_logging():
         ...     learn.fit(1)
         """
-        saved, self.log_epochs = self.log_epochs, False
-        try:
+        with _switched_off(self, "log_epochs"):
             yield self
-        finally:
-            self.log_epochs = saved
 
     @contextlib.contextmanager
     def no_mbar(self):
@@ -80,11 +77,8 @@ class FeatureMethods:
         >>> with learn.no_mbar():
         ...     learn.fit(1)
         """
-        saved, self.create_mbar = self.create_mbar, False
-        try:
+        with _switched_off(self, "create_mbar"):
             yield self
-        finally:
-            self.create_mbar = saved
 
     def summary(self) -> str:
         """Layers with output shapes and parameter counts, totals, frozen groups and callbacks (fastai's summary).
@@ -94,3 +88,14 @@ class FeatureMethods:
         from .summary import summary
 
         return summary(self)
+
+
+@contextlib.contextmanager
+def _switched_off(learn: Any, flag: str):
+    """`learn.<flag>` False for the block, as it was after."""
+    saved = getattr(learn, flag)
+    setattr(learn, flag, False)
+    try:
+        yield
+    finally:
+        setattr(learn, flag, saved)
