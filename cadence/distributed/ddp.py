@@ -51,6 +51,27 @@ def _has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
+class TransparentDDP(DistributedDataParallel):
+    """DistributedDataParallel that also answers the wrapped model's own attributes (`generate`, `config`), as a
+    model under FSDP2 or DeepSpeed's engine does: `learn.model.generate(ids)` is the same line on every engine.
+
+    >>> with learn.distrib_ctx(strategy="ddp"):
+    ...     tokens = learn.model.generate(ids, max_new_tokens=8)
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # DDP's own, its parameters and submodules
+        except AttributeError as missing:
+            inner = self.__dict__.get("_modules", {}).get("module")
+            if inner is None or name == "module":
+                raise
+            try:
+                return getattr(inner, name)
+            except AttributeError:
+                raise missing from None
+
+
 class DDP(Strategy):
     """Wrap the model in DistributedDataParallel; BatchNorm becomes SyncBatchNorm when `sync_bn`.
 
@@ -111,7 +132,7 @@ class DDP(Strategy):
 
     def _wrap(self, model: nn.Module) -> DistributedDataParallel:
         device_ids = [self.device] if self.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        wrapped = TransparentDDP(model, device_ids=device_ids, **self.ddp_kwargs)
         if self.comm_hook == "auto":
             self._use_shared_memory(wrapped)
         elif callable(self.comm_hook):

@@ -198,6 +198,7 @@ class FSDP(OwnsPrecision, Strategy):
         # the root reshards after forward too (torch's default keeps it unsharded until backward, and an
         # evaluation forward has no backward: the model would then hold unsharded parameters)
         fully_shard(model, **kwargs)
+        _gather_for_generate(model)
         if self.cpu_ram_efficient_loading:
             self._load_broadcast(model, full_state)
             set_buffers(model, buffers)  # to_empty emptied them
@@ -487,3 +488,13 @@ def _depth(root: nn.Module, module: nn.Module) -> int:
 
 def _full_cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _gather_for_generate(model: nn.Module) -> None:
+    """A `generate` method (Hugging Face, peft) gathers the root's parameters as `forward` does: peft's `generate`
+    calls the inner model, never the root's `forward`, and would meet the root's sharded embedding."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    if callable(getattr(model, "generate", None)):
+        register_fsdp_forward_method(model, "generate")
+

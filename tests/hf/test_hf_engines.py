@@ -136,6 +136,20 @@ def test_lora_adapter_saved_in_peft_layout_reloads_with_the_trained_logits(runs,
 
 @pytest.mark.slow
 @pytest.mark.timeout(700)
+def test_generate_inside_every_engine_gives_the_plain_models_tokens(runs):
+    """`learn.model.generate` mid-training (a peft model under FSDP2 too: peft calls the inner model, not the
+    sharded root's forward) gives the tokens the model gives after the context; bf16 ones need only run."""
+    out, _ = runs
+    for run in RUNS:
+        generated = result(out, run["name"])["generated"]
+        assert isinstance(generated["inside"], list), (run["name"], generated["inside"])
+        assert len(generated["inside"][0]) == 8, (run["name"], generated)
+        if run.get("precision") != "bf16":
+            assert generated["inside"] == generated["after"], (run["name"], generated)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(700)
 def test_zero3_prints_no_deprecation_flood(runs):
     _, proc = runs
     flood = [line for line in (proc.stdout + proc.stderr).splitlines() if "is deprecated. Please use" in line]

@@ -9,7 +9,8 @@ argv: OUT_DIR RUNS_JSON, a list of runs, each with its own distrib_ctx:
     source ("config": AutoModelForCausalLM.from_config; "pretrained": from_pretrained of the tiny model saved first).
 Rank 0 writes OUT_DIR/<name>/: export/ (save_model), logits.pt (the trained model's, after the context) and
 result.json (whether lm_head and the input embedding are one Parameter after the context; the same, and the
-logits' distance, after loading each checkpoint).
+logits' distance, after loading each checkpoint; the tokens `learn.model.generate` gave inside the context, or its
+error, and after it).
 """
 
 import json
@@ -32,6 +33,17 @@ def tied(model) -> bool:
     return model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
 
+def generate(model) -> list | str:
+    """Greedy tokens for a fixed prompt, or the error `generate` raised."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model.generate(input_ids=torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4, do_sample=False,
+                                  pad_token_id=0).tolist()
+    except Exception as e:  # noqa: BLE001 - the test reads which engine failed, and how
+        return f"{type(e).__name__}: {e}"
+
+
 def run(out: Path, spec: dict) -> None:
     engine = ENGINES[spec["engine"]](LAYER[spec["model"]])
     init_options = spec.get("init_options")  # the model built in the strategy's init_context
@@ -49,11 +61,13 @@ def run(out: Path, spec: dict) -> None:
         learn.fit(1)
         groups = sorted({type(m).__name__ for m in learn.model.modules() if isinstance(m, FSDPModule)} -
                         {type(learn.model).__name__})   # FSDP's groups below the root
+        generated = generate(learn.model)  # as a user samples mid-training, on the wrapped model
         learn.save_model(out / "export", max_shard_size=spec.get("shard", "2GB"))
         if spec.get("checkpoint"):
             learn.save_state(out / "state")  # the engine's own format
             learn.save(out / "saved")  # full weights and optimizer state
-    result = {"tied": tied(learn.model), "losses": [float(v) for v in learn.recorder.losses], "fsdp_groups": groups}
+    result = {"tied": tied(learn.model), "losses": [float(v) for v in learn.recorder.losses], "fsdp_groups": groups,
+              "generated": {"inside": generated, "after": generate(learn.model)}}
     trained = logits(learn.model)
     for how in ("load_state", "load") if spec.get("checkpoint") else ():
         fresh = lm_learner(spec["model"], seed=1)
