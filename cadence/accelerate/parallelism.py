@@ -25,7 +25,7 @@ from ..distributed import env
 from ..distributed.model_parallel import parallelism_sizes
 
 __all__ = ["ParallelismConfig", "ParallelismProperties", "parallel_engine", "launched_parallelism_config",
-           "refuse_presliced"]
+           "refuse_presliced", "accelerate_mesh"]
 
 _NAMES = ("dp_replicate", "dp_shard", "tp", "cp")
 
@@ -41,7 +41,8 @@ class ParallelismConfig:
     Args:
         tp_size: processes per tensor-parallel group (they hold slices of the same layers and see the same batches).
         dp_shard_size: data-parallel groups, FSDP2-sharded (with tp_size 1 and no tensor parallelism: plain FSDP2).
-        dp_replicate_size: replicated data-parallel groups; with tp_size > 1 only 1 (HSDP under TP is not in cadence).
+        dp_replicate_size: replicated data-parallel groups (with tp_size > 1: HSDP under TP, FSDP2 shards within a
+            replica over dp_shard_size processes and averages across replicas).
         cp_size, sp_size: context and DeepSpeed sequence parallelism; 1 only (shard sequences with SequenceParallel
             in the tensor-parallel plan).
         parallelize: cadence's addition, `fn(model, tp_mesh)` slicing the model with `parallelize_module`.
@@ -84,10 +85,6 @@ class ParallelismConfig:
             raise ValueError(f"cp_size={self.cp_size}: context parallelism is not available in cadence yet (and torch "
                              f"has no CPU implementation of sharded attention); shard long sequences with sequence "
                              f"parallelism instead (SequenceParallel in the parallelize plan), cp_size=1")
-        if self.tp_size > 1 and self.dp_replicate_size > 1:
-            raise ValueError(f"dp_replicate_size={self.dp_replicate_size} with tp_size={self.tp_size}: replicated FSDP "
-                             f"groups (HSDP) under tensor parallelism are not in cadence yet; use dp_shard_size="
-                             f"{self.dp_replicate_size * self.dp_shard_size} and dp_replicate_size=1")
         if self.parallelize is not None and not callable(self.parallelize):
             raise TypeError(f"parallelize must be a function fn(model, tp_mesh), got {type(self.parallelize).__name__}")
 
@@ -118,6 +115,35 @@ class ParallelismConfig:
     @property
     def cp_enabled(self) -> bool:
         return False
+
+    @property
+    def dp_dim_names(self) -> list[str]:
+        """The enabled data-parallel mesh dimensions (Accelerate's names): each sees different batches."""
+        return [name for name in ("dp_replicate", "dp_shard") if getattr(self, f"{name}_size") > 1]
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        """The enabled dimensions whose ranks see the same batches: "tp"."""
+        return ["tp"] if self.tp_enabled else []
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """The dimensions FSDP shards the model over (flattened as "dp_shard_cp")."""
+        return ["dp_shard"] if self.dp_shard_enabled else []
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """The dimensions a loss is averaged over (flattened as "dp_cp"): the data-parallel ones here."""
+        return self.dp_dim_names
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The mesh dimensions FSDP applies over, replication included."""
+        return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        return self.dp_dim_names + self.non_dp_dim_names
 
     @property
     def sp_enabled(self) -> bool:
@@ -154,7 +180,7 @@ def parallel_engine(config: ParallelismConfig, engine: Any, options: dict[str, A
         return engine, options
     if config.tp_enabled:
         return "model_parallel", {**options, "tp_size": config.tp_size, "dp_shard_size": config.dp_shard_size,
-                                  "parallelize": config.parallelize}
+                                  "dp_replicate_size": config.dp_replicate_size, "parallelize": config.parallelize}
     if config.dp_shard_enabled:
         if config.dp_replicate_enabled:
             raise ValueError(f"dp_replicate_size={config.dp_replicate_size} x dp_shard_size={config.dp_shard_size} "
@@ -169,17 +195,44 @@ def launched_parallelism_config() -> ParallelismConfig | None:
 
 
 def refuse_presliced(model: Any, config: ParallelismConfig | None) -> None:
-    """A model with DTensor parameters before `prepare` (`from_pretrained(tp_plan="auto")`, Accelerate's way) is
-    refused: `prepare` slices it, and slicing twice would fail inside torch."""
-    if config is None or not config.tp_enabled:
+    """A model with DTensor parameters before `prepare` (`from_pretrained(tp_plan="auto")`) needs a parallelism_config
+    with tp_size > 1: only model_parallel takes a sliced model."""
+    if config is not None and config.tp_enabled:
         return
     from torch.distributed.tensor import DTensor
 
     if any(isinstance(p, DTensor) for p in model.parameters()):
         raise ValueError(f"{type(model).__name__} is already sliced (DTensor parameters, e.g. from_pretrained("
-                         f"tp_plan='auto')): under cadence prepare slices it. Build or load the plain model and give "
-                         f"the plan as ParallelismConfig(parallelize=fn), a model.parallelize(tp_mesh) method, or the "
-                         f"Hugging Face config's base_model_tp_plan")
+                         f"tp_plan='auto')), but the Accelerator has no tensor parallelism: pass "
+                         f"Accelerator(parallelism_config=ParallelismConfig(tp_size=...)) and give from_pretrained "
+                         f"device_mesh=accelerator.torch_device_mesh")
+
+
+def accelerate_mesh(device_type: str, config: ParallelismConfig) -> tuple[Any, Any]:
+    """Accelerate's device mesh for `config`: the enabled dimensions in its order (dp_replicate, dp_shard, tp) and
+    "dp", "dp_shard_cp", "dp_cp" flattened from them, as Accelerate's `ParallelismConfig.build_device_mesh` makes it.
+
+    model_parallel slices and shards on this mesh as it is; for it a "dp_shard" of size 1 stands next to a
+    "dp_replicate" under TP (HSDP), and a "dp" of size 1 before "tp" when no data-parallel dimension is enabled.
+    Returns the mesh and the data-parallel process group (cadence's own code keeps off torch's deprecated slicing
+    of a flattened dimension from the root mesh; users' `mesh["dp_cp"]` is Accelerate's way).
+    """
+    import torch.distributed as dist
+
+    sizes = {"dp_replicate": config.dp_replicate_size, "dp_shard": config.dp_shard_size, "tp": config.tp_size}
+    names = config.active_mesh_dims
+    if config.tp_enabled and config.dp_replicate_enabled and not config.dp_shard_enabled:
+        names.insert(1, "dp_shard")
+    dp_dims = [n for n in names if n.startswith("dp_")]
+    if not dp_dims:
+        names, sizes["dp"] = ["dp", *names], env.world_size() // config.tp_size
+    mesh = env.device_mesh(device_type, tuple(sizes[n] for n in names), tuple(names))
+    groups = {"dp": mesh["dp"].get_group()} if not dp_dims else {}
+    for flat, dims in (("dp", dp_dims), ("dp_shard_cp", config.dp_shard_cp_dim_names), ("dp_cp", dp_dims)):
+        if dims:
+            groups[flat] = mesh[tuple(dims) if len(dims) > 1 else dims[0]]._flatten(flat).get_group()
+            dist.distributed_c10d._set_pg_timeout(env.timeout(), groups[flat])   # as env.device_mesh does
+    return mesh, groups["dp"]
 
 
 class ParallelismProperties:
@@ -187,42 +240,45 @@ class ParallelismProperties:
 
     @property
     def torch_device_mesh(self) -> Any:
-        """The (dp, tp) DeviceMesh the model is sliced and sharded on; None without parallelism or in one process.
-        `mesh["tp"]` is what `from_pretrained(..., tp_plan="auto", device_mesh=...)` takes; dp is Accelerate's
-        flattened data-parallel dimension."""
+        """Accelerate's DeviceMesh (`accelerate_mesh`): enabled dimensions dp_replicate, dp_shard, tp, and the flattened
+        "dp", "dp_shard_cp", "dp_cp"; None without parallelism or in one process. `model_parallel` slices and shards
+        on it, and `from_pretrained(..., tp_plan="auto", device_mesh=accelerator.torch_device_mesh)` slices on its "tp".
+        """
         if self.parallelism_config is None or not env.is_initialized():
             return None
-        mesh = getattr(self.strategy, "device_mesh", None) or getattr(self, "_device_mesh", None)
+        mesh = getattr(self, "_device_mesh", None)
         if mesh is None:
-            tp = self.parallelism_config.tp_size
-            mesh = self._device_mesh = env.device_mesh(self.device.type, (env.world_size() // tp, tp), ("dp", "tp"))
-            if hasattr(self.strategy, "device_mesh"):   # model_parallel slices and shards on this same mesh
-                self.strategy.device_mesh = mesh
+            mesh, self._dp_group = accelerate_mesh(self.device.type, self.parallelism_config)
+            self._device_mesh = mesh
+        if getattr(self.strategy, "device_mesh", False) is None:   # model_parallel, before it built its own
+            self.strategy.device_mesh = mesh
         return mesh
 
     def _mesh_rank(self, dim: str) -> int:
         mesh = self.torch_device_mesh
-        return 0 if mesh is None else mesh.get_local_rank(dim)
+        return 0 if mesh is None or dim not in mesh.mesh_dim_names else mesh.get_local_rank(dim)
 
     @property
     def tensor_parallel_rank(self) -> int:
         """This process's place in its tensor-parallel group (0 without TP)."""
-        return self._mesh_rank("tp")
+        return self._mesh_rank("tp") if self.parallelism_config is not None and self.parallelism_config.tp_enabled else 0
 
     @property
     def data_parallel_shard_rank(self) -> int:
-        """This process's data-parallel group: the shard of the data (and of FSDP's parameters) it holds."""
-        return self._mesh_rank("dp")
+        """This process's place on "dp_shard": the shard of the data (and of FSDP's parameters) it holds; 0 when
+        dp_shard_size is 1."""
+        enabled = self.parallelism_config is not None and self.parallelism_config.dp_shard_enabled
+        return self._mesh_rank("dp_shard") if enabled else 0
 
     @property
     def data_parallel_rank(self) -> int:
-        """The replicated data-parallel rank: 0 (with TP only sharded dp groups exist), the process index under DDP."""
-        if self.parallelism_config is not None and self.parallelism_config.dp_replicate_enabled:
-            return self.process_index
-        return 0
+        """This process's replica on "dp_replicate"; 0 when dp_replicate_size is 1."""
+        enabled = self.parallelism_config is not None and self.parallelism_config.dp_replicate_enabled
+        return self._mesh_rank("dp_replicate") if enabled else 0
 
     def _metrics_group(self) -> Any:
         """The group the loaders shard over when it is not every process (tensor parallelism): the dp group."""
         if self.parallelism_config is None or not self.parallelism_config.tp_enabled or not env.is_initialized():
             return None
-        return self.torch_device_mesh.get_group("dp")
+        self.torch_device_mesh   # built with its dp group
+        return self._dp_group

@@ -121,6 +121,7 @@ class PrepareMethods:
             if model is m:
                 return model, self._model_opts[k]
         refuse_presliced(model, self.parallelism_config)
+        self.torch_device_mesh   # model_parallel slices and shards on Accelerate's mesh, the one users were given
         self._refuse_engine_without_optimizer(opts)
         dummy = next((o for o in opts if isinstance(o, DummyOptim)), None)
         if dummy is not None and not (self.distributed_type == DistributedType.DEEPSPEED

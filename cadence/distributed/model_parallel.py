@@ -121,7 +121,11 @@ class ModelParallel(FSDP):
         return self.device_mesh[dims if len(dims) > 1 else dims[0]]
 
     def _dp_dims(self) -> tuple[str, ...]:
-        return ("dp_replicate", "dp_shard") if self.dp_replicate_size > 1 else ("dp",)
+        """The data-parallel dimensions: ("dp",), or Accelerate's names on the Accelerator's mesh."""
+        if self.dp_replicate_size > 1:
+            return ("dp_replicate", "dp_shard")
+        given = self.device_mesh.mesh_dim_names if self.device_mesh is not None else ()
+        return ("dp_shard",) if "dp_shard" in given else ("dp",)
 
     def _mesh_names(self) -> tuple[str, ...]:
         return (*self._dp_dims(), "tp")
@@ -136,7 +140,9 @@ class ModelParallel(FSDP):
         model = model.to(self.device)
         self._mesh()
         tp_mesh = self.device_mesh["tp"]
-        if self.parallelize is not None:
+        if _sliced_already(model, tp_mesh):  # from_pretrained(tp_plan="auto", device_mesh=...): transformers sliced it
+            pass
+        elif self.parallelize is not None:
             self.parallelize(model, tp_mesh)
             _retie_sliced(model, ties)
         elif callable(getattr(model, "parallelize", None)):
@@ -226,7 +232,7 @@ class ModelParallel(FSDP):
         mesh = self._mesh()
         if mesh.ndim == 1:
             return mesh.get_group()
-        if self._flat_dp is None:
+        if self._flat_dp is None:  # Accelerate's mesh has flattened "dp" already: torch gives that one back
             self._flat_dp = mesh._flatten("dp").get_group()
             dist.distributed_c10d._set_pg_timeout(env.timeout(), self._flat_dp)  # as env.device_mesh does
         return self._flat_dp
@@ -310,6 +316,20 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _sliced_already(model: nn.Module, tp_mesh: Any) -> bool:
+    """Whether `model` came sliced (DTensor parameters); refused when sliced on another mesh than `tp_mesh`, which
+    FSDP2 could not combine with its dp dimension."""
+    from torch.distributed.tensor import DTensor
+
+    meshes = {p.device_mesh for p in model.parameters() if isinstance(p, DTensor)}
+    if meshes - {tp_mesh}:
+        other = next(iter(meshes - {tp_mesh}))
+        raise ValueError(f"{type(model).__name__} is sliced on {other}, not on the strategy's tensor-parallel mesh "
+                         f"{tp_mesh}: slice it on that one (from_pretrained(..., tp_plan='auto', device_mesh="
+                         f"accelerator.torch_device_mesh)), or pass the plain model and let prepare slice it")
+    return bool(meshes)
 
 
 def _retie_sliced(model: nn.Module, aliases: dict[str, str]) -> None:

@@ -1,11 +1,16 @@
-"""Launched on 2 or 4 processes by tests/accelerate/test_parallelism_config.py: `accelerate_parallelism.py OUT [--launched] [--bf16]`.
+"""Launched on 2 or 4 processes by tests/accelerate/test_parallelism_config.py:
+`accelerate_parallelism.py OUT [--launched] [--bf16] [--replicas] [--presliced]`.
 
 An Accelerate-style loop (`from cadence import Accelerator`, `cadence.utils.ParallelismConfig`) trains a tiny
 language model with tensor parallelism over 2 processes (and FSDP2 over the dp groups on 4). With `--launched` the
 script is a plain `Accelerator()` and the model carries its own `parallelize(tp_mesh)`: `cadence launch
---use_parallelism_config --parallelism_config_tp_size 2` gives the sizes. Rank 0 prints `CHECK <name> ok` for each check against a hand-written
+--use_parallelism_config --parallelism_config_tp_size 2` gives the sizes. With `--replicas` the dp groups are
+replicas (dp_replicate_size, HSDP under TP) rather than FSDP shards; with `--presliced` the script slices the model
+itself on `accelerator.torch_device_mesh["tp"]` before `prepare`, as `from_pretrained(tp_plan="auto")` does.
+Rank 0 prints `CHECK <name> ok` for each check against a hand-written
 one-process loop over the same global batches (computed here, without cadence):
-- mesh: `torch_device_mesh` is (dp, tp), the tp/dp ranks are the process's coordinates, the model is sliced;
+- mesh: `torch_device_mesh` has Accelerate's dimensions (dp_shard or dp_replicate, tp; "dp" of size 1 with tp
+  alone) and its flattened "dp_cp", the tp/dp ranks are the process's coordinates, the model is sliced;
 - batches: the ranks of a tp group get the same batches, dp groups different ones;
 - losses_and_norms: the loss (averaged over dp) and `clip_grad_norm_` equal the reference's, step by step;
 - metrics: `gather_for_metrics` over the validation set gives every sample once (not once per tp rank, padding
@@ -15,7 +20,7 @@ one-process loop over the same global batches (computed here, without cadence):
 - save_load_state: `load_state` after one more step brings back the saved weights exactly.
 - the same with `--bf16` (mixed_precision="bf16", compared within bf16's rounding) and with the launcher's
   `--gradient_accumulation_steps` (`accumulate`, clipping on the synchronising micro-step only);
-- presliced_refused: a model already sliced before `prepare` is refused with what to do instead.
+- presliced_refused (4 processes): a model sliced on another mesh than the Accelerator's is refused, saying which.
 """
 
 import os
@@ -74,12 +79,14 @@ def ok(accelerator, name):
 def main():
     out, launched = Path(sys.argv[1]), "--launched" in sys.argv
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    replicas, presliced = "--replicas" in sys.argv, "--presliced" in sys.argv
+    dp_sizes = {"dp_replicate_size": world // 2} if replicas else {"dp_shard_size": world // 2}
     if launched:
         accelerator = Accelerator()
     else:
         accelerator = Accelerator(mixed_precision="bf16" if "--bf16" in sys.argv else "no",
-                                  parallelism_config=ParallelismConfig(tp_size=2, dp_shard_size=world // 2,
-                                                                       parallelize=parallelize))
+                                  parallelism_config=ParallelismConfig(tp_size=2, **dp_sizes,
+                                                                       parallelize=None if presliced else parallelize))
     accum = accelerator.gradient_accumulation_steps
     # bf16 compute against the fp32 reference: rounding-level agreement only
     rtol, atol = (0.15, 0.05) if accelerator.mixed_precision == "bf16" else (1e-4, 1e-5)
@@ -87,18 +94,27 @@ def main():
     x, y = data(N_TRAIN, 1)
     xv, yv = data(N_VALID, 2)
     model = make_model(PlannedLM if launched else TinyLM)
+    if presliced:   # as from_pretrained(..., tp_plan="auto", device_mesh=accelerator.torch_device_mesh) does
+        parallelize(model, accelerator.torch_device_mesh["tp"])
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     train_dl = DataLoader(TensorDataset(x, y), batch_size=BS)
     valid_dl = DataLoader(TensorDataset(xv, yv), batch_size=BS)
     model, opt, train_dl, valid_dl = accelerator.prepare(model, opt, train_dl, valid_dl)
 
-    mesh = accelerator.torch_device_mesh
-    assert mesh.mesh_dim_names == ("dp", "tp") and tuple(mesh.shape) == (dp, tp), (mesh.mesh_dim_names, mesh.shape)
-    assert (accelerator.tensor_parallel_rank, accelerator.data_parallel_shard_rank) == (rank % tp, rank // tp)
-    assert accelerator.parallelism_config.tp_size == tp and accelerator.parallelism_config.dp_shard_size == dp
+    mesh, config = accelerator.torch_device_mesh, accelerator.parallelism_config
+    names, shape, shard = ((("dp_replicate", "dp_shard", "tp"), (dp, 1, tp), 1) if replicas else
+                           (("dp_shard", "tp"), (dp, tp), dp) if dp > 1 else (("dp", "tp"), (1, tp), 1))
+    assert mesh.mesh_dim_names == names and tuple(mesh.shape) == shape, (mesh.mesh_dim_names, mesh.shape)
+    assert config.dp_cp_dim_names == ([] if dp == 1 else ["dp_replicate"] if replicas else ["dp_shard"])
+    if dp > 1:   # the group nd_parallel.py averages its loss over: the processes of this tp rank
+        assert mesh["dp_cp"].mesh.tolist() == list(range(rank % tp, world, tp)), mesh["dp_cp"]
+    assert accelerator.tensor_parallel_rank == rank % tp
+    assert (accelerator.data_parallel_rank, accelerator.data_parallel_shard_rank) == ((rank // tp, 0) if replicas
+                                                                                      else (0, rank // tp))
+    assert config.tp_size == tp and config.data_parallel_size == dp
     from torch.distributed.tensor import DTensor
     fc1 = accelerator.unwrap_model(model).fc1.weight
-    assert isinstance(fc1, DTensor) and fc1.to_local().shape[0] == 4 * DIM // (tp * dp), fc1.to_local().shape
+    assert isinstance(fc1, DTensor) and fc1.to_local().shape[0] == 4 * DIM // (tp * shard), fc1.to_local().shape
     ok(accelerator, "mesh")
 
     losses, norms, firsts = [], [], []
@@ -180,14 +196,16 @@ def main():
         assert all(torch.equal(after[k], before[k]) for k in before), "load_state did not restore the weights"
     ok(accelerator, "save_load_state")
 
-    sliced = make_model()
-    parallelize(sliced, accelerator.torch_device_mesh["tp"])
-    try:
-        accelerator.prepare(sliced)
-        raise AssertionError("a model sliced before prepare was taken")
-    except ValueError as e:
-        assert "already sliced" in str(e) and "prepare slices it" in str(e), e
-    ok(accelerator, "presliced_refused")
+    if world == 4:   # tp groups {0, 2} and {1, 3}: not the Accelerator's ({0, 1}, {2, 3}), which FSDP2 builds on
+        from torch.distributed.device_mesh import init_device_mesh
+        sliced = make_model()
+        parallelize(sliced, init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "other"))["tp"])
+        try:
+            accelerator.prepare(sliced)
+            raise AssertionError("a model sliced on another mesh was taken")
+        except ValueError as e:
+            assert "is sliced on" in str(e) and "device_mesh=accelerator.torch_device_mesh" in str(e), e
+        ok(accelerator, "presliced_refused")
     accelerator.end_training()
 
 

@@ -45,7 +45,9 @@ ENGINES: dict[str, tuple[int, tuple[str, ...]]] = {
     "ZeRO-3": (2, ("--use_deepspeed", "--zero_stage", "3")),
     "bf16": (1, ("--mixed_precision", "bf16")),
     "accumulation": (1, ()),      # --gradient_accumulation_steps 2: the script's own flag, else the launcher's
+    "TP": (2, ()),                # tensor parallelism, its size given as the script's own flag (Example.engine_args)
 }
+EVERY_SCRIPT = tuple(list(ENGINES)[:7])   # what every script runs on; TP only where its size is the script's flag
 FLOOR = 0.75                      # accuracy the MRPC-like examples must reach (chance 0.5; they start near 0.1)
 EVAL_SAMPLES = SPLITS["validation"]
 
@@ -124,8 +126,9 @@ class Example:
     site: str = "site"                            # which stand-in packages go on PYTHONPATH
     skip: str | None = None
     refused: dict[str, str] = field(default_factory=dict)   # engine -> the clear error expected (as Accelerate)
-    engines: tuple[str, ...] = tuple(ENGINES)
+    engines: tuple[str, ...] = EVERY_SCRIPT
     extra_env: dict[str, str] = field(default_factory=dict)
+    engine_args: dict[str, tuple[str, ...]] = field(default_factory=dict)   # engine -> more script flags
 
 
 EXAMPLES = [
@@ -169,6 +172,16 @@ EXAMPLES = [
     Example("by_feature/profiler", (), (*NLP, printed("Self CPU"))),
     Example("by_feature/schedule_free"),
     Example("by_feature/tracking", ("--with_tracking", "--project_dir", "{out}"), (*NLP, files("**/*tfevents*")),
+            extra_env={"WANDB_MODE": "offline", "WANDB_DIR": "{out}"}),
+    Example("torch_native_parallelism/nd_parallel",
+            # 5 steps: from the 6th its PerformanceTracker reads GPU memory statistics (a CPU has none)
+            ("--sequence-length", "16", "--num-steps", "5", "--checkpoint-frequency", "2", "--save-dir", "{out}/outputs"),
+            (finite(r"Step 4/5, Loss: (\S+)"), printed("Training completed!"),
+             files("outputs/NousResearch/Hermes-3-Llama-3.1-8B/*.safetensors")),
+            # tp alone: transformers 5.24's from_pretrained(tp_plan="auto") builds its own mesh of tp_size processes
+            # (it no longer takes device_mesh=), so on 4 processes tp 2 x dp_shard 2 stops in from_pretrained, on
+            # Accelerate too; prepare's side of 2-D with a sliced model: tests/scripts/accelerate_parallelism.py
+            engines=("TP",), engine_args={"TP": ("--tp-size", "2")},
             extra_env={"WANDB_MODE": "offline", "WANDB_DIR": "{out}"}),
     Example("by_feature/megatron_lm_gpt_pretraining",
             skip="needs Megatron-LM and GPUs (cadence's model-parallel strategy is the way to tensor parallelism)"),
@@ -225,7 +238,8 @@ def run_one(ex: Example, engine: str, scripts: Path, env: dict[str, str], work: 
     for args, checks in ((ex.args, ex.checks), (ex.resume, ex.resume_checks)):
         if args is None:
             break
-        script_args = [a.format(**fill) for a in args] + list(accumulation if ex.own_accumulation_flag else ())
+        script_args = ([a.format(**fill) for a in args] + list(ex.engine_args.get(engine, ())) +
+                       list(accumulation if ex.own_accumulation_flag else ()))
         cmd = launch_command(library, nproc, flags + (() if ex.own_accumulation_flag else accumulation),
                              scripts / f"{ex.script}.py", script_args)
         try:

@@ -2,7 +2,7 @@
 
 The scripts are Accelerate's, unmodified (upstream/, see README.md); downloads resolve to the offline
 stand-ins of standins/build.py, since the network cannot exist here. The whole matrix (every script on
-1 process, DDP, FSDP, ZeRO-2/3, bf16, accumulation) is `make test-examples`; this is the part `make test` runs.
+1 process, DDP, FSDP, ZeRO-2/3, bf16, accumulation; the tensor-parallel one on TP) is `make test-examples`; this is the part `make test` runs.
 """
 
 import re
@@ -45,7 +45,8 @@ def case(script: str, engine: str, *marks: pytest.MarkDecorator):
 @pytest.mark.parametrize("script,engine", [
     case("nlp_example", "1 process", pytest.mark.long),  # tests/accelerate/test_accelerate_example.py: 2 processes
     case("complete_nlp_example", "DDP"),
-    case("by_feature/multi_process_metrics", "ZeRO-2")])
+    case("by_feature/multi_process_metrics", "ZeRO-2"),
+    case("torch_native_parallelism/nd_parallel", "TP")])   # from_pretrained(tp_plan="auto"), then prepare
 def test_accelerate_example_runs_unchanged(examples_work, script, engine):
     """The script reaches its accuracy floor (from far below chance), counts each eval sample once, resumes."""
     work, scripts, env = examples_work

@@ -2,12 +2,13 @@
 
 The network cannot exist here, so each download an example makes resolves to something local:
 
-- `from_pretrained("bert-base-cased")` / `("HuggingFaceTB/SmolLM-360M")`: tiny models built from a config
+- `from_pretrained("bert-base-cased")` / `("HuggingFaceTB/SmolLM-360M")` / `("NousResearch/Hermes-3-Llama-3.1-8B")`:
+  tiny models built from a config
   and saved into a Hugging Face hub cache (`hub/models--<org>--<name>/snapshots/<rev>/`, `refs/main`), read
   by the real transformers with `HF_HUB_CACHE=<dir>/hub HF_HUB_OFFLINE=1`. The BERT stand-in is "pretrained"
   here (a few hundred steps on the generated paraphrase task) and saved with its classifier reversed, so
   an example starts far below chance and reaches the accuracy floor only by training.
-- `datasets.load_dataset("nyu-mll/glue", "mrpc")`, `("Salesforce/wikitext", ...)` and `evaluate.load("glue",
+- `datasets.load_dataset("nyu-mll/glue", "mrpc")`, `("Salesforce/wikitext", ...)`, `("roneneldan/TinyStories")` and `evaluate.load("glue",
   "mrpc")`: the small packages in `site/`, put on PYTHONPATH for the run, reading the generated files in
   `data/` (`CADENCE_EXAMPLES_DATA`).
 - cv_example's Oxford pets folder: `pets/<breed>_<n>.jpg`, three colours of noise; `timm.create_model` and
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 REVISION = "0" * 40
-BERT, SMOLLM = "bert-base-cased", "HuggingFaceTB/SmolLM-360M"
+BERT, SMOLLM, HERMES = "bert-base-cased", "HuggingFaceTB/SmolLM-360M", "NousResearch/Hermes-3-Llama-3.1-8B"
 SPLITS = {"train": 640, "validation": 204, "test": 160}   # MRPC-like; 204 does not split evenly into batches
 WORDS = [f"{a}{b}" for a in ("Ka", "Lo", "Mi", "Nu", "Pe", "Ro", "Su", "Ta", "Vi", "Zo")
          for b in ("bel", "cor", "dan", "fin", "gor", "lin", "mar", "nor", "pol", "ster")]
@@ -63,6 +64,10 @@ def write_data(root: Path) -> None:
     for split, n in {"train": 600, "validation": 60, "test": 60}.items():
         rows = [{"text": "" if i % 5 == 0 else " ".join(sentence(rng) * 2)} for i in range(n)]   # wikitext has blank lines
         (wiki / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stories = root / "data" / "tinystories"
+    stories.mkdir(parents=True, exist_ok=True)
+    rows = [{"text": " ".join(sentence(rng) * 3)} for _ in range(80)]   # a story retells its sentence
+    (stories / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def write_pets(root: Path) -> None:
@@ -138,7 +143,8 @@ def build_bert(root: Path) -> float:
     return loss
 
 
-def build_smollm(root: Path) -> None:
+def build_llama(root: Path, repo_id: str, **config) -> None:
+    """A tiny Llama and a word-level tokenizer over WORDS, saved as the hub snapshot of `repo_id`."""
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
     vocab = {tok: i for i, tok in enumerate(["<|endoftext|>", "<unk>"] + WORDS + ["."])}
@@ -148,11 +154,17 @@ def build_smollm(root: Path) -> None:
                                         unk_token="<unk>", model_max_length=64)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
-                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=0)
-    folder = snapshot(root, SMOLLM)
+                         max_position_embeddings=128, bos_token_id=0, eos_token_id=0, **config)
+    folder = snapshot(root, repo_id)
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def build_llamas(root: Path) -> None:
+    """SmolLM (tied embeddings, one key/value head) and Hermes-3 (untied, heads that split over 2 tensor-parallel
+    ranks: transformers' tp_plan slices heads)."""
+    build_llama(root, SMOLLM, num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    build_llama(root, HERMES, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
 
 
 def environment(root: Path) -> dict[str, str]:
@@ -171,7 +183,7 @@ def build(root: Path) -> dict[str, str]:
         write_data(root)
         write_pets(root)
         loss = build_bert(root)
-        build_smollm(root)
+        build_llamas(root)
         done.write_text(f"bert pretraining loss {loss:.4f}\n")
     return environment(root)
 

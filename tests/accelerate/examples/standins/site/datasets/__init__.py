@@ -1,18 +1,20 @@
 """Offline stand-in for Hugging Face `datasets`: the part of its API Accelerate's examples use, in memory.
 
 `load_dataset` reads the generated files under `$CADENCE_EXAMPLES_DATA` (see ../../build.py) for the two
-hub data sets the examples download (GLUE MRPC, wikitext); anything else is refused by name.
+hub data sets the examples download (GLUE MRPC, wikitext, TinyStories); anything else is refused by name.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 from . import utils  # noqa: F401  (datasets.utils.logging.set_verbosity_*)
 
-KNOWN = {("nyu-mll/glue", "mrpc"): "glue_mrpc", ("glue", "mrpc"): "glue_mrpc"}
+KNOWN = {("nyu-mll/glue", "mrpc"): "glue_mrpc", ("glue", "mrpc"): "glue_mrpc",
+         ("roneneldan/TinyStories", None): "tinystories"}
 
 
 class Dataset:
@@ -48,6 +50,11 @@ class Dataset:
     def select(self, indices) -> "Dataset":
         idx = [int(i) for i in indices]
         return Dataset({k: [v[i] for i in idx] for k, v in self._columns.items()})
+
+    def shuffle(self, seed: int | None = None) -> "Dataset":
+        order = list(range(len(self)))
+        random.Random(seed).shuffle(order)
+        return self.select(order)
 
     def rename_column(self, old: str, new: str) -> "Dataset":
         return Dataset({(new if k == old else k): v for k, v in self._columns.items()})
