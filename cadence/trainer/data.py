@@ -163,12 +163,18 @@ class DataLoaders:
 
     @property
     def train_ds(self) -> Any:
-        """The training loader's data set (fastai's `dls.train_ds`)."""
+        """The training loader's data set (fastai's `dls.train_ds`).
+
+        >>> x, y = dls.train_ds[0]
+        """
         return _dataset(self.train, "train")
 
     @property
     def valid_ds(self) -> Any:
-        """The validation loader's data set (fastai's `dls.valid_ds`); None without a validation loader."""
+        """The validation loader's data set (fastai's `dls.valid_ds`); None without a validation loader.
+
+        >>> len(dls.valid_ds)
+        """
         return None if self.valid is None else _dataset(self.valid, "valid")
 
     def one_batch(self) -> Any:

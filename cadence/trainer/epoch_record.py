@@ -67,15 +67,24 @@ class EpochRecord(list):
         return {k: self[k] for k in self.keys()}
 
     def items(self) -> list[tuple[str, Any]]:
-        """`(name, value)` for every column, as `as_dict().items()`."""
+        """`(name, value)` for every column, as `as_dict().items()`.
+
+        >>> dict(learn.recorder.values[-1].items())["valid_loss"]
+        """
         return list(self.as_dict().items())
 
     def values(self) -> list[Any]:
-        """Every column's value, `epoch` and `time` included, as `as_dict().values()` (`list(row)` is fastai's)."""
+        """Every column's value, `epoch` and `time` included, as `as_dict().values()` (`list(row)` is fastai's).
+
+        >>> epoch, train_loss, valid_loss, *rest = learn.recorder.values[-1].values()
+        """
         return list(self.as_dict().values())
 
     def get(self, name: str, default: Any = None) -> Any:
-        """The value of column `name`, or `default` if this epoch did not record it."""
+        """The value of column `name`, or `default` if this epoch did not record it.
+
+        >>> learn.recorder.values[-1].get("accuracy", float("nan"))
+        """
         return self[name] if name in self.keys() else default
 
     def __getitem__(self, key: Any) -> Any:
