@@ -103,7 +103,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         refuse_unsupported(torch_tp_plugin, megatron_lm_plugin, dynamo_plugin)
         deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         self.rng_types = check_rng_types(rng_types)
-        handlers = sort_handlers(kwargs_handlers)
+        self._handlers = handlers = sort_handlers(kwargs_handlers)
         self.gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
         if split_batches and not self.dataloader_config.split_batches:
@@ -120,6 +120,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         pg = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         self.profile_handler = handlers.get(ProfileKwargs)
         self.state = PartialState(cpu=cpu, backend=pg.backend, timeout=pg.timeout)
+        self.state.mixed_precision = self.mixed_precision
         engine, options = choose_engine(strategy, fsdp_plugin, deepspeed_plugin)
         self.parallelism_config = parallelism_config or launched_parallelism_config()
         if self.parallelism_config is not None:

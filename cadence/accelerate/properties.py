@@ -10,14 +10,54 @@ from __future__ import annotations
 import torch
 
 from ..distributed.strategy import OwnsAccumulation
+from .handlers import DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
 from .plugins import DeepSpeedPlugin, DistributedType, distributed_type_of
 
 __all__ = ["RunProperties"]
 
 
 class RunProperties:
-    """Mixed into `Accelerator`: needs `self.strategy`, `self.state`, `self.gradient_state`,
-    `self.gradient_accumulation_plugin`, `self.dataloader_config`, `self.project_configuration`, `self._optimizers`."""
+    """Mixed into `Accelerator`: needs `self.strategy`, `self.state`, `self.gradient_state`, `self._handlers`,
+    `self.gradient_accumulation_plugin`, `self.dataloader_config`, `self.project_configuration`, `self._optimizers`,
+    `self.trackers`."""
+
+    # FP8 recipes and autocast handlers: cadence takes none (their kwargs handlers are refused), as Accelerate's
+    # attributes read without them
+    fp8_recipe_handler = ao_recipe_handler = te_recipe_handler = msamp_recipe_handler = autocast_handler = None
+    has_fp8_handler = fp8_enabled = delayed_fp8_autocast = False
+
+    @property
+    def ddp_handler(self) -> DistributedDataParallelKwargs | None:
+        """The `DistributedDataParallelKwargs` given in `kwargs_handlers`, else None."""
+        return self._handlers.get(DistributedDataParallelKwargs)
+
+    @property
+    def scaler_handler(self) -> GradScalerKwargs | None:
+        return self._handlers.get(GradScalerKwargs)
+
+    @property
+    def init_handler(self) -> InitProcessGroupKwargs | None:
+        return self._handlers.get(InitProcessGroupKwargs)
+
+    @property
+    def native_amp(self) -> bool:
+        """True when the forward runs in torch's autocast (fp16 or bf16, DeepSpeed casting the model itself)."""
+        return self.mixed_precision in ("fp16", "bf16") and self.distributed_type != DistributedType.DEEPSPEED
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """fp16's GradScaler (None in fp32, bf16 and under DeepSpeed, whose engine scales)."""
+        return getattr(self.strategy.precision, "scaler", None)
+
+    @property
+    def has_lomo_optimizer(self) -> bool:
+        """True when a prepared optimizer is LOMO's (`lomo_backward` steps it)."""
+        return any(callable(getattr(opt.optimizer, "fused_backward", None)) for opt in self._optimizers)
+
+    @property
+    def log_with(self) -> list:
+        """The trackers `log_with` named (Accelerate's LoggerType names, or GeneralTracker instances)."""
+        return list(self.trackers.kinds)
 
     @property
     def device(self) -> torch.device:

@@ -44,6 +44,10 @@ class PartialState:
         self.distributed_type = distributed_type_of(self._launched, self.device, self.num_processes)
         self.fsdp_plugin: Any = None
         self._deepspeed_plugin: Any = _UNSET
+        self.mixed_precision: str | None = None   # an Accelerator's state says it (Accelerate's AcceleratorState)
+        self.debug = os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes")
+        self.initialized = True
+        self.fork_launched = False   # cadence's notebook launcher starts fresh processes, never forks
 
     @property
     def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
@@ -55,6 +59,31 @@ class PartialState:
     @deepspeed_plugin.setter
     def deepspeed_plugin(self, plugin: DeepSpeedPlugin | None) -> None:
         self._deepspeed_plugin = plugin
+
+    @property
+    def backend(self) -> str | None:
+        """The process group's backend ("gloo", "nccl", ...); None in one process."""
+        return torch.distributed.get_backend() if env.is_initialized() else None
+
+    @property
+    def default_device(self) -> torch.device:
+        return env.default_device()
+
+    def set_device(self) -> None:
+        """Make this process's GPU the current one (nothing to do on a CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy `group` (default: the whole run's, after which this process works alone), as at the end of
+        Accelerate's inference scripts; the launcher's workers then end as they do without it.
+
+        >>> PartialState().destroy_process_group()
+        """
+        if group is None:
+            env.teardown_distrib()
+        elif env.is_initialized():
+            torch.distributed.destroy_process_group(group)
 
     @property
     def process_index(self) -> int:
@@ -148,8 +177,16 @@ class PartialState:
         yield _split(inputs, self.process_index, self.num_processes, apply_padding)
 
     def __repr__(self) -> str:
-        return (f"PartialState(process_index={self.process_index}, num_processes={self.num_processes}, "
-                f"device={self.device})")
+        """Accelerate's: the kind of run and this process's place; an Accelerator's state adds its precision."""
+        backend = f"  Backend: {self.backend}" if self.backend else ""
+        text = (f"Distributed environment: {self.distributed_type}{backend}\nNum processes: {self.num_processes}\n"
+                f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
+                f"Device: {self.device}\n")
+        if self.mixed_precision is not None:
+            text += f"\nMixed precision type: {self.mixed_precision}\n"
+        if self.mixed_precision is not None and self.deepspeed_plugin is not None:
+            text += f"ds_config: {self.deepspeed_plugin.deepspeed_config}\n"
+        return text
 
 
 def _split(inputs: Any, index: int, n: int, pad: bool) -> Any:

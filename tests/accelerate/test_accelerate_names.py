@@ -327,3 +327,34 @@ def test_even_batches_and_sync_gradients_are_settable_as_in_accelerate():
     accelerator.sync_gradients = True
     opt.step()
     assert torch.allclose(model.weight, before - 0.1)   # d(sum)/dw = 1 for each weight
+
+
+ATTRIBUTES_READ = ("native_amp", "fp8_enabled", "has_fp8_handler", "delayed_fp8_autocast", "fp8_recipe_handler",
+                   "autocast_handler", "has_lomo_optimizer", "mixed_precision", "is_main_process", "num_processes")
+
+
+def _public_names_and_values(library: str, mixed_precision: str) -> dict:
+    """dir() of `library`'s Accelerator and its state, a few attributes' values and the state's repr, in a fresh
+    process (real Accelerate keeps process-wide singletons)."""
+    code = (f"import json, torch\nfrom {library} import Accelerator, PartialState\n"
+            f"from {library}.utils import DistributedDataParallelKwargs as K\n"
+            f"a = Accelerator(cpu=True, mixed_precision={mixed_precision!r}, kwargs_handlers=[K(bucket_cap_mb=5)])\n"
+            f"print(json.dumps({{'names': sorted(n for n in dir(a) if not n.startswith('_')),\n"
+            f"  'state_names': sorted(n for n in dir(PartialState()) if not n.startswith('_')),\n"
+            f"  'values': {{n: repr(getattr(a, n)) for n in {ATTRIBUTES_READ!r}}},\n"
+            f"  'handler': a.ddp_handler.bucket_cap_mb, 'scaler': a.scaler is None, 'log_with': list(a.log_with),\n"
+            f"  'repr': repr(a.state), 'partial_repr': repr(PartialState())}}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True,
+                         env={**os.environ, "ACCELERATE_MIXED_PRECISION": mixed_precision})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mixed_precision", ["no", "bf16"])
+def test_the_accelerator_and_its_state_answer_every_public_name_accelerates_do(mixed_precision):
+    """What Accelerate's own scripts read (`accelerator.fp8_recipe_handler` in examples/config_yaml_templates/run_me.py,
+    `PartialState().destroy_process_group()` in its inference examples, `print(accelerator.state)`), found and equal."""
+    theirs, ours = (_public_names_and_values(lib, mixed_precision) for lib in ("accelerate", "cadence"))
+    assert set(theirs["names"]) - set(ours["names"]) == {"flag_tensor"}   # set_trigger's tensor, internal to it
+    assert set(theirs["state_names"]) <= set(ours["state_names"]), set(theirs["state_names"]) - set(ours["state_names"])
+    for key in ("values", "handler", "scaler", "log_with", "repr", "partial_repr"):
+        assert ours[key] == theirs[key], (key, ours[key], theirs[key])

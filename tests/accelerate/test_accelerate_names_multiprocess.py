@@ -8,7 +8,7 @@ from helpers import run_launch
 CHECKS = ["distributed_type and comm hooks", "gather_for_metrics of a repeated loss",
           "gather_for_metrics over a stream without length", "LocalSGD with accumulation 1",
           "LocalSGD with accumulation 2", "trigger_sync_in_backward", "sync_each_batch", "synchronize_rng_states",
-          "rng_types", "FSDP model.no_sync"]
+          "rng_types", "FSDP model.no_sync", "destroy_process_group"]
 
 
 @pytest.mark.slow

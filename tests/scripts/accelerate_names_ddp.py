@@ -11,7 +11,9 @@ several processes, each checked here against Accelerate's documented behaviour; 
 - GradientAccumulationPlugin(sync_each_batch=True) averages gradients on every micro-step, False only at the end;
 - synchronize_rng_states(["torch"]): every process draws the main process's numbers; so does each process once a
   loader prepared by Accelerator(rng_types=["torch"]) starts an iteration;
-- model.no_sync() on an FSDP-prepared model: a micro-step without sync then a synced one gives DDP's weights.
+- model.no_sync() on an FSDP-prepared model: a micro-step without sync then a synced one gives DDP's weights;
+- Accelerate's inference ending: split_between_processes, gather_object, then PartialState().destroy_process_group()
+  (the processes go on alone, and the launch still ends cleanly).
 """
 
 import torch
@@ -172,6 +174,22 @@ def fsdp_no_sync_matches_ddp() -> None:
     ok("FSDP model.no_sync")
 
 
+def inference_then_destroy_process_group():
+    """The end of Accelerate's examples/inference/distributed scripts."""
+    from cadence import PartialState
+    from cadence.utils import gather_object
+
+    state = PartialState()
+    with state.split_between_processes(["a", "b", "c"], apply_padding=True) as mine:
+        answers = [prompt.upper() for prompt in mine]
+    gathered = gather_object(answers)
+    assert gathered == ["A", "B", "C", "C"], gathered   # process 1's part padded with its last prompt
+    state.destroy_process_group()
+    assert not dist.is_initialized()
+    if state.process_index == 0:
+        print("ok destroy_process_group", flush=True)
+
+
 if __name__ == "__main__":
     distributed_type_and_comm_hooks()
     gather_for_metrics_of_a_repeated_loss()
@@ -182,3 +200,4 @@ if __name__ == "__main__":
     sync_each_batch()
     rng_states()
     fsdp_no_sync_matches_ddp()
+    inference_then_destroy_process_group()
