@@ -173,6 +173,8 @@ EXAMPLES = [
     Example("by_feature/schedule_free"),
     Example("by_feature/tracking", ("--with_tracking", "--project_dir", "{out}"), (*NLP, files("**/*tfevents*")),
             extra_env={"WANDB_MODE": "offline", "WANDB_DIR": "{out}"}),
+    Example("config_yaml_templates/run_me", (),   # prints the state its config gives, as Accelerate words it
+            (printed("Accelerator state from the current environment:", "Num processes:", "Mixed precision type:"),)),
     Example("torch_native_parallelism/nd_parallel",
             # 5 steps: from the 6th its PerformanceTracker reads GPU memory statistics (a CPU has none)
             ("--sequence-length", "16", "--num-steps", "5", "--checkpoint-frequency", "2", "--save-dir", "{out}/outputs"),
