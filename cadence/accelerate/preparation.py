@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..distributed import env, ops
+from ..distributed.data import loader_settings
 from ..distributed.registry import get_strategy, strategy_class
 from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
 from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
@@ -154,13 +155,20 @@ def all_tensors(data: Any) -> bool:
 
 
 def split_loader(dl: DataLoader, n: int) -> DataLoader:
-    """`split_batches=True`: the loader's batch size is the global batch; each process takes 1/n of it."""
-    if not dl.batch_size or dl.batch_size % n:
+    """`split_batches=True`: the loader's batch size is the global batch; each process takes 1/n of it.
+
+    The loader is rebuilt with batches of batch_size / n drawn by its own sampler (a WeightedRandomSampler, a
+    RandomSampler with its `generator`, ...) and its workers' settings (`worker_init_fn`, ...); the shards then
+    deal those batches to the processes in turn, so process i gets the i-th part of each global batch.
+    """
+    if dl.batch_size is None:
+        raise ValueError("split_batches=True splits a loader's batch_size, and this loader has a batch_sampler: give "
+                         "the DataLoader a batch_size (and a sampler), or use split_batches=False")
+    if dl.batch_size % n:
         raise ValueError(f"split_batches=True needs a batch size divisible by the {n} processes, "
                          f"got {dl.batch_size}; use a multiple of {n}")
-    shuffle = isinstance(dl.sampler, torch.utils.data.RandomSampler)
-    return DataLoader(dl.dataset, batch_size=dl.batch_size // n, shuffle=shuffle, collate_fn=dl.collate_fn,
-                      drop_last=dl.drop_last, num_workers=dl.num_workers, pin_memory=dl.pin_memory)
+    return DataLoader(dl.dataset, batch_size=dl.batch_size // n, sampler=dl.sampler, drop_last=dl.drop_last,
+                      generator=dl.generator, **loader_settings(dl))
 
 
 # the per-parameter-group lists of torch's schedulers (one entry per group, in the optimizer's order)

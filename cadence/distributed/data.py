@@ -37,7 +37,7 @@ from .data_resume import Resumable
 from .ops import broadcast, map_tensors
 from .streams import Collate, InterleavedStream, PlannedStream
 
-__all__ = ["DistributedDL", "send_to_device"]
+__all__ = ["DistributedDL", "send_to_device", "loader_settings"]
 
 
 def send_to_device(batch: Any, device: torch.device | str) -> Any:
@@ -76,8 +76,11 @@ def _has_len(dataset: Any) -> bool:
     return True
 
 
-def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
-    """The settings of `dl` a rebuilt loader keeps (batching is DistributedDL's)."""
+def loader_settings(dl: DataLoader) -> dict[str, Any]:
+    """The settings of `dl` a rebuilt loader keeps: workers, collation, memory pinning (its batching is the rebuilder's).
+
+    >>> DataLoader(dl.dataset, batch_size=8, sampler=dl.sampler, **loader_settings(dl))
+    """
     kw = dict(collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory, timeout=dl.timeout,
               worker_init_fn=dl.worker_init_fn, multiprocessing_context=dl.multiprocessing_context,
               persistent_workers=dl.persistent_workers, pin_memory_device=dl.pin_memory_device)
@@ -163,7 +166,7 @@ class DistributedDL(Resumable):
         return int(broadcast(int(torch.randint(0, 2**31 - 1, (1,), generator=gen))))
 
     def _build_loader(self) -> DataLoader:
-        kw = _loader_kwargs(self.dl)
+        kw = loader_settings(self.dl)
         unbatched = self.dl.batch_size is None and self.kind != "batch_sampler"
         if sampling.sampler_yields_batches(self.dl):  # dataset[indices], one batch of indices at a time
             self._batches = _Batches(flat=False)

@@ -124,3 +124,14 @@ def _has_accelerate() -> bool:
     except ImportError:
         return False
     return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2])
+def test_split_batches_keeps_the_loaders_own_sampler_and_workers_as_accelerate_does(tmp_path, world):
+    """A WeightedRandomSampler (weight on items 0-4 only) and a worker_init_fn survive `split_batches=True`: the same
+    batches on each rank as real Accelerate's, every item one of 0-4 (the loader was once rebuilt without them)."""
+    options = ("split_batches", "weighted")
+    got = run("cadence", world, options, tmp_path)
+    assert {i for rank in got for e in rank for b in e["train"] for i in b} <= set(range(5))
+    assert batches(got) == batches(run("accelerate", world, options, tmp_path))

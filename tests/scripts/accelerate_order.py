@@ -1,6 +1,8 @@
 """The batches each process of a seeded Accelerator script sees, written as JSON: run with cadence or real Accelerate.
 
-    python accelerate_order.py cadence|accelerate OUT_PREFIX [seedable] [drop_last] [split_batches]
+    python accelerate_order.py cadence|accelerate OUT_PREFIX [seedable] [drop_last] [split_batches] [weighted]
+
+`weighted`: the training loader draws with a WeightedRandomSampler (weight only on items 0-4) and a worker.
 
 Writes OUT_PREFIX.<rank>.json: {"rank", "epochs": [{"train", "valid", "rand"}]}, `rand` being torch.rand(1)
 after each epoch (what a dropout would draw next).
@@ -16,6 +18,10 @@ from torch.utils.data import DataLoader
 N, BS, VALID_BS, EPOCHS = 23, 4, 6, 3
 
 
+def _worker_started(worker_id: int) -> None:
+    print(f"worker {worker_id} started", flush=True)
+
+
 def main() -> None:
     library, out, options = sys.argv[1], sys.argv[2], sys.argv[3:]
     if library == "accelerate":
@@ -28,7 +34,13 @@ def main() -> None:
         use_seedable_sampler="seedable" in options, split_batches="split_batches" in options))
     set_seed(42)
     model = nn.Linear(1, 1)                               # the global RNG is used between set_seed and prepare
-    train = DataLoader(torch.arange(N), batch_size=BS, shuffle=True, drop_last="drop_last" in options)
+    if "weighted" in options:   # the loader's own sampler and worker settings must survive prepare
+        weights = torch.zeros(N)
+        weights[:5] = 1.0
+        train = DataLoader(torch.arange(N), batch_size=BS, sampler=torch.utils.data.WeightedRandomSampler(weights, N),
+                           num_workers=1, worker_init_fn=_worker_started)
+    else:
+        train = DataLoader(torch.arange(N), batch_size=BS, shuffle=True, drop_last="drop_last" in options)
     valid = DataLoader(torch.arange(N), batch_size=VALID_BS)
     model, train, valid = accelerator.prepare(model, train, valid)
     epochs = []
