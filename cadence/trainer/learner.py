@@ -152,6 +152,18 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             self.strategy.set_gradient_sync(self.model, value)
         self._sync_gradients = value
 
+    @property
+    def metrics(self) -> list:
+        """The metrics the Recorder computes at each validation (fastai's `learn.metrics`, settable).
+
+        >>> learn.metrics = [accuracy, F1Score(average="macro")]
+        """
+        return self.recorder.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: Any) -> None:
+        self.recorder.metrics = listify(metrics)
+
     # ------------------------------------------------------------------ the loop
     def _with_events(self, f: Callable[[], None], level: str, cancel: type[Exception], final: Callable | None = None,
                      done: Callable | None = None):

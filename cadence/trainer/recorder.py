@@ -87,7 +87,7 @@ class Recorder(Callback):
 
     def __init__(self, metrics: list[Any] | None = None, add_time: bool = True, train_metrics: bool = False,
                  beta: float = 0.98):
-        self.metrics: list[Metric] = [as_metric(m) for m in (metrics or [])]
+        self.metrics = metrics or []
         self.add_time, self.train_metrics = add_time, train_metrics
         self.train_loss, self.valid_loss = AvgLoss("train_loss"), AvgLoss("valid_loss")
         self.smooth = SmoothLoss(beta)
@@ -108,9 +108,19 @@ class Recorder(Callback):
         self.hps: dict[str, list] = {}  # per batch, the values a ParamScheduler set (plot_sched)
 
     @property
+    def metrics(self) -> list[Metric]:
+        """The metrics computed each validation (settable: `learn.metrics = [...]` sets them)."""
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, metrics: list[Any]) -> None:
+        self._metrics: list[Metric] = [as_metric(m) for m in metrics]
+        self.metric_keys = _unique([m.name for m in self._metrics])
+
+    @property
     def metric_names(self) -> list[str]:
-        """Columns of one epoch's results, in order (fastai's names)."""
-        names = [m.name for m in self.metrics]
+        """Columns of one epoch's results, in order (fastai's names; a repeated name gets `_2`, `_3`, ...)."""
+        names = self.metric_keys
         if self.train_metrics:
             cols = ["train_loss", *(f"train_{n}" for n in names), "valid_loss", *(f"valid_{n}" for n in names)]
         else:
@@ -242,7 +252,7 @@ class Recorder(Callback):
         if self.train_metrics:
             for m in self.metrics:
                 m.sync(strategy.all_sum, strategy.gather)
-            self._train_values.update({f"train_{m.name}": m.value for m in self.metrics})
+            self._train_values.update({f"train_{key}": m.value for key, m in zip(self.metric_keys, self.metrics)})
         self.log += self._train_values.values()
         self._log_valid = True
 
@@ -292,7 +302,8 @@ class Recorder(Callback):
     def pass_values(self) -> dict[str, float | None]:
         """valid_loss and every metric of the last validation pass, over whatever loader it read."""
         prefix = "valid_" if self.train_metrics else ""
-        return {"valid_loss": self.valid_loss.value, **{prefix + m.name: m.value for m in self.metrics}}
+        return {"valid_loss": self.valid_loss.value,
+                **{prefix + key: m.value for key, m in zip(self.metric_keys, self.metrics)}}
 
     def plot_loss(self, skip_start: int = 5, with_valid: bool = True):
         """Training loss per batch and validation loss per epoch (needs matplotlib).
@@ -369,3 +380,20 @@ def _pyplot():
 
 def _axes():
     return _pyplot().subplots()[1]
+
+
+def _unique(names: list[str]) -> list[str]:
+    """`names` with each repeat suffixed `_2`, `_3`, ...: two F1 scores are two columns, not one overwritten.
+
+    >>> _unique(["f1_score", "f1_score", "accuracy"])
+    ['f1_score', 'f1_score_2', 'accuracy']
+    """
+    out: list[str] = []
+    for name in names:
+        key, k = name, 1
+        while key in out or (key != name and key in names):   # a suffixed name never takes one given later
+            k += 1
+            key = f"{name}_{k}"
+        out.append(key)
+    return out
+

@@ -336,3 +336,32 @@ def test_from_dsets_drops_the_last_partial_training_batch_as_fastai():
     assert len(DataLoaders.from_dsets(train, valid, bs=8, drop_last=False, device="cpu").train) == 5
     with pytest.raises(ValueError, match="train_ds has 37 items, fewer than bs=64.*drop_last=False"):
         DataLoaders.from_dsets(train, bs=64)
+
+
+def test_two_metrics_of_one_name_are_two_columns_each_with_its_own_value():
+    """fastai shows F1Score() and F1Score(average="macro") as two columns; one used to overwrite the other."""
+    from sklearn.metrics import f1_score
+
+    from cadence import F1Score
+
+    learn = learner(metrics=[F1Score(average="micro"), F1Score(average="macro"), accuracy])
+    learn.fit(1, 0.1)
+    assert learn.recorder.metric_names[3:6] == ["f1_score", "f1_score_2", "accuracy"]
+    preds, targs = learn.get_preds()
+    row = learn.recorder.values[-1]
+    assert len(row) == 5   # fastai's list: train_loss, valid_loss and the three metrics
+    assert row["f1_score"] == pytest.approx(f1_score(targs, preds.argmax(1), average="micro"))
+    assert row["f1_score_2"] == pytest.approx(f1_score(targs, preds.argmax(1), average="macro"))
+    assert row["f1_score"] != pytest.approx(row["f1_score_2"])
+    assert list(learn.validate())[1:] == ["f1_score", "f1_score_2", "accuracy"]
+
+
+def test_learn_metrics_is_set_as_in_fastai():
+    from cadence import error_rate
+
+    learn = learner()
+    assert [m.name for m in learn.metrics] == ["accuracy"]
+    learn.metrics = [accuracy, error_rate]
+    learn.fit(1, 0.1)
+    row = learn.recorder.values[-1]
+    assert row["error_rate"] == pytest.approx(1 - row["accuracy"])
