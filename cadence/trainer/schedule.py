@@ -1,6 +1,6 @@
 """Parameter schedules and `ParamScheduler` (the fit policies that use them are in policies.py).
 
-A schedule maps the training position `pos` in [0, 1] (optimizer steps taken / steps planned)
+A schedule maps the training position `pos` in [0, 1] (optimizer steps / steps planned)
 to a value; start and end may be arrays (one value per parameter group).
 
 >>> sched = combine_scheds([0.25, 0.75], [SchedCos(1e-4, 1e-2), SchedCos(1e-2, 1e-7)])
@@ -177,8 +177,11 @@ def get_hyper(opt: torch.optim.Optimizer, name: str) -> list[float]:
 class ParamScheduler(Callback):
     """Set optimizer hyper-parameters from schedules before every training batch.
 
-    The position is optimizer steps taken over steps planned, so it does not change with
-    gradient accumulation or world size, and a resumed run continues where it stopped.
+    The position is optimizer steps over steps planned, so it does not change with gradient
+    accumulation or world size, and a resumed run continues where it stopped. A step a callback
+    cancels (`CancelBatchException`, `CancelStepException` where a step was due) still moves it, as
+    fastai's schedule moves with every batch, so the fit ends where the schedule does; an fp16 step
+    skipped for overflow does not (it is retried with a smaller loss scale).
     The values set (for the last parameter group) are kept per batch in `hps`, which is also
     `learn.recorder.hps`, for `learn.recorder.plot_sched()`.
 
@@ -191,6 +194,7 @@ class ParamScheduler(Callback):
     def __init__(self, scheds: dict[str, Sched]):
         self.scheds = scheds
         self.hps: dict[str, list[float]] = {}
+        self.cancelled_steps, self._restored = 0, False   # steps due that callbacks cancelled, this fit
 
     def before_fit(self):
         if self.learn.steps_per_epoch is None:
@@ -200,11 +204,34 @@ class ParamScheduler(Callback):
         self.total_steps = max(self.learn.n_epoch * self.learn.steps_per_epoch, 1)
         self.hps = {name: [] for name in self.scheds}
         self.learn.recorder.hps = self.hps
+        if not self._restored:
+            self.cancelled_steps = 0
+        self._restored = False
+        self._step_before, self._cancelled = self.learn.step, False   # as each batch starts (after_batch sets them)
 
     def before_batch(self):
-        pos = self.learn.step / self.total_steps
+        pos = (self.learn.step + self.cancelled_steps) / self.total_steps
         opt, hps = self.learn.opt, self.hps
         for name, sched in self.scheds.items():
             value = sched(pos)
             set_hyper(opt, name, value)
             hps[name].append(value)  # a float, or one value per group (plot_sched reads the last)
+
+    def after_cancel_batch(self):
+        self._cancelled = True
+
+    def after_cancel_step(self):
+        self._cancelled = True
+
+    def after_batch(self):
+        # GradAccum cancels the batches inside a window too; those owe no step (sync_gradients is False there)
+        if self._cancelled and self.learn.sync_gradients and self.learn.step == self._step_before:
+            self.cancelled_steps += 1
+        self._step_before, self._cancelled = self.learn.step, False
+
+    def state_dict(self) -> dict[str, int]:
+        return {"cancelled_steps": self.cancelled_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """A resumed run's count; kept through the next `before_fit`."""
+        self.cancelled_steps, self._restored = state["cancelled_steps"], True

@@ -365,3 +365,47 @@ def test_learn_metrics_is_set_as_in_fastai():
     learn.fit(1, 0.1)
     row = learn.recorder.values[-1]
     assert row["error_rate"] == pytest.approx(1 - row["accuracy"])
+
+
+def _one_cycle_lr(pos, lr_max=1e-2, div=25.0, div_final=1e5, pct_start=0.25):
+    """fastai's fit_one_cycle lr at `pos` (its documented formula: cosine up for pct_start, then down)."""
+    def cos(start, end, p):
+        return start + (1 + np.cos(np.pi * (1 - p))) * (end - start) / 2
+    if pos < pct_start:
+        return cos(lr_max / div, lr_max, pos / pct_start)
+    return cos(lr_max, lr_max / div_final, (pos - pct_start) / (1 - pct_start))
+
+
+@pytest.mark.parametrize("cancel", ["CancelBatchException", "CancelStepException"])
+def test_a_schedule_moves_past_steps_callbacks_cancel_as_fastais_does(cancel):
+    """fastai's schedule follows every training batch, so a fit whose callback cancels every other step still ends
+    where the one-cycle schedule ends (it used to stop at its peak: it counted only the steps taken)."""
+    import cadence
+
+    exc = getattr(cadence, cancel)
+
+    class Skip(Callback):
+        def before_batch(self):
+            if cancel == "CancelBatchException" and self.training and self.iter % 2 == 0:
+                raise exc()
+
+        def before_step(self):
+            if cancel == "CancelStepException" and self.iter % 2 == 0:
+                raise exc()
+
+    class StepLrs(Callback):
+        order = Order.RECORD
+
+        def before_fit(self):
+            self.lrs, self.taken = [], 0
+
+        def after_batch(self):   # the lr of each step taken
+            if self.learn.step > self.taken:
+                self.lrs.append(self.opt.param_groups[0]["lr"])
+            self.taken = self.learn.step
+
+    steps = StepLrs()
+    learn = learner()
+    learn.fit_one_cycle(2, 1e-2, cbs=[Skip(), steps])   # 5 batches an epoch: steps at batches 1, 3, 6, 8
+    positions = [b / (2 * N_TRAIN // BS) for b in (1, 3, 6, 8)]
+    np.testing.assert_allclose(steps.lrs, [_one_cycle_lr(p) for p in positions], rtol=1e-6)
