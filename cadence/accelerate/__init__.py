@@ -9,8 +9,9 @@ Accelerate's modules have their cadence counterparts: `cadence.utils` (`accelera
 """
 
 from .accelerator import Accelerator
-from .handlers import (DDPCommunicationHookType, DistributedDataParallelKwargs, DummyOptim, DummyScheduler,
-                       GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
+from .enums import LoggerType, PrecisionType, RNGType
+from .handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs, DummyOptim,
+                       DummyScheduler, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
 from .imports import *  # noqa: F403 (the is_*_available checks, listed in imports.__all__)
 from .imports import __all__ as _IMPORTS
 from .local_sgd import LocalSGD
@@ -27,4 +28,5 @@ __all__ = ["Accelerator", "PartialState", "GradientState", "DistributedDataParal
            "PreparedOptimizer", "PreparedScheduler", "find_executable_batch_size", "set_seed",
            "DistributedType", "DataLoaderConfiguration", "GradientAccumulationPlugin", "FullyShardedDataParallelPlugin",
            "DeepSpeedPlugin", "DDPCommunicationHookType", "ProfileKwargs", "LocalSGD", "synchronize_rng_states",
-           "gather_object", "patch_environment", "tqdm", "release_memory", "ParallelismConfig", *_IMPORTS]
+           "gather_object", "patch_environment", "tqdm", "release_memory", "ParallelismConfig", "AutocastKwargs",
+           "LoggerType", "PrecisionType", "RNGType", *_IMPORTS]

@@ -39,8 +39,8 @@ from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, loa
                             save_accelerator_state)
 from .clipping import clip_grad_norm, clip_part, refuse_part_under_own_clipping
 from .collectives import ProcessHelpers
-from .handlers import (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs,
-                       ProjectConfiguration)
+from .handlers import (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs,
+                       ProfileKwargs, ProjectConfiguration, autocast_handler_in)
 from .optional_features import OptionalFeatures
 from .parallelism import ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
@@ -103,6 +103,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         refuse_unsupported(torch_tp_plugin, megatron_lm_plugin, dynamo_plugin)
         deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         self.rng_types = check_rng_types(rng_types)
+        self._autocast_handler, kwargs_handlers = autocast_handler_in(kwargs_handlers)
         self._handlers = handlers = sort_handlers(kwargs_handlers)
         self.gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
@@ -134,7 +135,10 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
             self.state.deepspeed_plugin = deepspeed_plugin or DeepSpeedPlugin.from_launcher()
             self.state.deepspeed_plugin.deepspeed_config = self.strategy.config   # the config the engine is built from
         scaler = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs() if self.mixed_precision == "fp16" else {}
-        self.strategy.set_precision(make_precision(self.mixed_precision, self.strategy.device, **scaler))
+        precision = make_precision(self.mixed_precision, self.strategy.device, **scaler)
+        if self._autocast_handler is not None:
+            precision = self._autocast_handler.apply_to(precision)
+        self.strategy.set_precision(precision)
         self.gradient_state = GradientState(self.gradient_accumulation_plugin.num_steps)
         if _engine_accumulation(self.state.deepspeed_plugin) is not None:   # Accelerate uses DeepSpeed's number
             self.gradient_accumulation_steps = _engine_accumulation(self.state.deepspeed_plugin)
@@ -231,9 +235,12 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
             profiler.export_chrome_trace(path)
             self.wait_for_everyone()
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The mixed-precision context (prepared models already run their forward in it)."""
-        return self.strategy.forward_context()
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+        """The mixed-precision context (prepared models already run their forward in it); an `AutocastKwargs`
+        adjusts it for this block (`enabled=False`: fp32 in a bf16 run)."""
+        if autocast_handler is None or not self.native_amp:
+            return self.strategy.forward_context()
+        return autocast_handler.autocast(self.strategy.precision)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Unscale (fp16), then clip the gradients of `parameters` by their global norm (over every shard and

@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["KwargsHandler", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "ProfileKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
+__all__ = ["KwargsHandler", "AutocastKwargs", "autocast_handler_in", "DDPCommunicationHookType",
+           "DistributedDataParallelKwargs", "ProfileKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
            "ProjectConfiguration", "DummyOptim", "DummyScheduler"]
 
 
@@ -147,6 +148,46 @@ class GradScalerKwargs(KwargsHandler):
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     enabled: bool = True
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Options for the mixed-precision `torch.autocast`: `enabled`, `cache_enabled` (torch's meaning).
+
+    In `kwargs_handlers` they apply to prepared models' forward; `accelerator.autocast(autocast_handler=...)`
+    applies one to a block. In fp32 there is no autocast to adjust, as in Accelerate.
+
+    >>> accelerator = Accelerator(mixed_precision="bf16", kwargs_handlers=[AutocastKwargs(cache_enabled=False)])
+    >>> with accelerator.autocast(autocast_handler=AutocastKwargs(enabled=False)):
+    ...     logits = head(features)       # runs in fp32
+    """
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+    def autocast(self, precision: Any) -> Any:
+        """The autocast context of `precision` (a cadence precision plugin) with these options."""
+        if not hasattr(precision, "dtype"):   # fp32: nothing autocasts
+            return precision.forward_context()
+        options = {"cache_enabled": self.cache_enabled} if self.cache_enabled is not None else {}
+        return torch.autocast(precision.device_type, dtype=precision.dtype, enabled=self.enabled, **options)
+
+    def apply_to(self, precision: Any) -> Any:
+        """`precision`, its forward context (what prepared models run in) taking these options."""
+        precision.forward_context = lambda: self.autocast(precision)
+        return precision
+
+
+def autocast_handler_in(kwargs_handlers: list | None) -> tuple[AutocastKwargs | None, list]:
+    """The `AutocastKwargs` in `kwargs_handlers` (None if there is none) and the other handlers.
+
+    >>> autocast_handler_in([AutocastKwargs(enabled=False), GradScalerKwargs()])[0]
+    AutocastKwargs(enabled=False, cache_enabled=None)
+    """
+    given = [h for h in kwargs_handlers or [] if isinstance(h, AutocastKwargs)]
+    if len(given) > 1:
+        raise ValueError("two AutocastKwargs in kwargs_handlers; merge them into one")
+    return (given[0] if given else None), [h for h in kwargs_handlers or [] if not isinstance(h, AutocastKwargs)]
 
 
 @dataclass

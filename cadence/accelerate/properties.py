@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..distributed.strategy import OwnsAccumulation
-from .handlers import DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
+from .handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
 from .plugins import DeepSpeedPlugin, DistributedType, distributed_type_of
 
 __all__ = ["RunProperties"]
@@ -18,18 +18,22 @@ __all__ = ["RunProperties"]
 
 class RunProperties:
     """Mixed into `Accelerator`: needs `self.strategy`, `self.state`, `self.gradient_state`, `self._handlers`,
-    `self.gradient_accumulation_plugin`, `self.dataloader_config`, `self.project_configuration`, `self._optimizers`,
-    `self.trackers`."""
+    `self._autocast_handler`, `self.gradient_accumulation_plugin`, `self.dataloader_config`,
+    `self.project_configuration`, `self._optimizers`, `self.trackers`."""
 
-    # FP8 recipes and autocast handlers: cadence takes none (their kwargs handlers are refused), as Accelerate's
-    # attributes read without them
-    fp8_recipe_handler = ao_recipe_handler = te_recipe_handler = msamp_recipe_handler = autocast_handler = None
+    # FP8 recipes: cadence takes none (their kwargs handlers are refused), as Accelerate's attributes read without them
+    fp8_recipe_handler = ao_recipe_handler = te_recipe_handler = msamp_recipe_handler = None
     has_fp8_handler = fp8_enabled = delayed_fp8_autocast = False
 
     @property
     def ddp_handler(self) -> DistributedDataParallelKwargs | None:
         """The `DistributedDataParallelKwargs` given in `kwargs_handlers`, else None."""
         return self._handlers.get(DistributedDataParallelKwargs)
+
+    @property
+    def autocast_handler(self) -> AutocastKwargs | None:
+        """The `AutocastKwargs` given in `kwargs_handlers`, else None."""
+        return self._autocast_handler
 
     @property
     def scaler_handler(self) -> GradScalerKwargs | None:

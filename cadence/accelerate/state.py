@@ -208,8 +208,16 @@ def _split(inputs: Any, index: int, n: int, pad: bool) -> Any:
 class GradientState:
     """Whether this micro-step synchronises gradients, and which prepared loader is being iterated.
 
-    `active_dataloader` is the innermost prepared loader being iterated (None outside any);
-    `end_of_dataloader` is True while it yields its last batch.
+    As Accelerate's: `active_dataloader` is the innermost prepared loader being iterated (None outside
+    any, `in_dataloader` False); `end_of_dataloader` is True while it yields its last batch and False
+    again once the loop is over; `remainder` is the number of samples in its last, short batch over
+    all processes (-1 outside a loader and with `drop_last`).
+
+    >>> for batch in accelerator.prepare(DataLoader(range(5), batch_size=2)):
+    ...     accelerator.gradient_state.remainder, accelerator.gradient_state.end_of_dataloader
+    (1, False)
+    (1, False)
+    (1, True)
     """
 
     def __init__(self, num_steps: int = 1):
@@ -218,12 +226,42 @@ class GradientState:
         self._loaders: list[Any] = []
 
     @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """The accumulation plugin's options as Accelerate's `GradientAccumulationPlugin.to_kwargs()` gives them."""
+        return {"num_steps": self.num_steps}
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Accelerate's reading of `plugin_kwargs` (False unless set there); cadence's prepared schedulers step once
+        per optimizer step either way."""
+        return self.plugin_kwargs.get("adjust_scheduler", False)
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """True: a loader's last batch always ends the accumulation window."""
+        return True
+
+    @property
     def active_dataloader(self) -> Any:
         return self._loaders[-1] if self._loaders else None
 
     @property
+    def in_dataloader(self) -> bool:
+        return bool(self._loaders)
+
+    @property
     def end_of_dataloader(self) -> bool:
         return bool(self._loaders) and self._loaders[-1].end_of_dataloader
+
+    @property
+    def remainder(self) -> int:
+        dl = self.active_dataloader
+        if dl is None or getattr(dl, "drop_last", True):
+            return -1
+        try:
+            return dl.total_dataset_length % dl.total_batch_size
+        except (TypeError, ValueError):   # a stream without length, or batches without a fixed size
+            return -1
 
     def _enter(self, dl: Any) -> None:
         self._loaders.append(dl)

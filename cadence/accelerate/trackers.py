@@ -31,7 +31,14 @@ class _NoTracker(GeneralTracker):
 
 
 class TrackerSet:
-    """The trackers named by `log_with`, opened by `init` on the main process."""
+    """The trackers named by `log_with`, opened by `init` on the main process: `accelerator.trackers`, which
+    reads as Accelerate's list of trackers (index, iterate, `len`; empty before `init_trackers` and elsewhere
+    than on the main process).
+
+    >>> accelerator.init_trackers("digits")
+    >>> accelerator.trackers[0].name, len(accelerator.trackers)
+    ('tensorboard', 1)
+    """
 
     def __init__(self, log_with: Any, logging_dir: str | None):
         self.kinds = tracker_kinds(log_with)
@@ -73,10 +80,16 @@ class TrackerSet:
     def __len__(self) -> int:
         return len(self.trackers)
 
+    def __getitem__(self, index: int | slice) -> GeneralTracker | list[GeneralTracker]:
+        return self.trackers[index]
+
+    def __repr__(self) -> str:
+        return repr(self.trackers)
+
     def get(self, name: str, unwrap: bool) -> Any:
         for tracker in self.trackers:
             if tracker.name == name:
-                return (getattr(tracker, "writer", None) or getattr(tracker, "run", None) or tracker) if unwrap else tracker
+                return tracker.tracker if unwrap else tracker
         if self.trackers:
             raise ValueError(f"no tracker named {name!r}; the trackers are {[t.name for t in self.trackers]}")
         return _NoTracker()

@@ -1,6 +1,7 @@
 """Training features, one callback per module.
 
 >>> from cadence.callbacks import MixedPrecision, GradAccum, GradClip, Checkpoint, Tracker, EarlyStopping
+>>> from cadence.callbacks import SaveModelCallback, EarlyStoppingCallback, CSVLogger   # fastai's names
 """
 
 from .accumulate import GradAccum
@@ -8,6 +9,8 @@ from .checkpoint import Checkpoint
 from .clip import GradClip
 from .distributed import DistributedTrainer
 from .early_stop import EarlyStopping, MonitorCallback, ReduceLROnPlateau, SaveModel, TerminateOnNaN
+from .fastai_names import (CSVLogger, EarlyStoppingCallback, GradientAccumulation, GradientClip, SaveModelCallback,
+                           TensorBoardCallback)
 from .precision import MixedPrecision
 from .progress import ProgressCallback
 from .tracking import CSVTracker, GeneralTracker, TensorBoardTracker, Tracker, WandbTracker
@@ -15,4 +18,7 @@ from . import learner_methods  # noqa: F401  attaches to_fp16, distrib_ctx, save
 
 __all__ = ["GradAccum", "Checkpoint", "GradClip", "DistributedTrainer", "EarlyStopping", "MonitorCallback", "ReduceLROnPlateau", "SaveModel",
            "TerminateOnNaN", "MixedPrecision", "ProgressCallback", "CSVTracker", "GeneralTracker", "TensorBoardTracker",
-           "Tracker", "WandbTracker"]
+           "Tracker", "WandbTracker",
+           # fastai's names (fastai_names.py)
+           "SaveModelCallback", "EarlyStoppingCallback", "GradientAccumulation", "GradientClip", "CSVLogger",
+           "TensorBoardCallback"]

@@ -76,7 +76,7 @@ class TransferMethods:
 
         >>> learn.freeze(); learn.fit_one_cycle(1, 1e-2)
         """
-        if n_groups(self.opt) == 1:
+        if n_groups(self.opt) == 1 and self.strategy.is_main:   # once per run, not once per process
             warnings.warn("freeze(): the model has one parameter group, so nothing is frozen; pass "
                           "Learner(splitter=...) to split it into body and head", stacklevel=2)
         return self.freeze_to(-1)

@@ -1,12 +1,14 @@
 """`accelerate.utils.dataclasses` under cadence: the configuration dataclasses, enums and kwargs handlers."""
 
-from ..accelerate.handlers import (DDPCommunicationHookType, DistributedDataParallelKwargs, DummyOptim, DummyScheduler,
-                                   GradScalerKwargs, InitProcessGroupKwargs, KwargsHandler, ProfileKwargs,
-                                   ProjectConfiguration)
+from ..accelerate.enums import LoggerType, PrecisionType, RNGType
+from ..accelerate.handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs,
+                                   DummyOptim, DummyScheduler, GradScalerKwargs, InitProcessGroupKwargs,
+                                   KwargsHandler, ProfileKwargs, ProjectConfiguration)
 from ..accelerate.plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType,
                                   FullyShardedDataParallelPlugin, GradientAccumulationPlugin)
 
-__all__ = ["DDPCommunicationHookType", "DistributedDataParallelKwargs", "DummyOptim", "DummyScheduler",
+__all__ = ["AutocastKwargs", "LoggerType", "PrecisionType", "RNGType", "DDPCommunicationHookType",
+           "DistributedDataParallelKwargs", "DummyOptim", "DummyScheduler",
            "GradScalerKwargs", "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs", "ProjectConfiguration",
            "DataLoaderConfiguration", "DeepSpeedPlugin", "DistributedType", "FullyShardedDataParallelPlugin",
            "GradientAccumulationPlugin"]

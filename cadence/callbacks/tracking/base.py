@@ -59,6 +59,8 @@ class GeneralTracker:
 
     name: str = "general"
     requires: tuple[str, str] | None = None   # (module, cadence extra that installs it), checked at construction
+    requires_logging_directory: bool = False   # Accelerate's: whether the tracker writes under a logging directory
+    main_process_only: bool = True             # Accelerate's: whether only the main process runs the tracker
 
     def __init__(self, project: str | None = None, run_name: str | None = None, config: dict | None = None,
                  dir: str | Path | None = None):
@@ -68,6 +70,18 @@ class GeneralTracker:
         self.config: dict[str, Any] = dict(config or {})
         self._resume: dict[str, Any] | None = None
         self.run_dir: Path | None = None  # set by `Tracker`: the one directory of this run, shared by its trackers
+
+    @property
+    def tracker(self) -> Any:
+        """What this tracker writes through, as Accelerate's `tracker.tracker` (TensorBoard's `SummaryWriter`,
+        the W&B run); a tracker writing its own files returns itself."""
+        return self
+
+    def __repr__(self) -> str:
+        """Says what to do with a tracker: `cbs=` takes callbacks, and `Tracker` is the one that feeds trackers."""
+        cls = type(self).__name__
+        own = f" or Tracker({self.name!r})" if type(self).__module__.startswith("cadence.") else ""
+        return f"<{cls} {self.name!r}: a tracker, not a callback; in cbs= pass Tracker({cls}(...)){own}>"
 
     def start(self, step: int) -> None:
         """Open the run; `step` optimizer steps are already done (0, or the resume point)."""
@@ -104,6 +118,7 @@ class FileTracker(GeneralTracker):
     """
 
     marker: str = "*"
+    requires_logging_directory = True
 
     def start(self, step: int) -> None:
         resume = self._take_resume()

@@ -26,6 +26,11 @@ class TensorBoardTracker(FileTracker):
     requires = ("tensorboard", "tensorboard")
     writer = None
 
+    @property
+    def tracker(self) -> Any:
+        """The `SummaryWriter` (None before `start` and after `finish`), as Accelerate's tracker gives it."""
+        return self.writer
+
     def start(self, step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 

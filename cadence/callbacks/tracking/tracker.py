@@ -11,6 +11,7 @@ and a resumed run (the Tracker's `state_dict` restored by Checkpoint) continues 
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ _TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "csv": None
 
 
 def tracker_kinds(kinds: Any) -> list[Any]:
-    """`kinds` as a list, with "all" (Accelerate's `log_with="all"`) replaced by every installed named tracker.
+    """`kinds` as a list, names for Accelerate's `LoggerType`s, "all" (`log_with="all"`) replaced by every installed
+    named tracker.
 
     >>> tracker_kinds("all")      # with tensorboard installed, wandb not
     ['tensorboard', 'csv']
@@ -39,6 +41,7 @@ def tracker_kinds(kinds: Any) -> list[Any]:
     import importlib.util
 
     kinds = [] if kinds is None else list(kinds) if isinstance(kinds, (list, tuple)) else [kinds]
+    kinds = [k.value if isinstance(k, enum.Enum) else k for k in kinds]   # Accelerate's LoggerType members
     if "all" not in kinds:
         return kinds
     installed = [n for n, pkg in _TRACKER_PACKAGES.items() if pkg is None or importlib.util.find_spec(pkg) is not None]

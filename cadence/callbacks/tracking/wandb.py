@@ -22,11 +22,17 @@ class WandbTracker(GeneralTracker):
 
     name = "wandb"
     requires = ("wandb", "wandb")
+    main_process_only = False   # Accelerate's value: its methods need no main-process check (the run is opened there)
 
     def __init__(self, project: str | None = None, run_name: str | None = None, config: dict | None = None,
                  dir: str | Path | None = None, **init_kwargs: Any):
         super().__init__(project, run_name, config, dir)
         self.init_kwargs, self.run, self.run_id, self.run_dir = init_kwargs, None, None, None
+
+    @property
+    def tracker(self) -> Any:
+        """The W&B run (None before `start` and after `finish`), as Accelerate's tracker gives it."""
+        return self.run
 
     def start(self, step: int) -> None:
         import wandb
