@@ -157,9 +157,11 @@ class AutocastKwargs(KwargsHandler):
     In `kwargs_handlers` they apply to prepared models' forward; `accelerator.autocast(autocast_handler=...)`
     applies one to a block. In fp32 there is no autocast to adjust, as in Accelerate.
 
-    >>> accelerator = Accelerator(mixed_precision="bf16", kwargs_handlers=[AutocastKwargs(cache_enabled=False)])
+    >>> accelerator = Accelerator(cpu=True, mixed_precision="bf16",
+    ...                           kwargs_handlers=[AutocastKwargs(cache_enabled=False)])
     >>> with accelerator.autocast(autocast_handler=AutocastKwargs(enabled=False)):
-    ...     logits = head(features)       # runs in fp32
+    ...     torch.is_autocast_enabled("cpu")       # this block runs in fp32
+    False
     """
 
     enabled: bool = True

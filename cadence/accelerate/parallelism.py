@@ -203,9 +203,8 @@ def refuse_presliced(model: Any, config: ParallelismConfig | None) -> None:
 
     if any(isinstance(p, DTensor) for p in model.parameters()):
         raise ValueError(f"{type(model).__name__} is already sliced (DTensor parameters, e.g. from_pretrained("
-                         f"tp_plan='auto')), but the Accelerator has no tensor parallelism: pass "
-                         f"Accelerator(parallelism_config=ParallelismConfig(tp_size=...)) and give from_pretrained "
-                         f"device_mesh=accelerator.torch_device_mesh")
+                         f"tp_plan='auto')), but the Accelerator has no tensor parallelism: pass the plain model with "
+                         f"Accelerator(parallelism_config=ParallelismConfig(tp_size=...)), and prepare slices it")
 
 
 def accelerate_mesh(device_type: str, config: ParallelismConfig) -> tuple[Any, Any]:
@@ -228,7 +227,8 @@ def accelerate_mesh(device_type: str, config: ParallelismConfig) -> tuple[Any, A
         names, sizes["dp"] = ["dp", *names], env.world_size() // config.tp_size
     mesh = env.device_mesh(device_type, tuple(sizes[n] for n in names), tuple(names))
     groups = {"dp": mesh["dp"].get_group()} if not dp_dims else {}
-    for flat, dims in (("dp", dp_dims), ("dp_shard_cp", config.dp_shard_cp_dim_names), ("dp_cp", dp_dims)):
+    shard_dims = ["dp_shard"] if "dp_shard" in names else []   # for `mesh[config.fsdp_dim_names]` under HSDP too
+    for flat, dims in (("dp", dp_dims), ("dp_shard_cp", shard_dims), ("dp_cp", dp_dims)):
         if dims:
             groups[flat] = mesh[tuple(dims) if len(dims) > 1 else dims[0]]._flatten(flat).get_group()
             dist.distributed_c10d._set_pg_timeout(env.timeout(), groups[flat])   # as env.device_mesh does
@@ -242,8 +242,8 @@ class ParallelismProperties:
     def torch_device_mesh(self) -> Any:
         """Accelerate's DeviceMesh (`accelerate_mesh`): enabled dimensions dp_replicate, dp_shard, tp, and the flattened
         "dp", "dp_shard_cp", "dp_cp"; None without parallelism or in one process. `model_parallel` slices and shards
-        on it, and `from_pretrained(..., tp_plan="auto", device_mesh=accelerator.torch_device_mesh)` slices on its "tp".
-        """
+        on it; a model sliced before `prepare` must be sliced on its "tp" (transformers 5.24's `from_pretrained(
+        tp_plan="auto")` builds its own mesh, the same one only with tp alone)."""
         if self.parallelism_config is None or not env.is_initialized():
             return None
         mesh = getattr(self, "_device_mesh", None)

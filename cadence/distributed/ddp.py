@@ -52,8 +52,10 @@ def _has_batchnorm(model: nn.Module) -> bool:
 
 
 class TransparentDDP(DistributedDataParallel):
-    """DistributedDataParallel that also answers the wrapped model's own attributes (`generate`, `config`), as a
-    model under FSDP2 or DeepSpeed's engine does: `learn.model.generate(ids)` is the same line on every engine.
+    """DistributedDataParallel that also answers the wrapped model's own public attributes (`generate`, `config`), as
+    a model under FSDP2 or DeepSpeed's engine does: `learn.model.generate(ids)` is the same line on every engine.
+    Its `state_dict()` is still the wrapper's (`module.` names): give functions that read a model's weights (peft's
+    `get_peft_model_state_dict`, ...) `learn.strategy.unwrap(learn.model)`.
 
     >>> with learn.distrib_ctx(strategy="ddp"):
     ...     tokens = learn.model.generate(ids, max_new_tokens=8)
@@ -64,8 +66,8 @@ class TransparentDDP(DistributedDataParallel):
             return super().__getattr__(name)  # DDP's own, its parameters and submodules
         except AttributeError as missing:
             inner = self.__dict__.get("_modules", {}).get("module")
-            if inner is None or name == "module":
-                raise
+            if inner is None or name == "module" or name.startswith("_"):   # a compiled model's `_orig_mod` is not
+                raise                                                        # the wrapper's: unwrapping stops here
             try:
                 return getattr(inner, name)
             except AttributeError:

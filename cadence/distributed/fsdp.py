@@ -13,6 +13,7 @@ block reaches the strategy through `$CADENCE_FSDP_CONFIG`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -495,6 +496,5 @@ def _gather_for_generate(model: nn.Module) -> None:
     calls the inner model, never the root's `forward`, and would meet the root's sharded embedding."""
     from torch.distributed.fsdp import register_fsdp_forward_method
 
-    if callable(getattr(model, "generate", None)):
+    if inspect.ismethod(getattr(model, "generate", None)):   # not a submodule named `generate`
         register_fsdp_forward_method(model, "generate")
-

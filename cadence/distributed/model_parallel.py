@@ -140,7 +140,7 @@ class ModelParallel(FSDP):
         model = model.to(self.device)
         self._mesh()
         tp_mesh = self.device_mesh["tp"]
-        if _sliced_already(model, tp_mesh):  # from_pretrained(tp_plan="auto", device_mesh=...): transformers sliced it
+        if _sliced_already(model, tp_mesh):  # from_pretrained(tp_plan="auto") or the user sliced it
             pass
         elif self.parallelize is not None:
             self.parallelize(model, tp_mesh)
@@ -327,8 +327,8 @@ def _sliced_already(model: nn.Module, tp_mesh: Any) -> bool:
     if meshes - {tp_mesh}:
         other = next(iter(meshes - {tp_mesh}))
         raise ValueError(f"{type(model).__name__} is sliced on {other}, not on the strategy's tensor-parallel mesh "
-                         f"{tp_mesh}: slice it on that one (from_pretrained(..., tp_plan='auto', device_mesh="
-                         f"accelerator.torch_device_mesh)), or pass the plain model and let prepare slice it")
+                         f"{tp_mesh}: pass the plain model and let prepare slice it, or slice it on "
+                         f"accelerator.torch_device_mesh['tp']")
     return bool(meshes)
 
 

@@ -5,7 +5,8 @@ import pytest
 
 from helpers import run_launch
 
-CHECKS = ("mesh", "batches", "losses_and_norms", "metrics", "state_dict", "save_model", "save_load_state")
+CHECKS = ("mesh", "batches", "losses_and_norms", "metrics", "state_dict", "save_model", "save_load_state",
+          "presliced_without_tp_refused")
 
 
 def assert_checks(out: str, four_processes: bool = False) -> None:

@@ -20,6 +20,7 @@ one-process loop over the same global batches (computed here, without cadence):
 - save_load_state: `load_state` after one more step brings back the saved weights exactly.
 - the same with `--bf16` (mixed_precision="bf16", compared within bf16's rounding) and with the launcher's
   `--gradient_accumulation_steps` (`accumulate`, clipping on the synchronising micro-step only);
+- presliced_without_tp_refused: a sliced model given to an Accelerator without tensor parallelism is refused;
 - presliced_refused (4 processes): a model sliced on another mesh than the Accelerator's is refused, saying which.
 """
 
@@ -196,6 +197,17 @@ def main():
         assert all(torch.equal(after[k], before[k]) for k in before), "load_state did not restore the weights"
     ok(accelerator, "save_load_state")
 
+    from cadence.accelerate.parallelism import ParallelismConfig as Sizes, refuse_presliced
+    sliced = make_model()
+    parallelize(sliced, accelerator.torch_device_mesh["tp"])
+    for sizes in (None, Sizes(tp_size=1, dp_shard_size=world)):   # DDP, FSDP: they take no sliced model
+        try:
+            refuse_presliced(sliced, sizes)
+            raise AssertionError("a sliced model was taken without tensor parallelism")
+        except ValueError as e:
+            assert "already sliced" in str(e) and "ParallelismConfig(tp_size=...)" in str(e), e
+    ok(accelerator, "presliced_without_tp_refused")
+
     if world == 4:   # tp groups {0, 2} and {1, 3}: not the Accelerator's ({0, 1}, {2, 3}), which FSDP2 builds on
         from torch.distributed.device_mesh import init_device_mesh
         sliced = make_model()
@@ -204,7 +216,7 @@ def main():
             accelerator.prepare(sliced)
             raise AssertionError("a model sliced on another mesh was taken")
         except ValueError as e:
-            assert "is sliced on" in str(e) and "device_mesh=accelerator.torch_device_mesh" in str(e), e
+            assert "is sliced on" in str(e) and "accelerator.torch_device_mesh['tp']" in str(e), e
         ok(accelerator, "presliced_refused")
     accelerator.end_training()
 

@@ -47,7 +47,7 @@ ENGINES: dict[str, tuple[int, tuple[str, ...]]] = {
     "accumulation": (1, ()),      # --gradient_accumulation_steps 2: the script's own flag, else the launcher's
     "TP": (2, ()),                # tensor parallelism, its size given as the script's own flag (Example.engine_args)
 }
-EVERY_SCRIPT = tuple(list(ENGINES)[:7])   # what every script runs on; TP only where its size is the script's flag
+EVERY_SCRIPT = tuple(e for e in ENGINES if e != "TP")   # what every script runs on; TP only where its size is the script's flag
 FLOOR = 0.75                      # accuracy the MRPC-like examples must reach (chance 0.5; they start near 0.1)
 EVAL_SAMPLES = SPLITS["validation"]
 

@@ -1,0 +1,145 @@
+"""fastai's callback names on cadence's callbacks, with fastai's arguments.
+
+Each is the cadence callback of the same feature, taking fastai's arguments:
+
+>>> learn.fit(5, cbs=[SaveModelCallback(fname="best"), EarlyStoppingCallback(patience=2), CSVLogger(),
+...                   GradientAccumulation(n_acc=64), GradientClip(1.0), TensorBoardCallback("runs/tb")])
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from ..trainer.callback import Callback, Order
+from .accumulate import GradAccum
+from .clip import GradClip
+from .early_stop import EarlyStopping, SaveModel
+from .tracking import TensorBoardTracker, Tracker
+
+__all__ = ["SaveModelCallback", "EarlyStoppingCallback", "GradientAccumulation", "GradientClip", "CSVLogger",
+           "TensorBoardCallback"]
+
+class EarlyStoppingCallback(EarlyStopping):
+    """fastai's `EarlyStoppingCallback(monitor, comp, min_delta, patience, reset_on_fit)`: `EarlyStopping`.
+
+    >>> learn.fit(2, cbs=EarlyStoppingCallback(patience=3))
+    >>> len(learn.recorder.values)
+    2
+    """
+
+
+class SaveModelCallback(SaveModel):
+    """fastai's `SaveModelCallback`: `SaveModel` with fastai's order of arguments.
+
+    That order is `monitor, comp, min_delta, fname, every_epoch, at_end, with_opt, reset_on_fit`.
+
+    >>> learn.fit(2, cbs=SaveModelCallback(fname="epoch", every_epoch=True))
+    >>> sorted(p.name for p in (learn.path / learn.model_dir).iterdir())
+    ['epoch_0', 'epoch_1']
+    """
+
+    def __init__(self, monitor: str = "valid_loss", comp: Callable | None = None, min_delta: float = 0.0,
+                 fname: str = "model", every_epoch: bool | int = False, at_end: bool = False, with_opt: bool = False,
+                 reset_on_fit: bool = True, mode: str | None = None):
+        super().__init__(monitor, mode=mode, fname=fname, every_epoch=every_epoch, with_opt=with_opt, at_end=at_end,
+                         min_delta=min_delta, reset_on_fit=reset_on_fit, comp=comp)
+
+
+class GradientAccumulation(GradAccum):
+    """fastai's `GradientAccumulation(n_acc=32)`: one optimizer step per `n_acc` samples.
+
+    It is `GradAccum(samples=n_acc)`: a partial window at an epoch's end is stepped (see docs/fastai.md).
+
+    >>> GradientAccumulation(n_acc=64).samples       # learn.fit(1, cbs=...): batches of 16, a step every 4
+    64
+    """
+
+    def __init__(self, n_acc: int = 32):
+        super().__init__(samples=n_acc)
+
+
+class GradientClip(GradClip):
+    """fastai's `GradientClip(max_norm=1.0, norm_type=2.0)`: clip the gradients' global norm (`GradClip`).
+
+    >>> learn.fit(1, cbs=GradientClip(0.5))
+    """
+
+    def __init__(self, max_norm: float = 1.0, norm_type: float = 2.0):
+        super().__init__(max_norm=max_norm, norm_type=norm_type)
+
+
+class TensorBoardCallback(Tracker):
+    """fastai's `TensorBoardCallback(log_dir)`: the `Tracker`'s scalars in TensorBoard event files.
+
+    They go to `log_dir` (default: `runs/<time>`). Scalars only: `trace_model`, `log_preds` and `projector`
+    are refused.
+
+    >>> learn.fit(3, cbs=TensorBoardCallback("runs/baseline"))     # tensorboard --logdir runs
+    """
+
+    def __init__(self, log_dir: str | os.PathLike | None = None, trace_model: bool = False, log_preds: bool = False,
+                 projector: bool = False):
+        asked = [n for n, v in (("trace_model", trace_model), ("log_preds", log_preds), ("projector", projector)) if v]
+        if asked:
+            raise ValueError(f"TensorBoardCallback({asked[0]}=True): cadence's TensorBoard logging writes scalars "
+                             f"(losses, lr, metrics) only; drop {', '.join(asked)}")
+        tracker = TensorBoardTracker()
+        if log_dir is not None:
+            tracker.run_dir = Path(log_dir)
+        super().__init__(tracker)
+
+
+class CSVLogger(Callback):
+    """fastai's `CSVLogger(fname="history.csv", append=False)`: each epoch's results as a row of a CSV file.
+
+    The file is `learn.path/fname`, its header `recorder.metric_names` (epoch, train_loss, valid_loss,
+    metrics, time); the main process writes each row through at once. `append=True` adds to the file (a
+    header line before each fit's rows, as fastai). `read_log()` reads it with pandas.
+
+    >>> learn.fit(2, cbs=CSVLogger())
+    >>> (learn.path / "history.csv").read_text().splitlines()[0]
+    'epoch,train_loss,valid_loss,accuracy,time'
+    """
+
+    order = Order.REPORT
+    run_lr_find = False
+
+    def __init__(self, fname: str | os.PathLike = "history.csv", append: bool = False):
+        self.fname, self.append = Path(fname), append
+        self.file: Any = None
+
+    @property
+    def path(self) -> Path:
+        return self.learn.path / self.fname
+
+    def read_log(self) -> Any:
+        """The file as a pandas DataFrame (pandas is not a cadence dependency: `pip install pandas`)."""
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError(f"read_log needs pandas (pip install pandas); or read {self.path} with the csv "
+                              f"module") from e
+        return pd.read_csv(self.path)
+
+    def before_fit(self):
+        if not self.learn.strategy.is_main:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = self.path.open("a" if self.append else "w")
+        self._write(self.learn.recorder.metric_names)
+
+    def after_epoch(self):
+        if self.file is not None:
+            self._write(["" if v is None else v for v in self.learn.recorder.log])
+
+    def after_fit(self):
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def _write(self, values: list) -> None:
+        self.file.write(",".join(str(v) for v in values) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
