@@ -40,7 +40,7 @@ from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, loa
 from .clipping import clip_grad_norm, clip_part, refuse_part_under_own_clipping
 from .collectives import ProcessHelpers
 from .handlers import (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs,
-                       ProfileKwargs, ProjectConfiguration, autocast_handler_in)
+                       ProfileKwargs, ProjectConfiguration)
 from .optional_features import OptionalFeatures
 from .parallelism import ParallelismConfig, ParallelismProperties, launched_parallelism_config, parallel_engine
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
@@ -103,7 +103,6 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         refuse_unsupported(torch_tp_plugin, megatron_lm_plugin, dynamo_plugin)
         deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         self.rng_types = check_rng_types(rng_types)
-        self._autocast_handler, kwargs_handlers = autocast_handler_in(kwargs_handlers)
         self._handlers = handlers = sort_handlers(kwargs_handlers)
         self.gradient_accumulation_plugin = _accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
@@ -136,8 +135,8 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
             self.state.deepspeed_plugin.deepspeed_config = self.strategy.config   # the config the engine is built from
         scaler = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs() if self.mixed_precision == "fp16" else {}
         precision = make_precision(self.mixed_precision, self.strategy.device, **scaler)
-        if self._autocast_handler is not None:
-            precision = self._autocast_handler.apply_to(precision)
+        if AutocastKwargs in handlers:
+            precision = handlers[AutocastKwargs].apply_to(precision)
         self.strategy.set_precision(precision)
         self.gradient_state = GradientState(self.gradient_accumulation_plugin.num_steps)
         if _engine_accumulation(self.state.deepspeed_plugin) is not None:   # Accelerate uses DeepSpeed's number

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["KwargsHandler", "AutocastKwargs", "autocast_handler_in", "DDPCommunicationHookType",
+__all__ = ["KwargsHandler", "AutocastKwargs", "DDPCommunicationHookType",
            "DistributedDataParallelKwargs", "ProfileKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
            "ProjectConfiguration", "DummyOptim", "DummyScheduler"]
 
@@ -178,18 +178,6 @@ class AutocastKwargs(KwargsHandler):
         """`precision`, its forward context (what prepared models run in) taking these options."""
         precision.forward_context = lambda: self.autocast(precision)
         return precision
-
-
-def autocast_handler_in(kwargs_handlers: list | None) -> tuple[AutocastKwargs | None, list]:
-    """The `AutocastKwargs` in `kwargs_handlers` (None if there is none) and the other handlers.
-
-    >>> autocast_handler_in([AutocastKwargs(enabled=False), GradScalerKwargs()])[0]
-    AutocastKwargs(enabled=False, cache_enabled=None)
-    """
-    given = [h for h in kwargs_handlers or [] if isinstance(h, AutocastKwargs)]
-    if len(given) > 1:
-        raise ValueError("two AutocastKwargs in kwargs_handlers; merge them into one")
-    return (given[0] if given else None), [h for h in kwargs_handlers or [] if not isinstance(h, AutocastKwargs)]
 
 
 @dataclass

@@ -23,14 +23,15 @@ from torch.utils.data import DataLoader
 from ..distributed import env, ops
 from ..distributed.data import loader_settings
 from ..distributed.registry import get_strategy, strategy_class
-from .handlers import DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs
+from .handlers import (AutocastKwargs, DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs,
+                       InitProcessGroupKwargs, ProfileKwargs)
 from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
 __all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters", "owning_model",
            "covers_trainable", "autocast_forward", "restore_forward", "all_tensors", "split_loader",
            "fit_scheduler_to_groups", "refuse_unsupported", "one_deepspeed_plugin", "check_rng_types"]
 
-_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
+_HANDLERS = (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
 
 
 def sort_handlers(kwargs_handlers: list | None) -> dict[type, Any]:

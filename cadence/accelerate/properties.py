@@ -18,7 +18,7 @@ __all__ = ["RunProperties"]
 
 class RunProperties:
     """Mixed into `Accelerator`: needs `self.strategy`, `self.state`, `self.gradient_state`, `self._handlers`,
-    `self._autocast_handler`, `self.gradient_accumulation_plugin`, `self.dataloader_config`,
+    `self.gradient_accumulation_plugin`, `self.dataloader_config`,
     `self.project_configuration`, `self._optimizers`, `self.trackers`."""
 
     # FP8 recipes: cadence takes none (their kwargs handlers are refused), as Accelerate's attributes read without them
@@ -33,7 +33,7 @@ class RunProperties:
     @property
     def autocast_handler(self) -> AutocastKwargs | None:
         """The `AutocastKwargs` given in `kwargs_handlers`, else None."""
-        return self._autocast_handler
+        return self._handlers.get(AutocastKwargs)
 
     @property
     def scaler_handler(self) -> GradScalerKwargs | None:

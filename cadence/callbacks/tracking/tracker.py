@@ -161,8 +161,8 @@ class Tracker(Callback):
         row = self.learn.recorder.values[-1]
         values = {"train/epoch_loss": row.get("train_loss"), "valid/loss": row.get("valid_loss"),
                   # Recorder(train_metrics=True) names the columns train_<metric> and valid_<metric>
-                  **{f"valid/{m.name}": row.get(m.name, row.get(f"valid_{m.name}")) for m in self.learn.recorder.metrics},
-                  **{f"train/{m.name}": row.get(f"train_{m.name}") for m in self.learn.recorder.metrics}}
+                  **{f"valid/{k}": row.get(k, row.get(f"valid_{k}")) for k in self.learn.recorder.metric_keys},
+                  **{f"train/{k}": row.get(f"train_{k}") for k in self.learn.recorder.metric_keys}}
         self._log({k: float(v) for k, v in values.items() if v is not None})
 
     def after_fit(self):
