@@ -21,6 +21,7 @@ from .tracking import TensorBoardTracker, Tracker
 __all__ = ["SaveModelCallback", "EarlyStoppingCallback", "GradientAccumulation", "GradientClip", "CSVLogger",
            "TensorBoardCallback"]
 
+
 class EarlyStoppingCallback(EarlyStopping):
     """fastai's `EarlyStoppingCallback(monitor, comp, min_delta, patience, reset_on_fit)`: `EarlyStopping`.
 
