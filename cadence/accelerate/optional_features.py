@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-__all__ = ["OptionalFeatures"]
+__all__ = ["OptionalFeatures", "is_lomo"]
 
 
 class OptionalFeatures:
@@ -28,7 +28,7 @@ class OptionalFeatures:
         """
         if learning_rate is None:
             raise ValueError("lomo_backward needs the learning rate: lomo_backward(loss, learning_rate=...)")
-        fused = [opt.optimizer for opt in self._optimizers if callable(getattr(opt.optimizer, "fused_backward", None))]
+        fused = [opt.optimizer for opt in self._optimizers if is_lomo(opt.optimizer)]
         if not fused:
             raise ValueError("lomo_backward runs LOMO optimizers (lomo_optim.Lomo or AdaLomo), and none was prepared: "
                              "pass one to accelerator.prepare, or call accelerator.backward(loss)")
@@ -68,3 +68,13 @@ class OptionalFeatures:
         """0: the Accelerator runs no pipeline (every process holds every layer; the Learner's model-parallel
         strategy has pipeline stages)."""
         return 0
+
+
+def is_lomo(optimizer: Any) -> bool:
+    """Whether `optimizer` is LOMO's (`lomo_optim.Lomo` / `AdaLomo`: it updates in its own fused backward).
+
+    >>> is_lomo(torch.optim.SGD(model.parameters(), lr=0.1))
+    False
+    """
+    return callable(getattr(optimizer, "fused_backward", None))
+

@@ -11,6 +11,7 @@ import torch
 
 from ..distributed.strategy import OwnsAccumulation
 from .handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
+from .optional_features import is_lomo
 from .plugins import DeepSpeedPlugin, DistributedType, distributed_type_of
 
 __all__ = ["RunProperties"]
@@ -56,7 +57,7 @@ class RunProperties:
     @property
     def has_lomo_optimizer(self) -> bool:
         """True when a prepared optimizer is LOMO's (`lomo_backward` steps it)."""
-        return any(callable(getattr(opt.optimizer, "fused_backward", None)) for opt in self._optimizers)
+        return any(is_lomo(opt.optimizer) for opt in self._optimizers)
 
     @property
     def log_with(self) -> list:

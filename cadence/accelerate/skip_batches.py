@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
+from ..distributed.data import loader_settings
 from .prepared import PreparedDataLoader
 
 __all__ = ["skip_first_batches"]
@@ -37,13 +38,8 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
                         f"got {type(dataloader).__name__}")
     if isinstance(dataloader.dataset, IterableDataset):
         return _SkipIterable(dataloader, num_batches)
-    options = {k: getattr(dataloader, k) for k in ("num_workers", "collate_fn", "pin_memory", "timeout",
-                                                   "worker_init_fn", "multiprocessing_context", "generator",
-                                                   "persistent_workers", "pin_memory_device")}
-    if dataloader.num_workers:
-        options["prefetch_factor"] = dataloader.prefetch_factor
     return DataLoader(dataloader.dataset, batch_sampler=_SkipBatchSampler(dataloader.batch_sampler, num_batches),
-                      **options)
+                      generator=dataloader.generator, **loader_settings(dataloader))
 
 
 class _SkipBatchSampler(Sampler):
