@@ -356,7 +356,7 @@ def load_zero3_in_place(path: str, map_location: Any, optimizer: Any) -> Any | N
     if isinstance(inner, dict) and groups is not None:
         targets += in_place_targets(inner, live.state, groups)
     state = copied_out(state, keep=[container[key] for container, key, _ in targets])  # all read before any write
-    read_into(targets)
+    read_into(targets, path)
     return state
 
 

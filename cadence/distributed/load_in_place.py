@@ -2,17 +2,18 @@
 
 A plain resume reads each file into fresh memory, which the engine then copies into the optimizer's tensors (fp32
 masters) or keeps in their place (optimizer state): every byte copied twice, or the fresh memory's pages faulted in
-and zeroed first (on a CPU host, worth more than the copy itself). Here the file is mapped (`torch.load(mmap=True)`),
-each saved tensor with a live counterpart of its shape, dtype and memory (host or CUDA) is copied from the file's pages
-into that counterpart and stands in its place in the loaded state; everything else is copied out of the mapping
+and zeroed first (on a CPU host, worth more than the copy itself). Here the file is mapped (`torch.load(mmap=True)`:
+its structure, no tensor read), each saved tensor with a live counterpart of its shape, dtype and memory (host or
+CUDA) is read from the file into that counterpart (host; CUDA: copied from the file's pages) and stands in its place
+in the loaded state; everything else is copied out of the mapping
 (views of one storage stay views of one copy), so nothing loaded keeps the file mapped. The engine's own load then
 copies the live tensors onto themselves (skipped by torch's `copy_`) or keeps them as the state (torch's
 `Optimizer.load_state_dict` keeps a loaded tensor of the parameter's dtype and device as it is).
 
 >>> state = load_mapped(path)                                      # None: a file in torch's legacy format
->>> load_optimizer_in_place(opt, state)                         # or, for another layout:
+>>> load_optimizer_in_place(opt, state, path)                   # or, for another layout:
 >>> targets = in_place_targets(state, opt.state, [g["params"] for g in opt.param_groups])
->>> state = copied_out(state, keep=[container[key] for container, key, _ in targets]); read_into(targets)
+>>> state = copied_out(state, keep=[container[key] for container, key, _ in targets]); read_into(targets, path)
 """
 
 from __future__ import annotations
@@ -84,23 +85,60 @@ def in_place_targets(saved: dict, live: Mapping[torch.Tensor, dict], groups: Seq
     return targets
 
 
-def read_into(targets: Sequence[Target]) -> None:
-    """Copy each target's mapped tensor into its live tensor and put the live one in its place."""
-    for container, key, target in targets:
-        target.detach().copy_(container[key])
-        container[key] = target
+def read_into(targets: Sequence[Target], path: str) -> None:
+    """Fill each target's live tensor with its mapped tensor's bytes and put the live one in its place. `path` is the
+    file they are mapped from: a live tensor in host memory is read from the file into (a read from the page cache,
+    about the cost of a plain `torch.load`; copying out of the mapping faults its pages in one by one, 3x that
+    here); one in GPU memory, or where the file's layout cannot be told for sure, is copied from the mapping."""
+    offsets = file_offsets(path, [container[key] for container, key, _ in targets])
+    reads = {id(target): offsets[id(container[key])] for container, key, target in targets
+             if id(container[key]) in offsets and target.device.type == "cpu" and target.is_contiguous()}
+    with open(path, "rb", buffering=0) as f:
+        for container, key, target in targets:
+            live = target.detach()
+            if id(target) not in reads:
+                live.copy_(container[key])
+            elif _nbytes(live):
+                f.seek(reads[id(target)])
+                if f.readinto(memoryview(live.view(-1).view(torch.uint8).numpy())) != _nbytes(live):
+                    raise ValueError(f"{path} ended inside a tensor's bytes (at {reads[id(target)]}) while it was "
+                                     f"read: the file is truncated; resume from another checkpoint")
+            container[key] = target
 
 
-def load_optimizer_in_place(opt: torch.optim.Optimizer, state: dict) -> None:
-    """`opt.load_state_dict(state)` for a `state` read with `load_mapped`: each state tensor copied from the file
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def file_offsets(path: str, mapped: Sequence[torch.Tensor]) -> dict[int, int]:
+    """Where the bytes of each contiguous tensor of `mapped` (loaded from the torch file `path` by `load_mapped`)
+    start in the file, by `id`; {} unless exactly one placement of the mapping fits: each storage at the file offset
+    of a record of its size, all shifted by one base address (the mapping's)."""
+    mapped = [t for t in mapped if t.is_contiguous()]
+    if not mapped:
+        return {}
+    reader = torch._C.PyTorchFileReader(str(path))
+    records = {reader.get_record_offset(name): reader.get_record_size(name)
+               for name in reader.get_all_records() if name.startswith("data/")}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in mapped}
+    first, size = next(iter(storages.items()))
+    bases = [first - offset for offset, n in records.items() if n == size
+             and all(records.get(ptr - (first - offset)) == nbytes for ptr, nbytes in storages.items())]
+    if len(bases) != 1:
+        return {}
+    return {id(t): t.untyped_storage().data_ptr() - bases[0] + t.storage_offset() * t.element_size() for t in mapped}
+
+
+def load_optimizer_in_place(opt: torch.optim.Optimizer, state: dict, path: str) -> None:
+    """`opt.load_state_dict(state)` for a `state` read from `path` with `load_mapped`: each state tensor copied from the file
     into the one `opt` holds for it (a trained optimizer: no second copy of its state alive during the load), the
     rest copied out of the mapping first, so nothing is written into `opt` before all of the file is read.
 
-    >>> load_optimizer_in_place(opt, load_mapped("checkpoints/step-00000200/optimizer.pt"))
+    >>> load_optimizer_in_place(opt, load_mapped(file), file)
     """
     targets = in_place_targets(state, opt.state, [g["params"] for g in opt.param_groups])
     state = copied_out(state, keep=[container[key] for container, key, _ in targets])
-    read_into(targets)
+    read_into(targets, path)
     opt.load_state_dict(state)
 
 

@@ -29,7 +29,8 @@ from . import env, ops
 from .load_in_place import load_optimizer_in_place
 from .precision import FullPrecision
 from .staging import HostBuffers, Staging, host_copy
-from .state_files import file_writers, load_model_file, load_optimizer_file, save_model_file, save_optimizer_file
+from .state_files import (OPTIMIZER_FILE, file_writers, load_model_file, load_optimizer_file, save_model_file,
+                          save_optimizer_file)
 
 T = TypeVar("T")
 MakeOpt = Callable[[nn.Module], torch.optim.Optimizer]
@@ -349,7 +350,7 @@ class Strategy:
         opt_state = load_optimizer_file(directory, mapped=in_place)
         self.load_model_state_dict(model, model_state)
         if in_place:
-            load_optimizer_in_place(opt, opt_state)
+            load_optimizer_in_place(opt, opt_state, str(Path(directory) / OPTIMIZER_FILE))
         else:
             self.load_optimizer_state_dict(model, opt, opt_state)
 

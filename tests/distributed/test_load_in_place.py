@@ -39,7 +39,7 @@ def test_a_trained_optimizer_loads_a_saved_state_into_its_own_tensors_with_the_f
         p.grad = torch.randn_like(p)
     opt.step()
     live = {id(t) for s in opt.state.values() for t in s.values()}
-    load_optimizer_in_place(opt, load_mapped(str(path)))
+    load_optimizer_in_place(opt, load_mapped(str(path)), str(path))
     assert {id(t) for s in opt.state.values() for t in s.values()} == live and len(live) == 9
     path.write_bytes(bytes(path.stat().st_size))
     for i, p in enumerate(params):
@@ -114,10 +114,10 @@ def test_nothing_is_written_into_the_optimizer_before_the_whole_file_is_read(tmp
         raise OSError("the disk went away")
     monkeypatch.setattr(load_in_place, "copied_out", failing)
     with pytest.raises(OSError, match="went away"):
-        load_optimizer_in_place(opt, load_mapped(str(path)))
+        load_optimizer_in_place(opt, load_mapped(str(path)), str(path))
     assert all(not torch.equal(s["exp_avg"], before[id(s["exp_avg"])]) for s in opt.state.values())  # not written
     monkeypatch.undo()
-    load_optimizer_in_place(opt, load_mapped(str(path)))
+    load_optimizer_in_place(opt, load_mapped(str(path)), str(path))
     assert torch.equal(opt.state[params[1]]["sparse"].to_dense(), torch.eye(3))
     assert all(torch.equal(t, before[id(t)]) for s in opt.state.values() for k, t in s.items() if k != "sparse")
 
@@ -172,3 +172,27 @@ def test_learn_load_state_after_more_training_reads_into_the_optimizers_tensors_
     fresh.load_state(ckpt)
     fresh.fit(1)
     assert all(torch.equal(a, b) for a, b in zip(learn.model.state_dict().values(), fresh.model.state_dict().values()))
+
+
+def test_each_mapped_tensor_is_read_from_its_own_bytes_in_the_file(tmp_path):
+    """`file_offsets` places each mapped tensor (a view into a saved storage too) at the bytes the file holds for it,
+    read back here with plain file reads; a placement that fits more than one way (two records of one size, only
+    one of them loaded) is not guessed: {}, and the tensor is copied from the mapping instead."""
+    base = torch.arange(12, dtype=torch.float32)
+    state = {"a": torch.randn(5, dtype=torch.float64), "view": base[3:9], "b": torch.ones(7, dtype=torch.bfloat16)}
+    path = tmp_path / "state.pt"
+    torch.save(state, path)
+    mapped = load_mapped(str(path))
+    offsets = load_in_place.file_offsets(str(path), list(mapped.values()))
+    raw = path.read_bytes()
+    for name, t in mapped.items():
+        size = t.numel() * t.element_size()
+        assert raw[offsets[id(t)]:offsets[id(t)] + size] == state[name].contiguous().view(torch.uint8).numpy().tobytes()
+    torch.save({"x": torch.zeros(4), "y": torch.ones(4)}, path)
+    one = load_mapped(str(path))["y"]
+    assert load_in_place.file_offsets(str(path), [one]) == {}
+    target = torch.zeros(4)
+    container = {"y": one}
+    load_in_place.read_into([(container, "y", target)], str(path))
+    assert container["y"] is target and torch.equal(target, torch.ones(4))
+
