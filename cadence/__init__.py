@@ -37,8 +37,8 @@ from .trainer.events import (CancelBackwardException, CancelBatchException, Canc
                              CancelValidException, Event)
 from .trainer.load import load_learner
 from .trainer.learner import Learner
-from .trainer.metrics import (AccumMetric, AvgLoss, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate, sum_metric,
-                              top_k_accuracy)
+from .trainer.metrics import (AccumMetric, AvgLoss, AvgMetric, AvgSmoothLoss, Metric, SumMetric, accuracy, error_rate,
+                              sum_metric, top_k_accuracy)
 from .trainer.metrics_classification import (BalancedAccuracy, Dice, F1Score, MatthewsCorrCoef, Precision, Recall, RocAuc,
                                              RocAucBinary, RocAucMulti, accuracy_multi, skm_to_cadence)
 from .trainer.metrics_regression import (PearsonCorrCoef, Perplexity, SpearmanCorrCoef, exp_rmspe, mae, mse, msle,
@@ -63,7 +63,7 @@ __all__ = [
     "__version__", "Learner", "load_learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
     "CancelException", "CancelFitException", "CancelEpochException", "CancelTrainException", "CancelValidateException",
     "CancelValidException", "CancelBatchException", "CancelBackwardException", "CancelStepException",
-    "Metric", "SumMetric", "AccumMetric", "AvgLoss", "AvgSmoothLoss", "sum_metric",
+    "Metric", "SumMetric", "AccumMetric", "AvgMetric", "AvgLoss", "AvgSmoothLoss", "sum_metric",
     "accuracy", "error_rate", "top_k_accuracy", "rmse", "mse", "mae", "msle", "exp_rmspe", "Perplexity",
     "PearsonCorrCoef", "SpearmanCorrCoef", "accuracy_multi", "F1Score", "Precision", "Recall", "RocAuc", "RocAucBinary",
     "RocAucMulti", "MatthewsCorrCoef", "BalancedAccuracy", "Dice", "skm_to_cadence",

@@ -94,6 +94,8 @@ class EpochRecord(list):
             if key not in self.names:
                 raise KeyError(f"{key!r}: this epoch recorded {self.keys()}")
             return super().__getitem__(self.names.index(key))
+        if isinstance(key, int) and not -len(self) <= key < len(self):
+            raise IndexError(f"this row has {len(self)} values ({', '.join(self.names)}); got position {key}")
         return super().__getitem__(key)
 
     def __setitem__(self, key: Any, value: Any) -> None:

@@ -77,23 +77,6 @@ def _decodes(loss_func: Any) -> Callable | None:
     return None
 
 
-class ValidResults(dict):
-    """What `validate` returns: `{"valid_loss": ..., "<metric>": ...}`, also indexable by position as fastai's
-    list (`[0]` the loss, `[1]` the first metric).
-
-    >>> res = learn.validate(); res["accuracy"] == res[1]
-    True
-    """
-
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, int) and not isinstance(key, bool):
-            values = list(self.values())
-            if not -len(values) <= key < len(values):
-                raise IndexError(f"validate() has {len(values)} values ({', '.join(self)}); got position {key}")
-            return values[key]
-        return super().__getitem__(key)
-
-
 class _BatchTransform(Callback):
     """`tta`'s augmentation: `tfm(x)` on the first input of every batch."""
 
@@ -122,20 +105,20 @@ class InferenceMethods:
         return dl
 
     def validate(self, ds_idx: int | Iterable = 1, dl: Iterable | None = None,
-                 cbs: Any = None) -> ValidResults:
-        """Run one validation pass over `dl` (default: `dls[ds_idx]`, the validation set); returns
-        `{"valid_loss": ..., <metric>: ...}`, which positions also index as fastai's list does.
-        `learn.final_record` becomes fastai's `[valid_loss, *metrics]` (an `EpochRecord`).
+                 cbs: Any = None) -> EpochRecord:
+        """Run one validation pass over `dl` (default: `dls[ds_idx]`, the validation set); returns fastai's list
+        `[valid_loss, *metrics]`, which also names its values (an `EpochRecord`: `res["accuracy"]`, `res.items()`),
+        and sets `learn.final_record` to it.
 
-        >>> learn.validate()["accuracy"], learn.validate()[1]
+        >>> loss, acc = learn.validate()
+        >>> learn.validate()["accuracy"]
         """
         dl = self._pick_dl(ds_idx, dl, "validate")
         with self.added_cbs(cbs):
             self._do_epoch_validate(dl)
             self._end_cleanup()
-        res = ValidResults(self.recorder.pass_values())
-        self.final_record = EpochRecord(res)
-        return res
+        self.final_record = EpochRecord(self.recorder.pass_values())
+        return self.final_record
 
     def get_preds(self, ds_idx: int | Iterable = 1, dl: Iterable | None = None, with_input: bool = False,
                   with_decoded: bool = False, with_loss: bool = False, act: Callable | None = None,

@@ -81,6 +81,30 @@ class SumMetric(Metric):
             self.sums = all_sum(self.sums)
 
 
+class AvgMetric(SumMetric):
+    """fastai's AvgMetric: `func(preds, *targs)` on each batch, averaged over the pass, weighted by batch size.
+
+    What a plain function passed in `metrics=` becomes, as in fastai (cheap: nothing is kept but two sums). For a
+    metric that must see the whole set at once (F1, AUC), use `AccumMetric`.
+
+    >>> learn = Learner(dls, model, loss_func=nn.MSELoss(), metrics=AvgMetric(lambda p, t: (p - t).abs().max()))
+    """
+
+    def __init__(self, func: Callable[..., Any]):
+        if not callable(func):
+            raise TypeError(f"AvgMetric takes a function func(preds, targs), got {func!r}")
+        super().__init__(_func_name(func), None, _ratio)
+        self.func = func
+
+    def accumulate(self, learn: Any) -> None:
+        bs, pred = batch_size(learn.yb or learn.xb), learn.pred.detach()
+        value = self.func(pred, *learn.yb)
+        value = value.detach().double().to(pred.device) if isinstance(value, Tensor) else torch.tensor(
+            float(value), dtype=torch.float64, device=pred.device)
+        sums = torch.stack([value * bs, value.new_tensor(float(bs))])
+        self.sums = sums if self.sums is None else self.sums + sums
+
+
 _ACTIVATIONS = (None, "no", "sigmoid", "softmax", "binarysoftmax")
 
 
@@ -94,8 +118,8 @@ class AccumMetric(Metric):
       (softmax, then the last column: the positive class's probability); None/"no" keeps `pred`.
     - `dim_argmax`: without an activation, keep `pred.argmax(dim_argmax)` (the predicted class).
     - `thresh`: then keep `pred >= thresh` (multi-label decisions).
-    - `flatten`: flatten predictions and targets to 1-d (False by default: any plain function
-      passed as a metric becomes an AccumMetric and sees the model's output as it is).
+    - `flatten`: flatten predictions and targets to 1-d (False by default: the function sees the model's output
+      as it is).
     - `to_np`: pass numpy arrays; `invert_arg`: call `func(targs, preds)` (scikit-learn's order).
     Other keyword arguments go to `func`.
 
@@ -327,4 +351,4 @@ def as_metric(m: Any) -> Metric:
     inner, kwargs = (m.func, m.keywords) if isinstance(m, functools.partial) else (m, {})
     if hasattr(inner, "as_metric"):
         return inner.as_metric(**kwargs)
-    return AccumMetric(m)
+    return AvgMetric(m)

@@ -149,7 +149,8 @@ def n_groups(opt: torch.optim.Optimizer) -> int:
 def set_hyper(opt: torch.optim.Optimizer, name: str, value) -> None:
     """Set hyper-parameter `name` on every parameter group (`value` scalar or one per group).
 
-    `mom` sets `betas[0]` (Adam family) or `momentum` (SGD); `wd` sets `weight_decay`, except on
+    `mom` sets `betas[0]` (Adam family) or `momentum` (SGD built with momentum; one built without keeps none, as
+    fastai's SGD with `mom=0` takes no momentum step); `wd` sets `weight_decay`, except on
     the parameters `Learner(wd_bn_bias=False)` keeps from decaying.
     """
     groups = param_groups(opt)
@@ -160,7 +161,7 @@ def set_hyper(opt: torch.optim.Optimizer, name: str, value) -> None:
             if name in ("mom", "beta1"):
                 if "betas" in group:
                     group["betas"] = (v, group["betas"][1])
-                elif "momentum" in group:
+                elif group.get("momentum"):  # SGD without momentum stays without (fastai's SGD with mom=0)
                     group["momentum"] = v
             elif not (key == "weight_decay" and group.get(NO_WD_KEY)):
                 group[key] = v

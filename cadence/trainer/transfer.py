@@ -3,9 +3,10 @@
 The groups are the optimizer's parameter groups, which the Learner's `splitter` made (one group
 without a splitter). Freezing sets `requires_grad=False` on the groups' parameters; torch's
 optimizers skip a parameter without a gradient, and the strategy is told (`trainable_changed`)
-because DDP fixes at wrap time which parameters it all-reduces. BatchNorm layers of frozen groups
-keep training (`train_bn=True`, as in fastai): their parameters stay trainable and their running
-statistics keep updating, unless `BnFreeze` puts them in eval mode.
+because DDP fixes at wrap time which parameters it all-reduces. As fastai's, every freeze/unfreeze starts the
+optimizer's state afresh (Adam's moments and step counts), and the normalisation layers of frozen groups (BatchNorm,
+InstanceNorm, LayerNorm: fastai's `norm_types`) keep training (`train_bn=True`): their parameters stay trainable and
+BatchNorm's running statistics keep updating, unless `BnFreeze` puts them in eval mode.
 
 >>> learn = Learner(dls, model, loss_func=F.cross_entropy, splitter=lambda m: [m[:-1].parameters(), m[-1].parameters()])
 >>> learn.fine_tune(3, base_lr=2e-3)          # 1 epoch with the body frozen, then 3 with everything
@@ -17,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Self
 
+import torch
 from torch import nn
 
 from .callback import Callback, Order
@@ -24,6 +26,7 @@ from .callback_methods import listify
 from .schedule import n_groups, param_groups
 
 _BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
+_TRAIN_BN_TYPES = (*_BN_TYPES, nn.modules.instancenorm._InstanceNorm, nn.LayerNorm)  # fastai's norm_types
 
 
 _NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.LayerNorm, nn.GroupNorm,
@@ -40,9 +43,17 @@ def norm_bias_params(model: nn.Module) -> set[int]:
     return out
 
 
-def _bn_params(model: nn.Module) -> set[int]:
-    """ids of the parameters that belong to BatchNorm layers."""
-    return {id(p) for m in model.modules() if isinstance(m, _BN_TYPES) for p in m.parameters(recurse=False)}
+def _train_bn_params(model: nn.Module) -> set[int]:
+    """ids of the parameters `train_bn` keeps training in frozen groups: those of fastai's `norm_types` layers."""
+    return {id(p) for m in model.modules() if isinstance(m, _TRAIN_BN_TYPES) for p in m.parameters(recurse=False)}
+
+
+def _clear_state(opt: Any) -> None:
+    """fastai's `opt.clear_state()`: a torch optimizer's per-parameter state (moments, step counts) dropped, made
+    afresh at its next step. An engine's own optimizer (DeepSpeed's, which keeps its state in flat partitions) keeps
+    it."""
+    if isinstance(opt, torch.optim.Optimizer):
+        opt.state.clear()
 
 
 class TransferMethods:
@@ -62,17 +73,18 @@ class TransferMethods:
             raise ValueError(f"freeze_to({n!r}): the optimizer has {len(groups)} parameter group(s), so n must be "
                              f"an int in [{-len(groups)}, {len(groups) - 1}] (at least one group keeps training); "
                              f"pass Learner(splitter=...) to split the model into groups")
-        keep = _bn_params(self.model) if self.train_bn else set()
+        keep = _train_bn_params(self.model) if self.train_bn else set()
         for i, parts in enumerate(groups):
             for p in (p for group in parts for p in group["params"]):
                 p.requires_grad_(i >= idx or id(p) in keep)
         self.frozen_idx = idx
+        _clear_state(self.opt)
         self.strategy.wait_for_staging()  # a save's copy of the weights in progress: DDP's rewrap broadcasts them
         self.model, self.opt = self.strategy.trainable_changed(self.model, self.opt)
         return self
 
     def freeze(self) -> Self:
-        """Train only the last parameter group (and BatchNorm layers, unless `learn.train_bn = False`).
+        """Train only the last parameter group (and normalisation layers, unless `learn.train_bn = False`).
 
         >>> learn.freeze(); learn.fit_one_cycle(1, 1e-2)
         """

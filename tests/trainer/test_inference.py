@@ -53,7 +53,7 @@ def test_validate_and_get_preds_take_ds_idx_or_a_loader_first():
         want = nn.functional.cross_entropy(learn.model(x[:24]), y[:24]).item()
     res = learn.validate(0)
     assert res["valid_loss"] == pytest.approx(want, rel=1e-6) and res[0] == res["valid_loss"]   # fastai's position
-    with pytest.raises(IndexError, match="validate\\(\\) has 1 values \\(valid_loss\\); got position 1"):
+    with pytest.raises(IndexError, match="this row has 1 values \\(valid_loss\\); got position 1"):
         res[1]
     with pytest.raises(ValueError, match="takes 0 \\(train\\) or 1 \\(valid\\), got 2"):
         learn.get_preds(2)

@@ -185,3 +185,29 @@ def test_freezing_under_ddp_and_fsdp_equals_a_single_process_loop():
     for check in ("ddp_frozen_body_unchanged", "ddp_equals_single_process_loop", "fsdp_frozen_body_unchanged",
                   "fsdp_equals_single_process_loop"):
         assert f"CHECK {check} ok" in out, out
+
+
+def test_each_freeze_and_unfreeze_starts_the_optimizer_state_afresh_as_fastais(dls):
+    """fastai's freeze_to clears the optimizer's state: after a fit and unfreeze(), Adam's moments and step counts
+    start again (the first step after it is a first step: step == 1 for every parameter)."""
+    learn = learner(dls)
+    learn.freeze()
+    learn.fit(1)
+    assert learn.opt.state
+    learn.unfreeze()
+    assert not learn.opt.state
+    learn.fit(1)
+    steps = {float(s["step"]) for s in learn.opt.state.values()}
+    assert steps == {float(len(dls.train))}
+
+
+def test_train_bn_keeps_layernorm_and_instancenorm_of_frozen_groups_training_as_fastais_norm_types(dls):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 3))
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(),
+                    splitter=lambda m: [list(m[:2].parameters()), list(m[3].parameters())])
+    learn.freeze()
+    assert [p.requires_grad for p in model.parameters()] == [False, False, True, True, True, True]
+    learn.train_bn = False
+    learn.freeze()
+    assert [p.requires_grad for p in model.parameters()] == [False, False, False, False, True, True]
