@@ -82,6 +82,17 @@ def test_a_port_out_of_range_is_refused_before_the_port_check(port, capsys):
     assert f"main_process_port must be <= 65535, got {port}" in err and "Overflow" not in err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_timeout_that_is_not_a_finite_number_is_refused_before_launching(value, tmp_path, capsys):
+    """`--timeout inf` / a config's `timeout: .nan` used to start the workers, which then failed converting it."""
+    assert main(["launch", "--cpu", "--num_processes", "2", "--timeout", value, str(SCRIPTS / "print_argv.py")]) == 2
+    assert f"timeout must be a finite number, got {value}" in capsys.readouterr().err
+    config = tmp_path / "config.yaml"
+    config.write_text(f"num_processes: 2\ntimeout: .{value}\n")
+    assert main(["launch", "--cpu", "--config_file", str(config), str(SCRIPTS / "print_argv.py")]) == 2
+    assert f"timeout must be a finite number, got {value}" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_cadence_test_passes_on_two_cpu_processes():
     proc = run_cli("test", "--cpu", "--num_processes", "2", timeout=180)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,6 +165,8 @@ def _checked(f: dataclasses.Field, value: Any) -> Any:
         raise ValueError(f"{f.name} must be of type {kind.__name__}, got {value!r}")
     if choices is not None and value not in choices:
         raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+    if kind is float and not math.isfinite(value):
+        raise ValueError(f"{f.name} must be a finite number, got {value}")
     if f.metadata["minimum"] is not None and value < f.metadata["minimum"]:
         raise ValueError(f"{f.name} must be >= {f.metadata['minimum']}, got {value}")
     if f.metadata["maximum"] is not None and value > f.metadata["maximum"]:

@@ -8,6 +8,7 @@ except `setup_distrib` / `teardown_distrib`.
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 
@@ -114,7 +115,15 @@ def default_device(local: int | None = None) -> torch.device:
 
 def timeout() -> timedelta:
     """Process-group timeout: `$CADENCE_TIMEOUT` seconds (set by `cadence launch --timeout`), else 600 s."""
-    return timedelta(seconds=float(os.environ.get("CADENCE_TIMEOUT", DEFAULT_TIMEOUT_S)))
+    value = os.environ.get("CADENCE_TIMEOUT", DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"CADENCE_TIMEOUT={value!r}: the collective timeout must be a positive, finite number of "
+                         f"seconds (`cadence launch --timeout 600`)")
+    return timedelta(seconds=seconds)
 
 
 def setup_distrib(backend: str | None = None, timeout_s: float | None = None) -> bool:

@@ -289,7 +289,9 @@ def test_sigterm_during_an_async_write_waits_for_it_and_exits_143(tmp_path, refe
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"async_save": "yes"}, "async_save must be True or False, got 'yes'"),
-    ({"io_timeout": 0}, "io_timeout must be a positive number of seconds or None, got 0"),
+    ({"io_timeout": 0}, "io_timeout must be a positive, finite number of seconds, or None for no limit; got 0"),
+    ({"io_timeout": float("nan")}, "io_timeout must be a positive, finite .*; got nan"),
+    ({"io_timeout": float("inf")}, "io_timeout must be a positive, finite .*; got inf"),
 ])
 def test_bad_arguments_are_refused_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):

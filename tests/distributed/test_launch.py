@@ -311,3 +311,16 @@ def test_the_lines_ranks_print_together_never_mix(unbuffered):
     out = run_launch("print_lines.py", nproc=2, env=cadence_env(PYTHONUNBUFFERED=unbuffered)).stdout.splitlines()
     whole = [line for line in out if re.fullmatch(r"rank [01] line \d+ x{200}", line)]
     assert len(whole) == 600, [line for line in out if line not in whole][:5]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "soon"])
+def test_a_collective_timeout_from_the_environment_that_is_not_a_positive_finite_number_is_named(value, monkeypatch):
+    """A script started by hand with CADENCE_TIMEOUT set: refused naming the variable, not a raw conversion error
+    inside the process group's set-up."""
+    from cadence.distributed.env import timeout
+
+    monkeypatch.setenv("CADENCE_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"CADENCE_TIMEOUT='{value}': the collective timeout must be a positive"):
+        timeout()
+    monkeypatch.setenv("CADENCE_TIMEOUT", "42")
+    assert timeout().total_seconds() == 42

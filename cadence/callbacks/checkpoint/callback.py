@@ -80,8 +80,9 @@ class Checkpoint(Callback):
         if not isinstance(async_save, bool):
             raise ValueError(f"async_save must be True or False, got {async_save!r}")
         if io_timeout is not None and (isinstance(io_timeout, bool) or not isinstance(io_timeout, (int, float))
-                                       or io_timeout <= 0):
-            raise ValueError(f"io_timeout must be a positive number of seconds or None, got {io_timeout!r}")
+                                       or not 0 < io_timeout < math.inf):
+            raise ValueError(f"io_timeout must be a positive, finite number of seconds, or None for no limit; got "
+                             f"{io_timeout!r}")
         self.async_save, self.io_timeout = async_save, io_timeout
         self.dir, self.every_n_steps, self.every_epoch = Path(dir), every_n_steps, every_epoch
         self.keep_last, self.monitor, self.mode = keep_last, monitor, mode
