@@ -5,7 +5,8 @@ the second is refused at its start with the holder's pid, host, command and star
 lock is `flock(2)` on the open file: the kernel releases it when the holding process ends, a
 SIGKILL included, so a dead job never blocks the next one. The holder removes the file before
 it unlocks, and a job that locked a file already removed tries again: two jobs never hold two
-different files.
+different files. The file is written only as a regular file of its own (0o600): a symbolic link or
+anything else at its name is refused, naming it, and never written through.
 
 >>> with DirectoryLock("checkpoints"):      # RuntimeError naming the holder if another job has it
 ...     learn.fit(3)
@@ -18,6 +19,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 import warnings
@@ -36,7 +38,7 @@ class DirectoryLock:
     def acquire(self) -> None:
         path = self.root / LOCK_FILE
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_lock(path, self.root)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -77,6 +79,37 @@ class DirectoryLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _open_lock(path: Path, root: Path) -> int:
+    """`path` opened for reading and writing (created 0o600: it records the command line), never through a
+    symbolic link and only as a regular file of one name: writing the lock truncates it, so a link planted in a
+    shared directory would destroy the file it points to. Anything else there is refused, naming it.
+
+    >>> fd = _open_lock(Path("checkpoints/.lock"), Path("checkpoints"))   # RuntimeError if it is a link
+    """
+    def refuse(what: str) -> RuntimeError:
+        return RuntimeError(f"{path} is {what}, not the lock file cadence writes there: locking {root} would "
+                            f"overwrite it. Remove {path} (nothing of the checkpoints is in it) and start again")
+
+    if path.is_symlink():
+        raise refuse(f"a symbolic link (to {os.readlink(path)})")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a link made since the check above
+            raise refuse("a symbolic link") from None
+        if e.errno == errno.EISDIR:
+            raise refuse("not a regular file") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        raise refuse("not a regular file" if not stat.S_ISREG(info.st_mode) else
+                     f"a file with {info.st_nlink} names (a hard link to another file)")
+    if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.getuid():  # left by an older cadence
+        os.fchmod(fd, 0o600)
+    return fd
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -38,7 +38,7 @@ from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_
                                sibling, staging_dir, write_safetensors, writing)
 from .rng import rng_state, set_rng_state
 from .store import STATE_FILE
-from .validate import check_state
+from .validate import check_callback_states, check_state
 from .writer import BackgroundWrite
 
 FORMAT = 2  # 2: callback tensors in callbacks.tensors, the files listed; 1 (all in state.json) still loads
@@ -214,17 +214,20 @@ def read_state(directory: str | os.PathLike, tensors: bool = True) -> dict[str, 
 def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
     """Restore weights, optimizer, counters, callback states, RNG and data position from a checkpoint.
 
-    state.json and the RNG file are read and the weights checked against the model before
-    anything is loaded. Returns state.json.
+    state.json and the RNG file are read, the callbacks' states checked against the live callbacks
+    (`validate.check_callback_states`) and the weights against the model before anything is loaded.
+    Returns state.json.
 
     >>> learn.load_state("checkpoints/step-00000200")
     """
     directory = Path(directory)
     state = read_state(directory)
     rng = _read_rng(directory, state)
+    own = (rng or {}).get("callbacks", {})  # what differs per process (the Recorder's smoothed loss): this rank's
+    check_callback_states(state["callbacks"], learn.cbs, directory / STATE_FILE)
+    check_callback_states(own, learn.cbs, directory / f"rng-rank{rank()}.pt", per_rank=True)
     learn.strategy.wait_for_staging()
     learn.strategy.load_checkpoint(directory, learn.model, learn.opt)
-    own = (rng or {}).get("callbacks", {})  # what differs per process (the Recorder's smoothed loss): this rank's
     for cb in learn.cbs:
         if cb.name in state["callbacks"] and callable(getattr(cb, "load_state_dict", None)):
             cb.load_state_dict(state["callbacks"][cb.name])

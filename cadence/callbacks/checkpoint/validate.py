@@ -9,8 +9,11 @@ training nothing, training the wrong part of the data, or failing later in a raw
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from .store import is_checkpoint_name
 
@@ -87,3 +90,67 @@ def check_checkpoint_state(own: dict[str, Any], file: Path, field: str) -> None:
     best = own.get("best")
     if best is not None and (isinstance(best, bool) or not isinstance(best, (int, float))):
         raise refuse(file, f"{field}.best", best, "a number or null")
+
+
+# keys older checkpoints lack, which their callbacks still load without (Recorder: iters, smooth_val; Checkpoint:
+# history)
+_ADDED_LATER = {("recorder", "iters"), ("recorder", "smooth_val"), ("checkpoint", "history")}
+_NONE = type(None)
+
+
+def check_callback_states(saved: dict[str, Any], cbs: list[Any], file: Path, per_rank: bool = False) -> None:
+    """Refuse, before anything is loaded, a saved callback state that its live callback could not load.
+
+    Each state in `saved` (by callback name) of one of cadence's callbacks is checked against the live callback's
+    own `state_dict()` (`rank_state_dict()` with `per_rank`): every key the live one has is there (but
+    `_ADDED_LATER`), each value of the live one's kind: true/false, a number, a string, a list (or tensor), an
+    object; null where the live one is a number or a string; a live value not set yet (None) takes anything.
+    A callback of the user's own loads its state as its `load_state_dict` does (its schema is its own). ValueError
+    naming `file`, the callback and the key.
+
+    >>> check_callback_states(state["callbacks"], learn.cbs, Path("ckpt/state.json"))  # ValueError: a bad key
+    """
+    method = "rank_state_dict" if per_rank else "state_dict"
+    for cb in cbs:
+        if (cb.name not in saved or not callable(getattr(cb, method, None))
+                or not type(cb).__module__.startswith("cadence.")):
+            continue
+        state = saved[cb.name]
+        if not isinstance(state, dict):
+            raise _refuse_callback(file, cb.name, "", f"is {_shown(state)}: expected an object (its state)")
+        for key, live in getattr(cb, method)().items():
+            if key not in state:
+                if (cb.name, key) not in _ADDED_LATER:
+                    raise _refuse_callback(file, cb.name, f".{key}", "is missing")
+                continue
+            expected = _accepted(live)
+            value = state[key]
+            if expected is not None and (not isinstance(value, expected[1])
+                                         or isinstance(value, bool) and bool not in expected[1]):
+                raise _refuse_callback(file, cb.name, f".{key}", f"is {_shown(value)}: expected {expected[0]}")
+
+
+def _accepted(live: Any) -> tuple[str, tuple[type, ...]] | None:
+    """(what a saved value standing for `live` may be, said and as types); None: a kind not checked."""
+    if isinstance(live, bool):
+        return "true or false", (bool,)
+    if isinstance(live, numbers.Real):
+        return "a number or null", (int, float, _NONE)
+    if isinstance(live, str):
+        return "a string or null", (str, _NONE)
+    if isinstance(live, (list, tuple, torch.Tensor)):
+        return "a list", (list, tuple, torch.Tensor)
+    if isinstance(live, dict):
+        return "an object", (dict,)
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, torch.Tensor) else f"a tensor of {value.numel()} values"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _refuse_callback(file: Path, name: str, key: str, problem: str) -> ValueError:
+    return ValueError(f"{file}: callbacks.{name}{key} {problem}: this run's {name} callback cannot load it. "
+                      f"The file was edited, damaged or written for other callbacks; resume from another checkpoint, "
+                      f"or remove the {name} callback from this run")

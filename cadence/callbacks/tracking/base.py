@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import importlib
 import numbers
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
-
 
 
 def require_package(module: str, extra: str) -> None:
@@ -109,12 +109,53 @@ class GeneralTracker:
         resume, self._resume = self._resume, None
         return resume
 
+    def _continued_dir(self, saved: Any) -> Path | None:
+        """The run directory a checkpoint's tracker state names (`saved`), if this run may continue it; else None,
+        with a warning: the caller opens a new run directory.
+
+        A checkpoint's state.json may come from anywhere (a copy, another machine, a hand edit), so a resumed
+        tracker writes only where this run's tracker would: inside its log root (`dir`, default `runs`, or the
+        `run_dir` it was given), `..` and symbolic links resolved. Outside it, the directory is ignored rather
+        than the resume refused: the training goes on, the old logs stay untouched where they are, and the new
+        run directory takes nothing from anyone. A checkpoint moved with its logs (a project copied to another
+        machine) names its old absolute path: the run directory of that name in this log root
+        (`dir/project/<name>`) is continued when it is there.
+
+        >>> CSVTracker(dir="runs")._continued_dir("/etc")        # None, with a warning
+        """
+        base = Path(self.dir if self.dir is not None else "runs")
+        roots, parents = [base.resolve()], [base / (self.project or "")]
+        if self.run_dir is not None:
+            parents.append(Path(self.run_dir).parent)
+            if not Path(self.run_dir).resolve().is_relative_to(roots[0]):
+                roots.append(Path(self.run_dir).resolve())
+
+        def inside(path: Path) -> bool:
+            return any(path.is_relative_to(root) for root in roots)
+
+        if isinstance(saved, str) and saved:
+            path = Path(saved).resolve()
+            if inside(path):
+                return path
+            name = Path(saved).name
+            for parent in parents:
+                moved = (parent / name).resolve()
+                if name not in ("", ".", "..") and moved.is_dir() and inside(moved):
+                    return moved
+        warnings.warn(f"the checkpoint's state.json names {saved!r} as the {self.name} tracker's run directory "
+                      f"(callbacks.tracker.trackers.{self.name}.dir), outside this run's log root "
+                      f"({' or '.join(map(str, roots))}): it is left untouched and this run logs into a new run "
+                      f"directory. To continue those logs, resume with the tracker's dir= set to a directory holding "
+                      f"them", stacklevel=3)
+        return None
+
 
 class FileTracker(GeneralTracker):
     """A tracker writing files into one directory per run: `dir/project/run_name` (`dir` defaults to `runs`).
 
     A new run never writes into a directory holding another run's `marker` files: it gets a
-    `_1`, `_2`, ... suffix. A resumed run reopens the directory in its state.
+    `_1`, `_2`, ... suffix. A resumed run reopens the directory in its state when that lies in this run's
+    log root (`_continued_dir`), and otherwise opens a new one.
     """
 
     marker: str = "*"
@@ -122,12 +163,10 @@ class FileTracker(GeneralTracker):
 
     def start(self, step: int) -> None:
         resume = self._take_resume()
-        self.resumed = resume is not None
-        if resume:
-            self.log_dir = Path(resume["dir"])
-        else:
-            self.log_dir = self.run_dir or new_run_dir(self.dir, self.project, self.run_name,
-                                                       lambda path: any(path.glob(self.marker)))
+        continued = self._continued_dir(resume.get("dir")) if resume else None
+        self.resumed = continued is not None
+        self.log_dir = continued or self.run_dir or new_run_dir(self.dir, self.project, self.run_name,
+                                                                lambda path: any(path.glob(self.marker)))
         self.log_dir = self.log_dir.resolve()
         self.log_dir.mkdir(parents=True, exist_ok=True)
 

@@ -15,7 +15,8 @@ class WandbTracker(GeneralTracker):
     """Log to a W&B run: `wandb.init(project=, name=, dir=, **init_kwargs)` at the start of fit.
 
     W&B's local files go under `dir` (default: `$WANDB_DIR`, else the working directory).
-    The state holds the run id: a resumed fit reopens that run (`resume="allow"`).
+    The state holds the run id: a resumed fit reopens that run (`resume="allow"`), its local files in the
+    directory of the state when that lies in this run's log root (`GeneralTracker._continued_dir`).
 
     >>> learn.fit(1, cbs=Tracker(WandbTracker(project="digits", entity="my-team", tags=["baseline"])))
     """
@@ -40,7 +41,8 @@ class WandbTracker(GeneralTracker):
         resume = self._take_resume()
         kwargs = dict(project=self.project, name=self.run_name, **self.init_kwargs)
         own_dir = self.run_dir if self.run_dir is not None else self.dir   # Tracker's shared run directory first
-        run_dir = resume.get("dir") if resume else (str(Path(own_dir).resolve()) if own_dir is not None else None)
+        continued = self._continued_dir(resume["dir"]) if resume and resume.get("dir") is not None else None
+        run_dir = str(continued) if continued else str(Path(own_dir).resolve()) if own_dir is not None else None
         if run_dir is not None:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             kwargs["dir"] = run_dir
