@@ -2,10 +2,11 @@
 
 A file is written under a temporary name and renamed (`atomic_path`); a directory of files that
 belong together (weights + optimizer) is written into a staged directory and renamed as a whole
-(`staging_dir`, `commit_dir`; `recover_dir` finishes or drops what a killed write left).
+(`replacing_dir`: `staging_dir`, `commit_dir`; `recover_dir` finishes or drops what a killed write left).
+A target that is a symbolic link is written where the link points, staged next to that, the link kept.
 A file that cannot be read raises ValueError naming the file; a write that fails (disk full, a
-file-size limit, a read-only or missing directory) raises OSError naming the directory and the
-free space there (`writing`, `check_writable`), and leaves no staged directory behind.
+file-size limit, a read-only or missing directory) raises OSError naming the directory (and, when
+space ran out, the free space there: `writing`, `check_writable`), and leaves no staged directory behind.
 
 >>> save_weights(model.state_dict(), "models/stage1.safetensors")
 >>> state = load_weights("models/stage1.safetensors")
@@ -17,16 +18,18 @@ Files saved from a `torch.compile`d model (keys starting `_orig_mod.`) load as t
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pickle
 import re
 import shutil
+import socket
 import struct
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Container, Iterator
 
 import torch
 from safetensors.torch import load_file
@@ -37,15 +40,48 @@ from .streaming import holds_cuda_tensors, host_pieces, register_tagger, save_to
 _ALIASES_KEY = "cadence_aliases"
 
 
+def _real_path(path: str | os.PathLike) -> Path:
+    """`path`, or where it points when it is a symbolic link: a linked target is written on the disk the link names."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+_HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:64]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
+
+
+def _drop_stale_temporaries(path: Path) -> None:
+    """Remove the temporaries of `path` that writers on this host left when killed (their pid is gone)."""
+    prefix, suffix = f".{path.name}.tmp", f"@{_HOST}"
+    with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
+        for entry in entries:
+            pid = entry.name[len(prefix):-len(suffix)]
+            if entry.name.startswith(prefix) and entry.name.endswith(suffix) and pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):  # another save removed it first, or it is not ours to remove
+                    os.unlink(entry.path)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to `path`; rename it onto `path` only if the block succeeds.
+    """Yield a temporary path next to `path` (where it points, if a link); rename it onto `path` only if the block
+    succeeds. The temporary is named by its writer (`.out.pt.tmp<pid>@<host>`): what a killed writer on this host left
+    is removed by the next save of `path`; a live writer's is never touched.
 
     >>> with atomic_path("out.pt") as tmp: torch.save(obj, tmp)
     """
-    path = Path(path)
+    path = _real_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    _drop_stale_temporaries(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}@{_HOST}")
     try:
         yield tmp
         os.replace(tmp, path)
@@ -110,14 +146,40 @@ def load_weights(path: str | os.PathLike, device: str | torch.device = "cpu") ->
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            aliases = json.loads((f.metadata() or {}).get(_ALIASES_KEY, "{}"))
+            metadata = f.metadata() or {}
         state = load_file(str(path), device=str(device))
-    except (SafetensorError, json.JSONDecodeError) as e:
+    except SafetensorError as e:
         raise ValueError(f"{path} is not a readable safetensors file (truncated or corrupt: {e}); "
                          f"load another copy or another checkpoint") from None
-    for alias, name in aliases.items():
+    for alias, name in file_aliases(path, metadata, state).items():
         state[alias] = state[name]
     return strip_compile_prefix(state)
+
+
+def file_aliases(path: str | os.PathLike, metadata: dict[str, str], stored: Container[str]) -> dict[str, str]:
+    """{alias: stored name}: the tied names a safetensors header lists (`save_weights`), each checked against the
+    names `stored` in the file; a header whose list is not an object, maps to a name the file lacks, or renames a
+    tensor the file holds (loading another tensor under its name) raises ValueError naming the file.
+
+    >>> file_aliases("model.safetensors", {"cadence_aliases": '{"lm_head.weight": "embed.weight"}'}, state)
+    {'lm_head.weight': 'embed.weight'}
+    """
+    try:
+        aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))
+    except json.JSONDecodeError:
+        aliases = None
+    problem = None if isinstance(aliases, dict) else "is not a JSON object of names"
+    for alias, name in (aliases or {}).items() if problem is None else ():
+        if not isinstance(name, str) or name not in stored:
+            problem = f"maps {alias!r} to {name!r}, which the file does not hold"
+        elif alias in stored:
+            problem = f"maps {alias!r}, a tensor the file holds, onto {name!r}"
+        if problem:
+            break
+    if problem:
+        raise ValueError(f"{path}: the {_ALIASES_KEY} entry of its header {problem}; the file is damaged or was not "
+                         f"written by cadence: load another copy or another checkpoint")
+    return aliases
 
 
 COMPILE_PREFIX = "_orig_mod."
@@ -216,8 +278,10 @@ def load_torch(path: str | os.PathLike, map_location="cpu", mmap: bool = False):
 STAGED, REPLACED, DELETED = ".tmp", ".old", ".deleted"
 
 
-def sibling(path: Path, suffix: str) -> Path:
-    """The hidden name next to `path` that a write (".tmp"), replace (".old") or delete (".deleted") uses."""
+def sibling(path: str | os.PathLike, suffix: str) -> Path:
+    """The hidden name next to `path` (next to where it points, if a link: the same disk) that a write (".tmp"),
+    replace (".old") or delete (".deleted") uses."""
+    path = _real_path(path)
     return path.with_name(f".{path.name}{suffix}")
 
 
@@ -234,27 +298,44 @@ def staging_dir(target: str | os.PathLike) -> Path:
 
 
 def commit_dir(staged: str | os.PathLike, target: str | os.PathLike) -> Path:
-    """Make the complete directory `staged` visible as `target`, replacing any directory there.
+    """Make the complete directory `staged` visible as `target`, replacing any directory there (a link to a
+    directory keeps pointing to the new one, where the old one was).
 
     A new name is one rename. A replace is two (old out of the way as ".old", then staged in):
     while ".old" exists the staged directory is known complete, so `recover_dir` finishes a
     replace that was killed between them, and the pair of files inside never mixes two saves.
     """
-    staged, target = Path(staged), Path(target)
-    if target.exists():
-        old = sibling(target, REPLACED)
+    staged, real = Path(staged), _real_path(target)
+    if real.exists():
+        old = sibling(real, REPLACED)
         shutil.rmtree(old, ignore_errors=True)
-        os.rename(target, old)
-        os.rename(staged, target)
+        os.rename(real, old)
+        os.rename(staged, real)
         shutil.rmtree(old)
     else:
-        os.rename(staged, target)
-    return target
+        os.rename(staged, real)
+    return Path(target)
+
+
+@contextlib.contextmanager
+def replacing_dir(target: str | os.PathLike, what: str) -> Iterator[Path]:
+    """Yield an empty staged directory for `target`; when the block succeeds it becomes `target` whole (`commit_dir`).
+
+    What a killed replace left is finished or dropped first (`recover_dir`); a failure leaves the previous `target`
+    and no staged directory, a failed write raising OSError naming `target` (`writing`).
+
+    >>> with replacing_dir("models/stage1", "saved model") as staged: save_weights(state, staged / "model.safetensors")
+    """
+    with writing(target, what, sibling(target, STAGED)):
+        recover_dir(target)
+        staged = staging_dir(target)
+        yield staged
+        commit_dir(staged, target)
 
 
 def recover_dir(target: str | os.PathLike) -> None:
     """Finish a replace of `target` that was killed half-way; drop what a killed write or delete left."""
-    target = Path(target)
+    target = _real_path(target)
     old, staged = sibling(target, REPLACED), sibling(target, STAGED)
     if old.exists():
         if not target.exists():
@@ -272,14 +353,17 @@ def remove_dir(path: str | os.PathLike) -> None:
 
 def retire_dir(path: str | os.PathLike) -> Path:
     """Rename a directory to its hidden ".deleted" tombstone (one step: nothing is left under its name) and return
-    the tombstone, for the caller to delete when it likes (a kill before that: `recover_dir` removes it).
+    the tombstone, for the caller to delete when it likes (a kill before that: `recover_dir` removes it). A link to a
+    directory: the directory it points to is retired, and the link removed.
 
     >>> tomb = retire_dir("checkpoints/step-00000100"); threading.Thread(target=shutil.rmtree, args=(tomb,)).start()
     """
     path = Path(path)
-    tomb = sibling(path, DELETED)
+    real, tomb = _real_path(path), sibling(path, DELETED)
     shutil.rmtree(tomb, ignore_errors=True)
-    os.rename(path, tomb)
+    os.rename(real, tomb)
+    if real != path:
+        path.unlink()
     return tomb
 
 
@@ -304,25 +388,37 @@ def format_size(n: int) -> str:
     return f"{n:.1f} TiB"
 
 
-def _write_failure(error: BaseException) -> tuple[int | None, str] | None:
-    """(errno, why) a write failed, in a few words; None when `error` is not a failed write."""
+_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _write_failure(error: BaseException) -> tuple[int | None, str, bool] | None:
+    """(errno, why a write failed in a few words, whether space ran out); None when `error` is not a failed write."""
     from safetensors import SafetensorError
 
     if isinstance(error, OSError):
-        return error.errno, error.strerror or str(error)
+        return error.errno, error.strerror or str(error), error.errno in _OUT_OF_SPACE
     if isinstance(error, SafetensorError):
         code = re.search(r"os error (\d+)", str(error))
-        return (int(code[1]), os.strerror(int(code[1]))) if code else (None, str(error).splitlines()[0][:200])
+        if code:
+            return int(code[1]), os.strerror(int(code[1])), int(code[1]) in _OUT_OF_SPACE
+        return None, str(error).splitlines()[0][:200], False
     if isinstance(error, RuntimeError) and ("PytorchStreamWriter" in str(error) or "inline_container" in str(error)):
-        return None, "torch.save could not write the whole file (a full disk, or a file-size limit)"
+        return None, "torch.save could not write the whole file (a full disk, or a file-size limit)", True
     return None
+
+
+def _advice(where: str | os.PathLike, out_of_space: bool) -> str:
+    """What to do after a failed write: make room (the free space there said) when space ran out, else move."""
+    return f"{free_space(where)}; free some space or choose another directory" if out_of_space else \
+        "; choose a writable directory"
 
 
 @contextlib.contextmanager
 def writing(target: str | os.PathLike, what: str, staged: str | os.PathLike | None = None) -> Iterator[None]:
     """Around writes to `target`: on any failure `staged` is removed (its space is freed now, not at the next
-    start); a failed write (disk full, file-size limit, read-only) becomes an OSError naming `target`, its free
-    space and what to do, instead of torch's `inline_container.cc` message or a SafetensorError.
+    start); a failed write (disk full, file-size limit, read-only) becomes an OSError naming `target`, what to do
+    and, when space ran out, the free space there, instead of torch's `inline_container.cc` message or a
+    SafetensorError.
 
     >>> with writing("models/stage1", "model", staged): save_weights(state, staged / "model.safetensors")
     """
@@ -334,9 +430,9 @@ def writing(target: str | os.PathLike, what: str, staged: str | os.PathLike | No
         failure = _write_failure(e)
         if failure is None:
             raise
-        code, reason = failure
-        message = f"could not write the {what} {target}: {reason}{free_space(target)}; free some space or choose " \
-                  f"another directory"
+        code, reason, out_of_space = failure
+        message = f"could not write the {what} {target}: {reason}{_advice(target, out_of_space)}" + (
+            f". The previous {what} there, if any, is untouched" if staged is not None else "")
         raise (OSError(code, message) if code is not None else OSError(message)) from e
 
 
@@ -358,8 +454,8 @@ def check_writable(directory: str | os.PathLike, what: str) -> Path:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise OSError(e.errno, f"the {what} {directory} is not writable: {e.strerror or e}{free_space(directory)}; "
-                      f"choose a writable directory") from None
+        raise OSError(e.errno, f"the {what} {directory} is not writable: {e.strerror or e}"
+                               f"{_advice(directory, e.errno in _OUT_OF_SPACE)}") from None
     return directory
 
 

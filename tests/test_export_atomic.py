@@ -59,7 +59,8 @@ def export(tmp_path):
 def test_a_save_that_runs_out_of_room_at_shard_3_leaves_the_previous_export_whole(export):
     proc = save(export, 2, "--fsize-limit", str(64 * 1024))                         # shard 3 is 160 KiB
     assert proc.returncode == 3, proc.stderr
-    assert f"could not write the export to {export}" in proc.stdout and "previous export in it" in proc.stdout
+    assert f"could not write the export {export}: File too large" in proc.stdout
+    assert "The previous export there, if any, is untouched" in proc.stdout
     assert which_save(export) == 1
     assert sorted(p.name for p in export.parent.iterdir()) == ["export"]            # the staged files are gone
     assert (export / "config.json").read_text() == "{}"

@@ -351,7 +351,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         if config.automatic_checkpoint_naming:
             if config.project_dir is None:
                 raise ValueError("automatic_checkpoint_naming needs a project_dir: Accelerator(project_dir=...)")
-            directory = automatic_checkpoint_dir(Path(config.project_dir), config.iteration, config.total_limit)
+            directory = automatic_checkpoint_dir(Path(config.project_dir), config.iteration)
         elif output_dir is None:
             raise ValueError("save_state needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
         else:

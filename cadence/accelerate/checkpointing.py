@@ -13,7 +13,10 @@ Layout (the Learner's checkpoint files where they overlap)::
 
 Like the Learner's checkpoints it is written under a temporary name and renamed once every
 process's files are in place, so a crash mid-save never leaves a half-written checkpoint behind
-and never removes the last good one. Files are read back with `weights_only=True` and safetensors.
+and never removes the last good one: with automatic naming, `total_limit` removes the oldest
+checkpoints only once the new one is in place, and only folders that a `save_state` wrote (never a
+symlink, never the user's own `checkpoint_<n>` folder). Files are read back with `weights_only=True`
+and safetensors.
 
 >>> save_accelerator_state(accelerator, "ckpt/epoch-3")
 """
@@ -24,21 +27,22 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 from ..callbacks.checkpoint import rng_state, set_rng_state
 from ..callbacks.checkpoint.writer import BackgroundWrite
-from ..distributed import env
 from ..distributed.state_files import load_optimizer_file, save_optimizer_file
 from ..distributed.staging import host_copy
-from ..serialization import (STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights, save_torch,
-                             save_weights, sibling, staging_dir, writing)
+from ..serialization import (DELETED, STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights,
+                             remove_dir, save_torch, save_weights, sibling, staging_dir, writing)
 from .accelerate_checkpoint import is_accelerate_checkpoint
 from .preparation import owning_model
 from .state_hooks import run_load_hooks, run_save_hooks
 
-__all__ = ["save_accelerator_state", "load_accelerator_state", "automatic_checkpoint_dir", "latest_checkpoint_dir"]
+__all__ = ["save_accelerator_state", "load_accelerator_state", "automatic_checkpoint_dir", "latest_checkpoint_dir",
+           "prune_checkpoints"]
 
 FORMAT = 1
 _NAME = re.compile(r"checkpoint_(\d+)$")
@@ -49,22 +53,62 @@ def _unit_dir(root: Path, i: int) -> Path:
 
 
 def _numbered(root: Path) -> list[Path]:
-    found = [d for d in root.glob("checkpoint_*") if d.is_dir() and _NAME.search(d.name)]
-    return sorted(found, key=lambda d: int(_NAME.search(d.name).group(1)))
+    found = [d for d in root.glob("checkpoint_*") if d.is_dir() and _NAME.fullmatch(d.name)]
+    return sorted(found, key=lambda d: int(_NAME.fullmatch(d.name).group(1)))
 
 
-def automatic_checkpoint_dir(project_dir: Path, iteration: int, total_limit: int | None) -> Path:
-    """`project_dir/checkpoints/checkpoint_<iteration>`, after removing the oldest beyond `total_limit - 1` (main process)."""
+def automatic_checkpoint_dir(project_dir: Path, iteration: int) -> Path:
+    """`project_dir/checkpoints/checkpoint_<iteration>`; ValueError when that name is taken (a folder, a file or a
+    symlink). Nothing is removed here: `save_accelerator_state` prunes to `total_limit` once the new checkpoint is in
+    place (`prune_checkpoints`), so a failed save keeps every earlier one.
+
+    >>> automatic_checkpoint_dir(Path("runs/exp1"), 3)
+    PosixPath('runs/exp1/checkpoints/checkpoint_3')
+    """
     root = project_dir / "checkpoints"
     target = root / f"checkpoint_{iteration}"
-    if target.exists():
-        raise ValueError(f"checkpoint {target} already exists; set ProjectConfiguration(iteration=...) past the "
-                         f"saved ones (the newest is {_numbered(root)[-1].name}) or choose another project_dir")
-    if total_limit is not None and env.is_main_process():
-        existing = _numbered(root)
-        for old in existing[:max(len(existing) + 1 - total_limit, 0)]:
-            shutil.rmtree(old)
+    if os.path.lexists(target):
+        taken = max(int(m.group(1)) for m in map(_NAME.fullmatch, os.listdir(root)) if m)
+        raise ValueError(f"{target} already exists; set ProjectConfiguration(iteration=...) past the numbers taken "
+                         f"(the highest under {root} is {taken}) or choose another project_dir")
     return target
+
+
+def _is_saved_checkpoint(directory: Path) -> bool:
+    """Whether `directory` is a real folder (not a symlink) holding a complete checkpoint of a `save_state`:
+    cadence's `state.json`, or Accelerate's files. Only these count towards `total_limit` and are ever removed."""
+    if directory.is_symlink() or not directory.is_dir():
+        return False
+    if is_accelerate_checkpoint(directory):
+        return True
+    try:
+        state = json.loads((directory / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and isinstance(state.get("format"), int) and {"models", "step"} <= state.keys()
+
+
+def prune_checkpoints(root: Path, total_limit: int, newest: Path) -> list[Path]:
+    """Remove the oldest complete checkpoints under `root` (main process, after `newest` is in place) so that
+    `total_limit` remain, `newest` among them; returns the removed ones. Folders that no `save_state` wrote and
+    symlinks are left alone; one that cannot be removed is warned of, the save stands.
+
+    >>> prune_checkpoints(Path("runs/exp1/checkpoints"), 2, Path("runs/exp1/checkpoints/checkpoint_7"))
+    [PosixPath('runs/exp1/checkpoints/checkpoint_5')]
+    """
+    older = [d for d in _numbered(root) if d != newest and _is_saved_checkpoint(d)]
+    removed = []
+    for old in older[:max(len(older) + 1 - total_limit, 0)]:
+        try:
+            remove_dir(old)   # renamed to a hidden tombstone first: a kill never leaves half of it under its name
+            removed.append(old)
+        except OSError as e:
+            warnings.warn(f"total_limit={total_limit}: could not remove the old checkpoint {old} ({e}); the new one "
+                          f"{newest} is saved: remove {old} yourself", stacklevel=2)
+    for tomb in root.glob(f".checkpoint_*{DELETED}"):   # what a killed removal left
+        if _NAME.fullmatch(tomb.name[1:-len(DELETED)]) and tomb.is_dir() and not tomb.is_symlink():
+            shutil.rmtree(tomb, ignore_errors=True)
+    return removed
 
 
 def latest_checkpoint_dir(project_dir: Path) -> Path:
@@ -86,6 +130,20 @@ def save_accelerator_state(acc: Any, directory: str | os.PathLike, async_save: b
     if main:
         staging_dir(directory)
     acc.wait_for_everyone()
+    with writing(directory, "checkpoint", tmp if main else None):   # a failure before the write frees it too
+        staged = _take_state(acc, directory, tmp, async_save)
+    config = acc.project_configuration   # automatic naming: the oldest go once this one is in place, not before
+    limit = config.total_limit if config.automatic_checkpoint_naming else None
+    prune = None if limit is None else lambda: prune_checkpoints(directory.parent, limit, directory)
+    write = BackgroundWrite(staged, acc.strategy, None, directory, on_commit=prune).start()
+    if not async_save:
+        write.wait()
+    return write
+
+
+def _take_state(acc: Any, directory: Path, tmp: Path, async_save: bool) -> "_StagedSave":
+    """Run the save hooks and take what this process writes (copied to host memory with `async_save`)."""
+    main = acc.is_main_process
     skipped = run_save_hooks(acc, str(tmp))   # what they write in the staged folder is committed with the rest
     writers = []
     for i, (model, opt) in enumerate(acc._units()):
@@ -115,11 +173,7 @@ def save_accelerator_state(acc: Any, directory: str | os.PathLike, async_save: b
         files = host_copy(files) if async_save else files
         state = {"format": FORMAT, "models": len(acc._models), "step": acc.step,
                  "dataloaders": [dl.base.state_dict() for dl in acc._dataloaders], "world_size": acc.num_processes}
-    staged = _StagedSave(directory, tmp, [w for w in writers if w is not None], files, state)
-    write = BackgroundWrite(staged, acc.strategy, None, directory).start()
-    if not async_save:
-        write.wait()
-    return write
+    return _StagedSave(directory, tmp, [w for w in writers if w is not None], files, state)
 
 
 class _StagedSave:

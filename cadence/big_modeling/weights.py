@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..serialization import REPLACED, SAVE_ID_KEY, save_weights, sibling, strip_compile_prefix
+from ..serialization import REPLACED, SAVE_ID_KEY, file_aliases, save_weights, sibling, strip_compile_prefix
 
 INDEX_NAME, SINGLE_NAME = "model.safetensors.index.json", "model.safetensors"
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -62,7 +62,7 @@ def refs_and_metadata(path: str | os.PathLike) -> tuple[dict[str, TensorRef], di
             raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which cadence cannot read")
         start, end = info["data_offsets"]
         refs[name] = TensorRef(path, base + start, base + end, _DTYPES[info["dtype"]], tuple(info["shape"]))
-    for alias, name in json.loads(metadata.get("cadence_aliases", "{}")).items():
+    for alias, name in file_aliases(path, metadata, set(refs)).items():
         refs[alias] = refs[name]
     return refs, metadata
 

@@ -11,6 +11,9 @@ An export is a directory:
 `learner.pkl` needs `trust_pickle=True`, said explicitly by the caller, because a pickle can
 run arbitrary code; cadence never unpickles silently.
 
+The directory is written staged and swapped in whole (`serialization.replacing_dir`, as `save_model`):
+a kill at any moment leaves the previous export or the new one under its name.
+
 >>> learn.export("export")                                   # path/export/
 >>> learn = load_learner("path/export", trust_pickle=True)   # a file you made or trust
 >>> learn = load_learner("path/export", model=get_model(), loss_func=nn.CrossEntropyLoss())   # no unpickling
@@ -22,13 +25,12 @@ import copy
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..serialization import save_weights
+from ..serialization import replacing_dir, save_weights
 
 FORMAT = 1
 WEIGHTS, PICKLE, MANIFEST = "model.safetensors", "learner.pkl", "export.json"
@@ -64,24 +66,20 @@ def export(learn, fname: str | os.PathLike = "export") -> Path:
     state = strategy.model_state_dict(learn.model)   # a collective for sharded engines: every rank
     if strategy.is_main:
         pickled = _pickled(learn, module)             # fails before anything is written
-        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_weights(state, tmp / WEIGHTS)
-        (tmp / PICKLE).write_bytes(pickled)
-        (tmp / MANIFEST).write_text(json.dumps({
-            "format": FORMAT, "model_class": f"{type(module).__module__}.{type(module).__qualname__}",
-            "loss_func": repr(learn.loss_func), "files": {WEIGHTS: "safetensors weights", PICKLE: "pickled structure"}},
-            indent=2))
-        _replace_dir(tmp, target)
+        manifest = {"format": FORMAT, "model_class": f"{type(module).__module__}.{type(module).__qualname__}",
+                    "loss_func": repr(learn.loss_func),
+                    "files": {WEIGHTS: "safetensors weights", PICKLE: "pickled structure"}}
+        with replacing_dir(target, "export") as staged:
+            save_weights(state, staged / WEIGHTS)
+            _write_synced(staged / PICKLE, pickled)
+            _write_synced(staged / MANIFEST, json.dumps(manifest, indent=2).encode())
     strategy.barrier()
     return target
 
 
-def _replace_dir(new: Path, target: Path) -> None:
-    """Put directory `new` at `target`; an existing export there is removed only once `new` is in place."""
-    old = target.with_name(f".{target.name}.old{os.getpid()}")
-    if target.exists():
-        target.rename(old)
-    new.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+def _write_synced(path: Path, data: bytes) -> None:
+    """Write `data` and fsync it: on disk before the export it belongs to is swapped in."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

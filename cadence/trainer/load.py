@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..serialization import check_state_dict, load_weights
+from ..serialization import REPLACED, check_state_dict, load_weights, recover_dir, sibling
 from ..tied_weights import retie, tied_names
 from .data import DataLoaders
 from .export import MANIFEST, PICKLE, WEIGHTS
@@ -38,6 +39,9 @@ def load_learner(path: str | os.PathLike, trust_pickle: bool = False, model: nn.
     >>> learn.predict(x)
     """
     path = Path(path)
+    if not path.exists() and sibling(path, REPLACED).is_dir():
+        with contextlib.suppress(FileNotFoundError):  # another process finished it first
+            recover_dir(path)  # an export killed between its two renames: the new one, complete, moves in
     if not (path / WEIGHTS).is_file():
         raise FileNotFoundError(f"no {WEIGHTS} in {path}: pass the directory written by learn.export()")
     state = load_weights(path / WEIGHTS)

@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 
 from ...tied_weights import tied_names
-from ...serialization import SAVE_ID_KEY, atomic_path, commit_dir, parse_size, recover_dir, save_weights, staging_dir
+from ...serialization import SAVE_ID_KEY, atomic_path, parse_size, replacing_dir, save_weights
 from .bin_export import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, write_bin_weights
 
 SINGLE_NAME, INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
@@ -60,9 +59,7 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
                          f"({type(module).__name__}) has none: call save_model without merge_adapter")
     state = learn.strategy.model_state_dict(learn.model)
     if learn.strategy.is_main:
-        recover_dir(directory)  # a save killed between its two renames is finished first
-        staged = staging_dir(directory)
-        try:
+        with replacing_dir(directory, "export") as staged:  # a killed or failed save: the previous export stays
             if is_peft and not merge_adapter:
                 module.save_pretrained(str(staged), state_dict=state, safe_serialization=safe_serialization)
             else:
@@ -75,14 +72,6 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
                     write_bin_weights(state, staged, limit)
                 _write_config(module, staged)
             _carry_other_files(directory, staged)
-        except BaseException as e:
-            shutil.rmtree(staged, ignore_errors=True)  # a full disk gets its space back now, not at the next save
-            if isinstance(e, (OSError, SafetensorError)):
-                free = shutil.disk_usage(directory.parent if not directory.is_dir() else directory).free
-                raise OSError(f"save_model could not write the export to {directory} ({e}); {free / 2**20:,.1f} MiB "
-                              f"free there. The previous export in it, if any, is untouched") from e
-            raise
-        commit_dir(staged, directory)
     learn.strategy.barrier()
     return directory
 
