@@ -3,8 +3,9 @@
 An export is a directory:
 
     model.safetensors   the weights (loading them runs no code)
-    learner.pkl         the model's structure (on the meta device: no weights), the loss function and n_inp,
-                        pickled: unpickling runs whatever code the file names
+    learner.pkl         the model's structure (on the meta device: no weights), the loss function, n_inp, and
+                        what training on needs as fastai keeps it (metrics, opt_func, splitter, lr, wd,
+                        wd_bn_bias, train_bn, moms), pickled: unpickling runs whatever code the file names
     export.json         what the directory holds (plain JSON)
 
 `load_learner(path, model=MyModel())` reads only the weights. Rebuilding the model from
@@ -25,6 +26,8 @@ import copy
 import io
 import json
 import os
+import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -49,13 +52,36 @@ def _skeleton(model: nn.Module) -> nn.Module:
 
 def _pickled(learn, module: nn.Module) -> bytes:
     buffer = io.BytesIO()
+    settings = _settings(learn)
     try:
-        torch.save({"model": _skeleton(module), "loss_func": learn.loss_func, "n_inp": learn.dls.n_inp}, buffer)
+        torch.save({"model": _skeleton(module), "loss_func": learn.loss_func, "n_inp": learn.dls.n_inp, **settings},
+                   buffer)
     except Exception as e:
         raise TypeError(f"export could not pickle the model or the loss function ({type(e).__name__}: {e}); define "
                         f"their classes and functions at module level (not lambdas or local classes), and under a "
                         f"sharding engine call export after the distrib_ctx block") from e
     return buffer.getvalue()
+
+
+def _settings(learn) -> dict:
+    """The Learner's arguments that `load_learner` gives back (fastai pickles the whole Learner), the metrics without
+    what their last pass accumulated; one that cannot be pickled (a lambda) is left out, with a warning: the
+    loaded Learner then has the default."""
+    metrics = [copy.copy(m) for m in learn.metrics]
+    for m in metrics:
+        m.reset()
+    settings = {"metrics": metrics, "opt_func": learn.opt_func, "splitter": learn.splitter, "lr": learn.lr,
+                "wd": learn.wd, "wd_bn_bias": learn.wd_bn_bias, "train_bn": learn.train_bn, "moms": learn.moms}
+    kept = {}
+    for name, value in settings.items():
+        try:
+            pickle.dumps(value)
+        except Exception as e:
+            warnings.warn(f"export: the Learner's {name} cannot be pickled ({type(e).__name__}: {e}); load_learner "
+                          f"will give the default. Define it at module level (not a lambda) to keep it", stacklevel=3)
+        else:
+            kept[name] = value
+    return kept
 
 
 def export(learn, fname: str | os.PathLike = "export") -> Path:

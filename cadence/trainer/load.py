@@ -60,7 +60,11 @@ def load_learner(path: str | os.PathLike, trust_pickle: bool = False, model: nn.
     if loss_func is None:  # the exported one: None when the model computes its loss (export.json says so too)
         loss_func = extra["loss_func"] if "loss_func" in extra else None if _computed_its_loss(path) else _no_loss
     dls = DataLoaders([], None, device="cpu" if cpu else None, n_inp=extra.get("n_inp"))
-    return Learner(dls, model, loss_func=loss_func)
+    settings = {k: extra[k] for k in _SETTINGS if k in extra}  # an export before they were kept: the defaults
+    return Learner(dls, model, loss_func=loss_func, **settings)
+
+
+_SETTINGS = ("metrics", "opt_func", "splitter", "lr", "wd", "wd_bn_bias", "train_bn", "moms")
 
 
 def _computed_its_loss(path: Path) -> bool:

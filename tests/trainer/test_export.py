@@ -96,3 +96,35 @@ def test_a_new_export_replaces_the_old_one_whole(trained, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]   # no temporary or old directory left
     weights = load_file(str(tmp_path / "export" / "model.safetensors"))
     assert torch.equal(weights["body.0.weight"], trained.model.body[0].weight)
+
+
+def splitter_body_head(m):
+    return [list(m.body[:2].parameters()), list(m.body[2].parameters())]
+
+
+def test_load_learner_keeps_the_metrics_and_training_settings_as_fastais_pickled_learner(dls, tmp_path):
+    """fastai's load_learner gives back the Learner's metrics (validate on new data reports them), opt_func, splitter
+    and hyper-parameters; a lambda among them is left out with a warning, the export still made."""
+    from functools import partial
+
+    from cadence import F1Score, accuracy
+
+    torch.manual_seed(0)
+    learn = Learner(dls, WithScale(), loss_func=nn.CrossEntropyLoss(), path=tmp_path, metrics=[accuracy, F1Score(average="macro")],
+                    opt_func=partial(torch.optim.SGD, momentum=0.9), splitter=splitter_body_head, lr=0.05, wd=0.1)
+    with learn.no_bar():
+        learn.fit(1)
+    loaded = load_learner(learn.export(), trust_pickle=True)
+    assert loaded.recorder.metric_names[-3:-1] == ["accuracy", "f1_score"]
+    x, y = dls.valid.dataset[:]
+    with torch.no_grad():
+        out = learn.model(x)
+    res = loaded.validate(dl=dls.valid)
+    assert res["accuracy"] == pytest.approx((out.argmax(1) == y).float().mean().item())
+    assert isinstance(loaded.opt, torch.optim.SGD) and loaded.opt.param_groups[0]["momentum"] == 0.9
+    assert len(loaded.opt.param_groups) == 2 and (loaded.lr, loaded.wd) == (0.05, 0.1)
+
+    learn.metrics = [lambda p, t: (p.argmax(1) == t).float().mean()]
+    with pytest.warns(UserWarning, match="the Learner's metrics cannot be pickled .* load_learner will give the default"):
+        out = learn.export("export2")
+    assert load_learner(out, trust_pickle=True).metrics == []
