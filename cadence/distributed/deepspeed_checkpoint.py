@@ -13,6 +13,10 @@ fsync'd, or, for an asynchronous save, its state copied to host memory at the sa
 and written by the returned callable in the background. The bytes are the same either way, and `torch.load`
 (resume, DeepSpeed's `zero_to_fp32.py`) reads them as it reads the engine's own.
 
+A load reads every file as data (`safe_load`), whatever the engine's checkpoint engine would do: torch's weights_only
+unpickler, only DeepSpeed's own classes added. Before a universal conversion every file of the checkpoint is read so
+first, since DeepSpeed's converter unpickles them unchecked. A file naming anything else is refused, named.
+
 >>> save(engine, Path("ckpt/step-00000200"), world_size=2, stage=3, is_main=True)
 >>> write = save(engine, staged, world_size=2, stage=3, is_main=True, host=HostBuffers()); write()  # any thread
 >>> load(engine, Path("ckpt/step-00000200"), world_size=4, stage=3, is_main=rank() == 0, barrier=wait_for_everyone)
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shlex
 import shutil
 from argparse import Namespace
 from pathlib import Path
@@ -31,7 +36,8 @@ from typing import Any, Callable
 import torch
 
 from ..serialization import host_tagged, save_torch, sibling
-from .load_in_place import copied_out, fits, in_place_targets, load_mapped, read_into
+from .load_in_place import copied_out, fits, in_place_targets, read_into
+from .safe_load import check_deepspeed_files, load_deepspeed_file
 from .staging import HostBuffers, HostFile, Staging, storage_key
 
 TAG = "deepspeed"  # the engine's checkpoint lives in <checkpoint dir>/deepspeed/
@@ -118,7 +124,8 @@ def _load_files(engine: Any, directory: str) -> None:
     load_path, client_state = engine._load_checkpoint(directory, TAG, load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=True)
     reader = engine.checkpoint_engine
-    if (isinstance(reader, _ReadOnce) and not getattr(engine.optimizer, "swap_optimizer", False)
+    if (isinstance(reader, _ReadOnce) and _is_torch_engine(reader._engine)
+            and not getattr(engine.optimizer, "swap_optimizer", False)
             and hasattr(engine, "_get_zero_ckpt_name")):
         # this rank's own file only: with `elastic_checkpoint` DeepSpeed reads every rank's, all of the same shapes
         reader.in_place = (engine._get_zero_ckpt_name(directory, TAG), engine.optimizer)
@@ -252,9 +259,9 @@ def check(directory: Path, world_size: int, stage: int, nvme: bool = False) -> d
 
 
 def _weights_only(directory: Path) -> str:
-    return (f"or start from its weights with a fresh optimizer: `python {directory}/zero_to_fp32.py {directory} weights "
-            f"--tag {TAG} --safe_serialization` writes weights/model.safetensors, which learn.load or "
-            f"load_state_dict reads")
+    return (f"or start from its weights with a fresh optimizer: `python -m deepspeed.utils.zero_to_fp32 "
+            f"{shlex.quote(str(directory))} weights --tag {TAG} --safe_serialization` (DeepSpeed's zero_to_fp32.py, "
+            f"as installed) writes weights/model.safetensors, which learn.load or load_state_dict reads")
 
 
 def partitioned(directory: Path) -> bool:
@@ -268,7 +275,7 @@ def load(engine: Any, directory: Path, world_size: int, stage: int, is_main: boo
     directory = Path(directory)
     saved = check(directory, world_size, stage, nvme)
     own = engine.checkpoint_engine
-    engine.checkpoint_engine = _ReadOnce(own) if _is_torch_engine(own) else own
+    engine.checkpoint_engine = _ReadOnce(own)
     try:
         _load(engine, directory, saved, world_size, stage, is_main, barrier)
     finally:
@@ -283,6 +290,7 @@ def _load(engine: Any, directory: Path, saved: dict, world_size: int, stage: int
     universal = sibling(directory, UNIVERSAL)
     try:
         if is_main:
+            check_deepspeed_files(directory / TAG)
             to_universal(directory / TAG, universal / TAG)
         barrier()
         link_optimizer_state(engine.optimizer)  # the universal loader fills each group's state through those views
@@ -300,9 +308,10 @@ def _load(engine: Any, directory: Path, saved: dict, world_size: int, stage: int
 
 
 class _ReadOnce:
-    """DeepSpeed's torch checkpoint engine while it loads, a file asked for twice in a row read once: the engine's
-    state-dict loader reads the model-states file to check its model-parallel size and then again to load it (for
-    ZeRO-1/2 the whole module's weights, read twice per rank)."""
+    """DeepSpeed's checkpoint engine while it loads: every file read as data (`load_deepspeed_file`), not by the
+    engine's own `torch.load` (the torch engine's unpickles anything), and a file asked for twice in a row read
+    once: the engine's state-dict loader reads the model-states file to check its model-parallel size and then
+    again to load it (for ZeRO-1/2 the whole module's weights, read twice per rank)."""
 
     def __init__(self, engine: Any):
         self._engine, self._last = engine, None
@@ -320,13 +329,14 @@ class _ReadOnce:
         if self.in_place is not None and str(path) == self.in_place[0]:
             state = load_zero3_in_place(path, map_location, self.in_place[1])
         if state is None:
-            state = self._engine.load(path, map_location=map_location)
+            state = load_deepspeed_file(path, map_location)
         self._last = (path, state)
         return state
 
 
 def load_zero3_in_place(path: str, map_location: Any, optimizer: Any) -> Any | None:
-    """A ZeRO-3 optimizer-states file as `torch.load` reads it, but read from the file straight into the engine's own
+    """A ZeRO-3 optimizer-states file as `load_deepspeed_file` reads it (as data: a file holding anything but what
+    DeepSpeed writes is refused, ValueError), but read from the file straight into the engine's own
     tensors (`load_in_place`): its fp32 master partitions into `optimizer.fp32_partitioned_groups_flat`, and each
     optimizer state tensor (Adam's moments) into the live one of its partition. Those stand in the loaded state, so
     the engine's copy of the masters into themselves is a copy onto itself, which torch skips, and the inner
@@ -341,7 +351,7 @@ def load_zero3_in_place(path: str, map_location: Any, optimizer: Any) -> Any | N
     from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, OPTIMIZER_STATE_DICT
 
     masters = optimizer.fp32_partitioned_groups_flat
-    state = load_mapped(path, map_location, weights_only=False)
+    state = load_deepspeed_file(path, map_location, mmap=True)
     zero = state.get(OPTIMIZER_STATE_DICT) if isinstance(state, dict) else None
     saved = zero.get(FP32_FLAT_GROUPS) if isinstance(zero, dict) else None
     if not (isinstance(saved, list) and len(saved) == len(masters)
@@ -386,10 +396,9 @@ def _repair_zero3_load(optimizer: Any, path: Path) -> None:
     """Undo two slips of DeepSpeed's ZeRO-3 universal loader, which matter with several parameter groups: it gives
     every group the hyper-parameters (lr, weight decay, ...) of group 0, and one `step` tensor to every group's
     state, which Adam then advances once per group and step (the bias correction runs ahead)."""
-    import torch
     from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
 
-    saved = torch.load(path, map_location="cpu", weights_only=False)[OPTIMIZER_STATE_DICT]["param_groups"]
+    saved = load_deepspeed_file(path, "cpu")[OPTIMIZER_STATE_DICT]["param_groups"]
     groups = optimizer.optimizer.param_groups
     assert len(saved) == len(groups), (len(saved), len(groups))
     for group, settings in zip(groups, saved):

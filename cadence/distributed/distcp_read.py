@@ -8,13 +8,19 @@ own memory, when the target is a contiguous CPU tensor of the saved dtype, shape
 of a saved tensor, on another world size; a device tensor; a stream transform; a non-tensor item) goes to torch's
 reader as before. The bytes that land are the same either way.
 
->>> dcp.load(state, storage_reader=DirectReader(directory / "sharded"), no_dist=True)
+Nothing read runs code from the checkpoint: `.metadata` (a pickle) is read by `safe_load.read_dcp_metadata`, which
+builds only torch's metadata records, and the non-tensor items (an optimizer's hyper-parameters, each a `torch.save`
+of its own) by `WeightsOnlyPlanner` with `weights_only=True` (torch's planner unpickles them unchecked).
+
+>>> reader = DirectReader(directory / "sharded"); reader.check(); reader.load(state)
+>>> dcp.load(state, storage_reader=reader, planner=WeightsOnlyPlanner(reader.path), no_dist=True)  # what load does
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import pickle
 import struct
 import sys
@@ -23,8 +29,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType
+
+from .safe_load import read_dcp_metadata
 
 _STORAGE_DTYPES = {"DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
                    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
@@ -37,31 +47,70 @@ _END = struct.Struct("<4s4H2LH")  # the end of the central directory: entries [4
 _HEAD, _TAIL = 4096, 4096  # bytes read at each end of a saved tensor's record: its pickle and its zip directory
 
 
+def is_sharded(directory: Path, folder: str) -> bool:
+    """Whether `directory` holds a checkpoint sharded by torch's distributed checkpoint in `directory/folder`: the
+    folder is there and, where the checkpoint lists its files (a Learner checkpoint's `state.json`), its `.metadata`
+    is listed: a folder dropped into a checkpoint written in another format is not read.
+
+    >>> is_sharded(Path("ckpt/step-00000200"), "sharded")
+    """
+    if not (directory / folder).is_dir():
+        return False
+    try:
+        listed = json.loads((directory / "state.json").read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return True  # no list of files here (an Accelerator checkpoint's model folder)
+    return not isinstance(listed, list) or f"{folder}/.metadata" in listed
+
+
 class DirectReader(FileSystemReader):
     """torch's `FileSystemReader`, but a tensor saved whole is read into its target's memory in one copy.
 
-    >>> reader = DirectReader(directory / "sharded"); reader.check(); dcp.load(state, storage_reader=reader, no_dist=True)
+    >>> reader = DirectReader(directory / "sharded"); reader.check(); reader.load(state)
     """
 
     _metadata: Any = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        if self._metadata is None:  # read once: `check` and torch's load both ask
-            self._metadata = super().read_metadata(*args, **kwargs)
+        """torch's `FileSystemReader.read_metadata`, the pickle read as data (`read_dcp_metadata`), once: `check` and
+        torch's load both ask."""
+        if self._metadata is None:
+            metadata = read_dcp_metadata(Path(self.path) / ".metadata")
+            metadata.storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            self._metadata = metadata
         return self._metadata
 
     def check(self) -> None:
         """ValueError naming the file, before anything is read, when a file ends before the bytes .metadata places in
-        it (a copy cut short, a disk that filled)."""
+        it (a copy cut short, a disk that filled), or .metadata places them outside this folder."""
         ends: dict[str, int] = {}
         for info in self.read_metadata().storage_data.values():
             ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
         for name, end in sorted(ends.items()):
             file = Path(self.path) / name
+            if Path(name).name != name or name in ("", ".."):
+                raise ValueError(f"{Path(self.path) / '.metadata'} places data in {name!r}, not a file of its folder: "
+                                 f"the checkpoint is damaged or was changed, resume from another checkpoint")
             size = file.stat().st_size if file.is_file() else None
             if size is None or size < end:
                 raise ValueError(f"{file} is {'missing' if size is None else f'truncated ({size} bytes)'}: its .metadata "
                                  f"places {end} bytes there; the checkpoint is damaged, resume from another checkpoint")
+
+    def load(self, state: dict) -> None:
+        """`dcp.load(state)` from this folder, on this process alone (`no_dist`), its non-tensor items read
+        weights-only (`WeightsOnlyPlanner`); a ValueError of a rank (a refused item, a truncated file) raised as it
+        is, not inside torch's CheckpointException (a BaseException)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            dcp.load(state, storage_reader=self, planner=WeightsOnlyPlanner(self.path), no_dist=True)
+        except CheckpointException as e:
+            for failure, _ in e.failures.values():
+                if isinstance(failure, ValueError):
+                    raise failure from None
+            raise
 
     def read_data(self, plan: Any, planner: Any) -> Any:
         rest = []
@@ -82,6 +131,31 @@ class DirectReader(FileSystemReader):
             for f in files.values():
                 f.close()
         return super().read_data(dataclasses.replace(plan, items=rest), planner)
+
+
+class WeightsOnlyPlanner(DefaultLoadPlanner):
+    """torch's `DefaultLoadPlanner`, each non-tensor item (a `torch.save` of its own) loaded with `weights_only=True`:
+    numbers, strings, plain containers; anything else refused, a ValueError naming the file (in `folder`) and item.
+
+    >>> dcp.load(state, storage_reader=reader, planner=WeightsOnlyPlanner(reader.path), no_dist=True)
+    """
+
+    def __init__(self, folder: str | Path, **options: Any):
+        super().__init__(**options)
+        self.folder = Path(folder)
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError:
+            file = self.folder / self.metadata.storage_data[read_item.storage_index].relative_path
+            raise ValueError(f"{file} (item {read_item.dest_index.fqn}) holds objects other than numbers, strings and "
+                             f"plain containers: unpickling them could run code from the checkpoint, so cadence "
+                             f"refuses them; resume from another checkpoint") from None
+        if self.flatten_state_dict:  # where torch's `load_bytes` puts the item
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 def _direct_target(req: Any, info: Any, planner: Any) -> torch.Tensor | None:

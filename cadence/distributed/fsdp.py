@@ -402,16 +402,14 @@ class FSDP(OwnsPrecision, Strategy):
         collectives (gathering every rank's plan, scattering them back, gathering the outcome) cost more than the
         reads on small or contended hosts. Each tensor saved whole is read straight into its shard (`DirectReader`: one
         copy, not torch's two). A rank that fails raises on its own; the launcher ends the others."""
-        if not (Path(directory) / SHARDED_DIR).is_dir():
+        from .distcp_read import DirectReader, is_sharded
+
+        if not is_sharded(Path(directory), SHARDED_DIR):  # and, where it lists its files, says so
             return super().load_checkpoint(directory, model, opt)
-        import torch.distributed.checkpoint as dcp
-
-        from .distcp_read import DirectReader
-
         reader = DirectReader(Path(directory) / SHARDED_DIR)
         reader.check()  # a shard file cut short is refused before anything loads
         state = self._checkpoint_state(model, opt)
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        reader.load(state)  # every rank its own shards (`no_dist`); nothing unpickled but data
         self._set_checkpoint_state(model, opt, state)
 
     def _checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
