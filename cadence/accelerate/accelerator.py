@@ -282,7 +282,8 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         torch.nn.utils.clip_grad_value_(params, clip_value)
 
     # ------------------------------------------------------------------ models and weights
-    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool = True) -> nn.Module:
         """The user's module inside what `prepare` returned (without the autocast forward unless `keep_fp32_wrapper`)."""
         module = self.strategy.unwrap(model)
         if not keep_fp32_wrapper:
@@ -312,16 +313,19 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> Path:
-        """Full weights in the Hugging Face layout (shards and an index above `max_shard_size`): safetensors, or with
+        """Full weights in the Hugging Face layout (shards and an index above `max_shard_size`; a peft model's whole
+        state, as Accelerate's): safetensors, or with
         `safe_serialization=False` `torch.save` files as Accelerate writes them (`pytorch_model.bin`, see
-        `cadence.callbacks.checkpoint.bin_export`), swapped in whole. Every process calls it; the main process writes.
+        `cadence.callbacks.checkpoint.bin_export`), swapped in whole. The main process writes; as Accelerate's, it
+        waits for no other process, so under DDP or on one device `if accelerator.is_main_process:` may guard it
+        (sharding engines gather the weights: every process calls it there).
 
         >>> accelerator.save_model(model, "export", max_shard_size="500MB", safe_serialization=False)
         """
         from ..callbacks.checkpoint import save_model
 
         return save_model(SimpleNamespace(strategy=self.strategy, model=model), save_directory, max_shard_size,
-                          safe_serialization=safe_serialization)
+                          safe_serialization=safe_serialization, wait=False, adapter_only=False)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and load these objects (anything with `state_dict` / `load_state_dict`) with `save_state`."""

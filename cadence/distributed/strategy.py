@@ -284,7 +284,7 @@ class Strategy:
             if staging is not None:
                 staging.done()
             return None
-        (model_writer, opt_writer), gathers = self._file_writers(), not self._state_dicts_are_own()
+        (model_writer, opt_writer), gathers = self._file_writers(), not self.state_dicts_are_own()
 
         def take(state_dict: Callable[[], Any], writer: int) -> Any:  # gathering ones are collectives: every rank
             state = state_dict() if gathers or self.dp_rank == writer else None
@@ -322,11 +322,11 @@ class Strategy:
         """The ranks that write the base format's two files (`state_files.file_writers`); asked of the processes at
         the first save (every rank calls it): the main process writes both where the state dicts are gathered."""
         if self._writers is None:
-            parallel = self._state_dicts_are_own() and self.dp_size > 1
+            parallel = self.state_dicts_are_own() and self.dp_size > 1
             self._writers = file_writers(ops.gather_object(socket.gethostname())) if parallel else (0, 0)
         return self._writers
 
-    def _state_dicts_are_own(self) -> bool:
+    def state_dicts_are_own(self) -> bool:
         """Whether every rank holds the full state itself (the base state dicts: nothing to gather)."""
         return all(getattr(type(self), m) is getattr(Strategy, m) for m in ("model_state_dict", "optimizer_state_dict"))
 
@@ -334,7 +334,7 @@ class Strategy:
         """Allocate ahead, in `buffers`, the host memory an asynchronous save of this rank copies into (its page
         faults cost more than the copy): where `checkpoint_writer` writes the model's or optimizer's own memory
         (one process; under DDP the ranks that write the files, each what it writes); nothing elsewhere."""
-        if self._state_dicts_are_own() and all(getattr(type(self), m) is getattr(Strategy, m)
+        if self.state_dicts_are_own() and all(getattr(type(self), m) is getattr(Strategy, m)
                                                for m in ("checkpoint_writer", "save_checkpoint")):
             model_writer, opt_writer = self._file_writers()
             buffers.reserve(model if self.dp_rank == model_writer else None, opt if self.dp_rank == opt_writer else None)

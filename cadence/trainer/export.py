@@ -47,7 +47,31 @@ def _skeleton(model: nn.Module) -> nn.Module:
     memo = {id(t): (nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad) if isinstance(t, nn.Parameter)
                     else torch.empty_like(t, device="meta"))
             for t in model.state_dict(keep_vars=True).values()}
-    return copy.deepcopy(model, memo)
+    skeleton = copy.deepcopy(model, memo)
+    _drop_unpicklable_hooks(skeleton)
+    return skeleton
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+          "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def _drop_unpicklable_hooks(model: nn.Module) -> None:
+    """Remove the hooks of `model` that cannot be pickled (a local function, such as the one transformers'
+    `gradient_checkpointing_enable` registers to make inputs require gradients), naming them in a warning."""
+    dropped = []
+    for name, module in model.named_modules():
+        for kind in _HOOKS:
+            hooks = getattr(module, kind, None)
+            for key, hook in list((hooks or {}).items()):
+                try:
+                    pickle.dumps(hook)
+                except Exception:
+                    del hooks[key]
+                    dropped.append(f"{name or 'model'}: {getattr(hook, '__qualname__', repr(hook))}")
+    if dropped:
+        warnings.warn(f"export leaves out hooks that cannot be pickled ({'; '.join(dropped)}); the loaded model runs "
+                      f"without them", stacklevel=4)
 
 
 def _pickled(learn, module: nn.Module) -> bytes:

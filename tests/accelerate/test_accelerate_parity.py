@@ -113,7 +113,7 @@ def test_a_bin_export_that_fails_leaves_the_previous_export_whole(tmp_path, monk
     monkeypatch.setattr(bin_export, "save_torch", full_disk)
     with torch.no_grad():
         model[0].weight.add_(1.0)
-    with pytest.raises(OSError, match="could not write the export to .*export.*previous export in it.*untouched"):
+    with pytest.raises(OSError, match="could not write the export .*export.*The previous export there, if any, is untouched"):
         acc.save_model(model, tmp_path / "export", max_shard_size=60, safe_serialization=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["export"]                # no staged directory left behind

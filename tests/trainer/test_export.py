@@ -128,3 +128,26 @@ def test_load_learner_keeps_the_metrics_and_training_settings_as_fastais_pickled
     with pytest.warns(UserWarning, match="the Learner's metrics cannot be pickled .* load_learner will give the default"):
         out = learn.export("export2")
     assert load_learner(out, trust_pickle=True).metrics == []
+
+
+def test_export_of_a_transformers_model_after_gradient_checkpointing_enable_loads_and_predicts_the_same(tmp_path):
+    """transformers' gradient_checkpointing_enable registers a local function as a forward hook (it stays after
+    gradient_checkpointing_disable), which cannot be pickled: export leaves it out, saying so, instead of failing."""
+    from torch.utils.data import DataLoader, TensorDataset
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from cadence import DataLoaders
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+    model.gradient_checkpointing_enable()
+    ids = torch.randint(0, 64, (4, 8))
+    dls = DataLoaders(DataLoader(TensorDataset(ids, ids), batch_size=2), DataLoader(TensorDataset(ids, ids),
+                                                                                   batch_size=2), device="cpu")
+    learn = Learner(dls, model, loss_func=None, path=tmp_path)
+    with pytest.warns(UserWarning, match="export leaves out hooks that cannot be pickled .*make_inputs_require_grads"):
+        out = learn.export()
+    loaded = load_learner(out, trust_pickle=True)
+    model.eval(), loaded.model.eval()   # no dropout
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, model(ids).logits)

@@ -39,10 +39,14 @@ SINGLE_NAME, INDEX_NAME = "model.safetensors", "model.safetensors.index.json"
 
 
 def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | str = "2GB",
-               merge_adapter: bool = False, safe_serialization: bool = True) -> Path:
+               merge_adapter: bool = False, safe_serialization: bool = True, wait: bool = True,
+               adapter_only: bool = True) -> Path:
     """Write the weights only, in the Hugging Face layout: `model.safetensors`, or shards and an index.
 
-    Every rank must call it (sharded engines gather the weights); the main process writes. A peft
+    Every rank must call it (sharded engines gather the weights); the main process writes, and every rank returns
+    once the export is written (`wait=False`: the others return at once, and under DDP or on one device the main
+    process alone may call it, as Accelerate's `save_model` allows). `adapter_only=False`: a peft model's whole
+    state under its own names (`base_model.model....`), as Accelerate's `save_model` writes it. A peft
     `PeftModel` writes its adapter (`PeftModel.from_pretrained(base, directory)` reads it); with
     `merge_adapter=True`, the base model with the adapter merged in (`AutoModel...from_pretrained(directory)`).
 
@@ -60,7 +64,7 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
     state = learn.strategy.model_state_dict(learn.model)
     if learn.strategy.is_main:
         with replacing_dir(directory, "export") as staged:  # a killed or failed save: the previous export stays
-            if is_peft and not merge_adapter:
+            if is_peft and adapter_only and not merge_adapter:
                 module.save_pretrained(str(staged), state_dict=state, safe_serialization=safe_serialization)
             else:
                 if merge_adapter:
@@ -72,7 +76,8 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
                     write_bin_weights(state, staged, limit)
                 _write_config(module, staged)
             _carry_other_files(directory, staged)
-    learn.strategy.barrier()
+    if wait:
+        learn.strategy.barrier()
     return directory
 
 
