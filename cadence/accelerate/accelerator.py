@@ -284,7 +284,8 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
     # ------------------------------------------------------------------ models and weights
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> nn.Module:
-        """The user's module inside what `prepare` returned (without the autocast forward unless `keep_fp32_wrapper`)."""
+        """The user's module inside what `prepare` returned (without the autocast forward unless `keep_fp32_wrapper`).
+        `keep_torch_compile` is taken for Accelerate's signature: the module comes without torch.compile's wrapper."""
         module = self.strategy.unwrap(model)
         if not keep_fp32_wrapper:
             restore_forward(module)

@@ -24,8 +24,10 @@ class ProcessHelpers:
 
     # ------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
-        """Every process's tensors concatenated on dim 0, in process order."""
-        return ops.gather(tensor)
+        """Every process's tensors concatenated on dim 0, in process order (`cadence.utils.gather`)."""
+        from ..utils.operations import gather   # cadence.utils imports this package
+
+        return gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """`gather` without the samples the loader being iterated added as padding: each sample counted once.
@@ -56,9 +58,10 @@ class ProcessHelpers:
         return gather_object(obj)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """`reduction` ("sum", "mean", "max", "min") of the tensors over every process, times `scale`."""
-        out = ops.reduce(tensor, reduction)
-        return out if scale == 1.0 else ops.map_tensors(lambda t: t * scale, out)
+        """`cadence.utils.reduce` ("sum", "mean", "max", "min", "none"), summing by default; `scale` on XLA only."""
+        from ..utils.operations import reduce   # cadence.utils imports this package
+
+        return reduce(tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
         """Pad along `dim` to the largest size any process has (so the tensors can be gathered)."""

@@ -29,8 +29,10 @@ _OUT_OF_MEMORY = ("out of memory", "DefaultCPUAllocator: can't allocate memory",
                   "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED", "CUDNN_STATUS_ALLOC_FAILED")
 
 
-def set_seed(seed: int, device_specific: bool = False) -> None:
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
     """Seed python's, numpy's and torch's random generators (every device); `device_specific` adds the rank.
+
+    `deterministic=True` also turns on `torch.use_deterministic_algorithms` (for the rest of the process; slower).
 
     >>> set_seed(42)                          # the same numbers on every process
     >>> set_seed(42, device_specific=True)    # different numbers per process (data augmentation)
@@ -41,6 +43,8 @@ def set_seed(seed: int, device_specific: bool = False) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
 
 
 def _is_out_of_memory(e: BaseException) -> bool:
@@ -130,12 +134,12 @@ _RNG = {"torch": (lambda g: torch.get_rng_state(), lambda g, s: torch.set_rng_st
         "generator": (lambda g: g.get_state(), lambda g, s: g.set_state(s))}
 
 
-def gather_object(obj: Any) -> list:
-    """Every process's picklable `obj` in process order; lists are concatenated (Accelerate's `gather_object`).
+def gather_object(object: Any) -> list:  # noqa: A002 (Accelerate's argument name)
+    """Every process's picklable `object` in process order; lists are concatenated (Accelerate's `gather_object`).
 
     >>> gather_object([f"rank {rank()}"])       # ['rank 0', 'rank 1'] on 2 processes
     """
-    parts = ops.gather_object(obj)
+    parts = ops.gather_object(object)
     return [x for part in parts for x in part] if all(isinstance(p, (list, tuple)) for p in parts) else parts
 
 

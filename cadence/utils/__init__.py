@@ -4,19 +4,24 @@ The names are implemented in `cadence.accelerate` (plugins, kwargs handlers, hel
 `cadence.distributed` (collectives); this module only gathers them where Accelerate's users look.
 
 >>> from cadence.utils import DistributedDataParallelKwargs, DDPCommunicationHookType, ProfileKwargs, set_seed
+>>> from cadence.utils import broadcast, gather, reduce, send_to_device, find_batch_size, is_torch_version
 """
 
 from ..accelerate import __all__ as _ACCELERATE
 from ..accelerate import *  # noqa: F403 (every name of cadence.accelerate, as accelerate.utils has them)
 from ..big_modeling import infer_auto_device_map
 from ..big_modeling.offload import load_checkpoint_in_model
-from ..distributed.data import send_to_device
-from ..distributed.ops import broadcast, gather, pad_across_processes, reduce, wait_for_everyone
+from ..distributed.ops import wait_for_everyone
 from .config import write_basic_config
+from .constants import *  # noqa: F403 (the file names of a saved model)
+from .constants import __all__ as _CONSTANTS
 from .dataclasses import KwargsHandler
-from .modeling import extract_model_from_parallel, is_compiled_module, is_peft_model
-from .operations import broadcast_object_list
+from .modeling import (convert_file_size_to_int, extract_model_from_parallel, get_max_memory, is_compiled_module,
+                       is_peft_model)
+from .operations import *  # noqa: F403 (Accelerate's operations: the collectives and nested-tensor helpers)
+from .operations import __all__ as _OPERATIONS
+from .versions import compare_versions, is_torch_version
 
-__all__ = [*_ACCELERATE, "KwargsHandler", "send_to_device", "broadcast", "gather", "pad_across_processes", "reduce",
-           "wait_for_everyone", "extract_model_from_parallel", "is_compiled_module", "is_peft_model",
-           "broadcast_object_list", "write_basic_config", "infer_auto_device_map", "load_checkpoint_in_model"]
+__all__ = [*_ACCELERATE, *_OPERATIONS, *_CONSTANTS, "KwargsHandler", "wait_for_everyone", "extract_model_from_parallel",
+           "is_compiled_module", "is_peft_model", "get_max_memory", "convert_file_size_to_int", "compare_versions",
+           "is_torch_version", "write_basic_config", "infer_auto_device_map", "load_checkpoint_in_model"]

@@ -1,33 +1,63 @@
-"""`accelerate.utils.extract_model_from_parallel`, `is_compiled_module` and `is_peft_model` under cadence."""
+"""`accelerate.utils.extract_model_from_parallel`, `is_compiled_module`, `is_peft_model`, `get_max_memory` and
+`convert_file_size_to_int` under cadence."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
+import torch
 from torch import nn
 
+from ..big_modeling.device_map import _available_ram
 from ..compile import unwrap_compiled
+from ..serialization import parse_size
 
-__all__ = ["extract_model_from_parallel", "is_compiled_module", "is_peft_model"]
+__all__ = ["extract_model_from_parallel", "is_compiled_module", "is_peft_model", "get_max_memory",
+           "convert_file_size_to_int"]
+
+logger = logging.getLogger(__name__)
 
 
-def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
-    """The user's module inside DDP / DataParallel / a DeepSpeed engine / torch.compile (FSDP2 shards in place).
+def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+                                recursive: bool = False) -> nn.Module:
+    """The user's module inside DDP / DataParallel / a DeepSpeed engine (FSDP2 shards in place).
+
+    A `torch.compile` wrapper (`OptimizedModule`) given is kept around the unwrapped module when
+    `keep_torch_compile`, else dropped; `recursive` also replaces every submodule that wraps a `module` by it.
 
     >>> extract_model_from_parallel(accelerator.prepare(model)) is model
     True
     """
     from ..accelerate.preparation import restore_forward
 
+    compiled = model if is_compiled_module(model) else None
+    model = _unwrap(model)
+    if recursive:
+        _unwrap_children(model)
+    if not keep_fp32_wrapper:
+        restore_forward(model)
+    if keep_torch_compile and compiled is not None:
+        compiled._orig_mod = model
+        return compiled
+    return model
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
     while True:
         model = unwrap_compiled(model)
         inner = getattr(model, "module", None)
         if not isinstance(inner, nn.Module):
-            break
+            return model
         model = inner
-    if not keep_fp32_wrapper:
-        restore_forward(model)
-    return model
+
+
+def _unwrap_children(module: nn.Module) -> None:
+    for name, child in list(module.named_children()):
+        inner = _unwrap(child)
+        if inner is not child:
+            setattr(module, name, inner)
+        _unwrap_children(inner)
 
 
 def is_compiled_module(module: nn.Module) -> bool:
@@ -47,3 +77,37 @@ def is_peft_model(model: nn.Module) -> bool:
     """
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """Bytes from an int or a size such as "5GB", "500MiB"; as in Accelerate, a lower-case "b" after a decimal unit
+    means bits ("8Mb" is 1 000 000 bytes).
+
+    >>> convert_file_size_to_int("1MiB"), convert_file_size_to_int("2GB"), convert_file_size_to_int("8Mb")
+    (1048576, 2000000000, 1000000)
+    """
+    in_bits = isinstance(size, str) and size.endswith("b") and size.upper().endswith(("KB", "MB", "GB"))
+    return parse_size(size, "size") // 8 if in_bits else parse_size(size, "size")
+
+
+def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict[int | str, int]:
+    """The memory a device map may fill, in bytes: by default each GPU's free memory and the available RAM ("cpu", or
+    "mps" on Apple silicon); a given dict with its sizes in bytes, GPUs first, then "mps", "cpu", "disk".
+
+    >>> get_max_memory({"cpu": "2GB", 0: "10GiB"})
+    {0: 10737418240, 'cpu': 2000000000}
+    """
+    if max_memory is None:
+        budget = {i: torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())}
+        budget["mps" if torch.backends.mps.is_available() else "cpu"] = _available_ram()
+        return budget
+    unknown = [k for k in max_memory if not (isinstance(k, int) or k in ("mps", "cpu", "disk"))]
+    if unknown:
+        raise ValueError(f"get_max_memory: device {unknown[0]!r} is not one of: a GPU index (0, 1, ...), 'mps', 'cpu', "
+                         f"'disk'")
+    gpus = sorted(k for k in max_memory if isinstance(k, int))
+    missing = [g for g in gpus if not 0 <= g < torch.cuda.device_count()]
+    if missing:
+        logger.warning(f"get_max_memory: GPU {missing} not available (this machine has {torch.cuda.device_count()})")
+    order = gpus + [k for k in ("mps", "cpu", "disk") if k in max_memory]
+    return {k: convert_file_size_to_int(max_memory[k]) for k in order}

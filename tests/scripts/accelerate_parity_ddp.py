@@ -5,7 +5,7 @@ processes, each expected value written by hand from Accelerate 1.15's code; prin
 - a prepared loader's total_batch_size is batch_size * 2 (batch_size itself with split_batches), its
   total_dataset_length the whole dataset's;
 - save_model(..., safe_serialization=False) on 2 processes: the main process writes pytorch_model.bin, every process
-  reads the same weights back after the call.
+  reads the same weights back after `wait_for_everyone`.
 
     cadence launch --cpu --num_processes 2 tests/scripts/accelerate_parity_ddp.py TMPDIR
 """
@@ -55,6 +55,7 @@ def save_model_bin(directory: Path) -> None:
     acc = Accelerator(cpu=True)
     prepared = acc.prepare(model())
     acc.save_model(prepared, directory, safe_serialization=False)
+    acc.wait_for_everyone()   # as in Accelerate, save_model waits for no other process
     assert sorted(p.name for p in directory.iterdir()) == ["pytorch_model.bin"]
     loaded = torch.load(directory / "pytorch_model.bin", weights_only=True)
     assert all(torch.equal(loaded[k], v) for k, v in model().state_dict().items())
