@@ -158,10 +158,22 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        """The optimizer's state dict; under DeepSpeed, as Accelerate, its engine's optimizer's (this rank's ZeRO
+        partitions, which `load_state_dict` reads back on the same number of processes)."""
+        return self._stepped().state_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
+    def load_state_dict(self, state_dict: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Load what `state_dict` gave (under DeepSpeed this rank's partitions: ZeRO's loader takes one per rank)."""
+        stepped = self._stepped()
+        if isinstance(state_dict, dict) and "state_dict_list" in inspect.signature(stepped.load_state_dict).parameters:
+            state_dict = [state_dict] * self.accelerator.num_processes   # each rank reads its own entry: its own
+        stepped.load_state_dict(state_dict)
+
+    def _stepped(self) -> Any:
+        """What steps this optimizer: a DeepSpeed engine's optimizer wrapping it (ZeRO rewires its parameter groups
+        to flat partitions, which its own torch `state_dict` cannot number), else the optimizer itself."""
+        wrapper = getattr(getattr(self.accelerator.strategy, "engine", None), "optimizer", None)
+        return wrapper if getattr(wrapper, "optimizer", None) is self.optimizer else self.optimizer
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.accelerator.sync_gradients:

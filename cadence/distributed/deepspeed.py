@@ -36,7 +36,8 @@ from .data import DistributedDL
 from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimizer, fill_scheduler, fit_buckets,
                                has_auto, is_auto, largest_layer, launcher_options, optimizer_entry)
 from .deepspeed_install import build_ops, import_deepspeed
-from .deepspeed_state import frozen_fp32, full_fp32, materialize_state, set_zero3_partition
+from .deepspeed_state import (frozen_fp32, full_fp32, full_optimizer_state, load_full_optimizer_state,
+                              materialize_state, partitioned, set_zero3_partition, torch_groups)
 from .precision import AutocastPrecision, FullPrecision
 from .staging import HostBuffers, Staging
 from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
@@ -84,6 +85,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self._cadence_accumulates = False  # GradAccum scales the losses and marks the window ends
         self._skeleton, self._auto_scheduler = None, None
         self._frozen: dict[int, torch.Tensor] = {}  # the frozen parameters' fp32 values (`frozen_fp32`)
+        self._groups: list[dict] = []  # the optimizer's groups as torch numbers them (`torch_groups`)
 
     @classmethod
     def check_launcher_config(cls, config: Any) -> None:
@@ -145,11 +147,12 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         self._skeleton, self._frozen = meta_copy(model), frozen_fp32(model, self.precision.name, self.stage)
         cfg = self._engine_config(self.precision.name, micro_batch=1)
         fit_buckets(cfg["zero_optimization"], largest_layer(model))
-        optimizer = None
+        optimizer = make_opt(model)
+        self._groups = torch_groups(optimizer, model)
         if "optimizer" in cfg:
-            fill_optimizer(cfg["optimizer"], make_opt(model))
+            fill_optimizer(cfg["optimizer"], optimizer)
+            optimizer = None
         else:
-            optimizer = make_opt(model)
             offloaded = cfg["zero_optimization"].get("offload_optimizer", {}).get("device", "none") != "none"
             if offloaded:  # ZeRO-Offload steps on the CPU with DeepSpeedCPUAdam: the same hyper-parameters
                 cfg["optimizer"] = optimizer_entry(optimizer)
@@ -208,6 +211,12 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             self.engine._config.gradient_clipping = max_norm
             if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO and bf16 optimizers read their own copy
                 self.engine.optimizer.clip_grad = max_norm
+
+    def clip_grad_value(self, model: nn.Module, opt: torch.optim.Optimizer, value: float) -> None:
+        """Refused, as Accelerate does: the engine clips only by the global norm, inside its own step."""
+        raise ValueError(f"DeepSpeed does not support clip_grad_value_ (clip_value={value}): its engine clips "
+                         f"gradients by their global norm inside its own step. Use clip_grad_norm_ instead "
+                         f"(GradClip(max_norm) in a Learner)")
 
     def configure_fit(self, micro_batch_size: int | None, total_steps: int) -> None:
         """Before training: the batch sizes checked and filled, a config scheduler's "auto" steps filled."""
@@ -357,7 +366,8 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
                     self._frozen[id(param)] = state[name].detach().float().cpu()
         for name, param in params.items():
             if hasattr(param, "ds_id"):
-                set_zero3_partition(param._z3_optimizer, param, state[name], key=None)
+                if param.requires_grad:  # a frozen one has no master: its gathered copy above is all there is
+                    set_zero3_partition(param._z3_optimizer, param, state[name], key=None)
             else:
                 safe_set_full_fp32_param(param, state[name].to(self.device, torch.float32))
         every_name = dict(module.named_parameters(remove_duplicate=False))  # a tied weight's other names too
@@ -365,55 +375,31 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         module.load_state_dict(buffers, strict=False)
 
     def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
-        """The full optimizer state in torch's format (per parameter, gathered from the shards); every rank calls it."""
-        from deepspeed.utils import safe_get_full_optimizer_state
-
-        params = [p for _, p in self._named_params(model)]
-        base = getattr(opt, "optimizer", opt)
-        deepspeed_checkpoint.link_optimizer_state(opt)
-        keys = sorted({k for s in base.state.values() for k, v in s.items() if torch.is_tensor(v) and v.dim() > 0})
-        if not keys or safe_get_full_optimizer_state(params[0], keys[0]) is None:
-            return opt.state_dict() if opt is base else base.state_dict()
-        step = next((s["step"] for s in base.state.values() if "step" in s), None)
-        state = {}
-        for i, p in enumerate(params):
-            entry = {k: safe_get_full_optimizer_state(p, k).detach().cpu().reshape(getattr(p, "ds_shape", p.shape))
-                     for k in keys}
-            if step is not None:
-                entry["step"] = step.detach().cpu().clone() if torch.is_tensor(step) else step
-            state[i] = entry
-        groups, start = [], 0
-        for group in base.param_groups:
-            n = len(group["params"])
-            groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(start, start + n))})
-            start += n
-        return {"state": state, "param_groups": groups}
+        """The full optimizer state as a one-process torch optimizer over the model, with the Learner's parameter
+        groups, holds it (moments gathered from the shards; frozen parameters numbered, without state): it loads
+        into a plain, DDP, FSDP or DeepSpeed Learner. Every rank calls it."""
+        wrapper = self._engine_optimizer(opt)
+        base = getattr(wrapper, "optimizer", wrapper)
+        if wrapper is base or not partitioned(self._groups):  # the torch optimizer holds the model's own parameters
+            return base.state_dict()
+        deepspeed_checkpoint.link_optimizer_state(wrapper)
+        return full_optimizer_state(wrapper, self._groups)
 
     def load_optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
-        """Load a full torch-format optimizer state into the engine's shards."""
-        from deepspeed.utils import safe_set_full_optimizer_state
-
-        params = [p for _, p in self._named_params(model)]
-        base = getattr(opt, "optimizer", opt)
-        if opt is base or not hasattr(params[0], "_hp_mapping") and not hasattr(params[0], "ds_id"):
+        """Load a full torch-format optimizer state (`optimizer_state_dict`'s, or a plain run's) into the engine's
+        shards."""
+        wrapper = self._engine_optimizer(opt)
+        base = getattr(wrapper, "optimizer", wrapper)
+        if wrapper is base or not partitioned(self._groups):
             return base.load_state_dict(state)
         if not any(base.state.values()):  # a defaultdict: a read may have left empty entries
-            materialize_state(opt)
-        deepspeed_checkpoint.link_optimizer_state(opt)
-        for i, p in enumerate(params):
-            for key, value in state["state"].get(i, {}).items():
-                if not (torch.is_tensor(value) and value.dim() > 0):
-                    continue
-                if hasattr(p, "ds_id"):
-                    set_zero3_partition(opt, p, value, key)
-                else:
-                    safe_set_full_optimizer_state(p, value.to(self.device), key)
-        steps = [s["step"] for s in state["state"].values() if "step" in s]
-        for s in base.state.values():
-            if steps and "step" in s:
-                s["step"] = steps[0].clone() if torch.is_tensor(steps[0]) else steps[0]
-        for group, saved in zip(base.param_groups, state["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+            materialize_state(wrapper)
+        deepspeed_checkpoint.link_optimizer_state(wrapper)
+        load_full_optimizer_state(wrapper, self._groups, state, self.device)
+
+    def _engine_optimizer(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer the engine steps (its ZeRO wrapper), whether `opt` is it or the torch optimizer inside."""
+        return self.engine.optimizer if self.engine is not None and self.engine.optimizer is not None else opt
 
     def save_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """DeepSpeed's own files under `directory/deepspeed/`, every rank writing its partition in parallel."""
