@@ -98,7 +98,10 @@ class AvgMetric(SumMetric):
 
     def accumulate(self, learn: Any) -> None:
         bs, pred = batch_size(learn.yb or learn.xb), learn.pred.detach()
-        value = self.func(pred, *learn.yb)
+        if bs == 0:  # a process's batch of padding alone: nothing to average (a mean over it would be NaN)
+            value = 0.0
+        else:
+            value = self.func(pred, *learn.yb)
         value = value.detach().double().to(pred.device) if isinstance(value, Tensor) else torch.tensor(
             float(value), dtype=torch.float64, device=pred.device)
         sums = torch.stack([value * bs, value.new_tensor(float(bs))])
