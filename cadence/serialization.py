@@ -353,17 +353,18 @@ def remove_dir(path: str | os.PathLike) -> None:
 
 def retire_dir(path: str | os.PathLike) -> Path:
     """Rename a directory to its hidden ".deleted" tombstone (one step: nothing is left under its name) and return
-    the tombstone, for the caller to delete when it likes (a kill before that: `recover_dir` removes it). A link to a
-    directory: the directory it points to is retired, and the link removed.
+    the tombstone, for the caller to delete when it likes (a kill before that: `recover_dir` removes it). A symbolic
+    link is refused: what it points to is not cadence's to delete.
 
     >>> tomb = retire_dir("checkpoints/step-00000100"); threading.Thread(target=shutil.rmtree, args=(tomb,)).start()
     """
     path = Path(path)
-    real, tomb = _real_path(path), sibling(path, DELETED)
+    if path.is_symlink():
+        raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}): cadence removes only directories it "
+                         f"wrote, never what a link points to; remove the link yourself if it should go")
+    tomb = sibling(path, DELETED)
     shutil.rmtree(tomb, ignore_errors=True)
-    os.rename(real, tomb)
-    if real != path:
-        path.unlink()
+    os.rename(path, tomb)
     return tomb
 
 

@@ -187,3 +187,14 @@ def test_free_space_is_advised_only_when_space_ran_out(tmp_path, code, advice):
         raise OSError(code, os.strerror(code))
     assert str(error.value).startswith(f"[Errno {code}] could not write the saved model {tmp_path / 'm'}: ")
     assert str(error.value).endswith(advice) and ("free there" in str(error.value)) == (code == errno.ENOSPC)
+
+
+def test_retiring_a_symlinked_directory_is_refused_and_what_it_points_to_stays(tmp_path):
+    from cadence.serialization import retire_dir
+
+    (tmp_path / "archive").mkdir()
+    (tmp_path / "archive" / "precious.txt").write_text("keep")
+    (tmp_path / "step-1").symlink_to(tmp_path / "archive", target_is_directory=True)
+    with pytest.raises(ValueError, match="step-1 is a symbolic link .* never what a link points to"):
+        retire_dir(tmp_path / "step-1")
+    assert (tmp_path / "archive" / "precious.txt").read_text() == "keep" and (tmp_path / "step-1").is_symlink()

@@ -289,8 +289,8 @@ def _load(engine: Any, directory: Path, saved: dict, world_size: int, stage: int
         return
     universal = sibling(directory, UNIVERSAL)
     try:
+        check_deepspeed_files(directory / TAG)  # every rank: a refused file stops each, none waits in the barrier
         if is_main:
-            check_deepspeed_files(directory / TAG)
             to_universal(directory / TAG, universal / TAG)
         barrier()
         link_optimizer_state(engine.optimizer)  # the universal loader fills each group's state through those views

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType
 
+from .load_in_place import read_exactly
 from .safe_load import read_dcp_metadata
 
 _STORAGE_DTYPES = {"DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
@@ -221,8 +222,7 @@ def _read_into(f: BinaryIO, offset: int, length: int, target: torch.Tensor) -> b
             or saved.stride != target.stride() or byteorder != sys.byteorder or record[1] != size
             or start is None or start + size > length):
         return False
-    f.seek(offset + start)
-    if size and f.readinto(memoryview(target.view(-1).view(torch.uint8).numpy())) != size:
+    if size and not read_exactly(f, offset + start, target):
         raise ValueError(f"{f.name} is truncated: a tensor's bytes at {offset + start} end early; resume from another "
                          f"checkpoint")
     return True

@@ -19,18 +19,18 @@ copies the live tensors onto themselves (skipped by torch's `copy_`) or keeps th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from .staging import view_like
 
 
-def load_mapped(path: str, map_location: Any = "cpu", weights_only: bool = True) -> Any | None:
-    """`torch.load` of `path` with its storages mapped from the file, not read; None for a file in torch's legacy
-    format, which cannot be mapped."""
+def load_mapped(path: str, map_location: Any = "cpu") -> Any | None:
+    """`torch.load(weights_only=True)` of `path` with its storages mapped from the file, not read; None for a file
+    in torch's legacy format, which cannot be mapped."""
     try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only, mmap=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except RuntimeError:
         return None
 
@@ -98,12 +98,26 @@ def read_into(targets: Sequence[Target], path: str) -> None:
             live = target.detach()
             if id(target) not in reads:
                 live.copy_(container[key])
-            elif _nbytes(live):
-                f.seek(reads[id(target)])
-                if f.readinto(memoryview(live.view(-1).view(torch.uint8).numpy())) != _nbytes(live):
-                    raise ValueError(f"{path} ended inside a tensor's bytes (at {reads[id(target)]}) while it was "
-                                     f"read: the file is truncated; resume from another checkpoint")
+            elif _nbytes(live) and not read_exactly(f, reads[id(target)], live):
+                raise ValueError(f"{path} ended inside a tensor's bytes (at {reads[id(target)]}) while it was "
+                                 f"read: the file is truncated; resume from another checkpoint")
             container[key] = target
+
+
+def read_exactly(f: BinaryIO, offset: int, target: torch.Tensor) -> bool:
+    """Read `target`'s bytes (a contiguous host tensor) from `f` at `offset`, in as many reads as it takes (one
+    read returns at most 2 GiB on Linux); False when the file ends first.
+
+    >>> with open(path, "rb", buffering=0) as f: read_exactly(f, 4096, torch.empty(1024))
+    """
+    view, done, size = memoryview(target.view(-1).view(torch.uint8).numpy()), 0, _nbytes(target)
+    f.seek(offset)
+    while done < size:
+        n = f.readinto(view[done:])
+        if not n:
+            return False
+        done += n
+    return True
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -130,9 +144,10 @@ def file_offsets(path: str, mapped: Sequence[torch.Tensor]) -> dict[int, int]:
 
 
 def load_optimizer_in_place(opt: torch.optim.Optimizer, state: dict, path: str) -> None:
-    """`opt.load_state_dict(state)` for a `state` read from `path` with `load_mapped`: each state tensor copied from the file
-    into the one `opt` holds for it (a trained optimizer: no second copy of its state alive during the load), the
-    rest copied out of the mapping first, so nothing is written into `opt` before all of the file is read.
+    """`opt.load_state_dict(state)` for a `state` read from `path` with `load_mapped`: each state tensor read from the
+    file into the one `opt` holds for it (a trained optimizer: no second copy of its state alive during the load),
+    the rest copied out of the mapping first, so nothing is written into `opt` before everything but those reads
+    succeeded (a file cut while they run is named, and `opt` is then partly loaded: load again).
 
     >>> load_optimizer_in_place(opt, load_mapped(file), file)
     """

@@ -17,6 +17,7 @@ import contextlib
 import pathlib
 import pickle
 import re
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,8 +82,17 @@ def check_deepspeed_files(directory: Path) -> None:
     >>> check_deepspeed_files(Path("ckpt/step-00000200/deepspeed")); to_universal(...)
     """
     for file in sorted(p for p in Path(directory).rglob("*") if p.is_file() and p.name != "cadence.json"):
+        if not zipfile.is_zipfile(file) and not _is_legacy_torch_file(file):
+            raise ValueError(f"{file} is not a torch file: DeepSpeed's checkpoint folder holds only its own files; "
+                             f"the checkpoint is damaged or was changed: resume from another checkpoint")
         if load_deepspeed_file(file, "cpu", mmap=True) is None:
             load_deepspeed_file(file, "cpu")
+
+
+def _is_legacy_torch_file(path: Path) -> bool:
+    """Whether `path` starts as torch's legacy (pre-zip) format does: a pickle (protocol 2 or later)."""
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80"
 
 
 def _dcp_classes() -> dict[tuple[str, str], Any]:

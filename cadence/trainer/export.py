@@ -29,6 +29,7 @@ import os
 import pickle
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -91,21 +92,23 @@ def _settings(learn) -> dict:
     """The Learner's arguments that `load_learner` gives back (fastai pickles the whole Learner), the metrics without
     what their last pass accumulated; one that cannot be pickled (a lambda) is left out, with a warning: the
     loaded Learner then has the default."""
-    metrics = [copy.copy(m) for m in learn.metrics]
+    metrics = [copy.copy(m) for m in learn.metrics if _picklable(m, f"metric {m.name}")]
     for m in metrics:
         m.reset()
     settings = {"metrics": metrics, "opt_func": learn.opt_func, "splitter": learn.splitter, "lr": learn.lr,
                 "wd": learn.wd, "wd_bn_bias": learn.wd_bn_bias, "train_bn": learn.train_bn, "moms": learn.moms}
-    kept = {}
-    for name, value in settings.items():
-        try:
-            pickle.dumps(value)
-        except Exception as e:
-            warnings.warn(f"export: the Learner's {name} cannot be pickled ({type(e).__name__}: {e}); load_learner "
-                          f"will give the default. Define it at module level (not a lambda) to keep it", stacklevel=3)
-        else:
-            kept[name] = value
-    return kept
+    return {name: value for name, value in settings.items() if _picklable(value, name)}
+
+
+def _picklable(value: Any, name: str) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception as e:
+        warnings.warn(f"export: the Learner's {name} cannot be pickled ({type(e).__name__}: {e}); load_learner will "
+                      f"leave it out (or give the default). Define it at module level (not a lambda) to keep it",
+                      stacklevel=4)
+        return False
+    return True
 
 
 def export(learn, fname: str | os.PathLike = "export") -> Path:

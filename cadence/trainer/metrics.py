@@ -102,7 +102,11 @@ class AvgMetric(SumMetric):
             value = 0.0
         else:
             value = self.func(pred, *learn.yb)
-        value = value.detach().double().to(pred.device) if isinstance(value, Tensor) else torch.tensor(
+        if isinstance(value, Tensor) and value.numel() != 1:
+            raise TypeError(f"metric {self.name} returned a tensor of shape {tuple(value.shape)}; a plain function in "
+                            f"metrics= must return one number per batch (fastai's AvgMetric): wrap it as "
+                            f"AccumMetric({self.name}) to compute it over the whole set")
+        value = value.detach().double().reshape(()).to(pred.device) if isinstance(value, Tensor) else torch.tensor(
             float(value), dtype=torch.float64, device=pred.device)
         sums = torch.stack([value * bs, value.new_tensor(float(bs))])
         self.sums = sums if self.sums is None else self.sums + sums

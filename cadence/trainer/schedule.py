@@ -161,8 +161,8 @@ def set_hyper(opt: torch.optim.Optimizer, name: str, value) -> None:
             if name in ("mom", "beta1"):
                 if "betas" in group:
                     group["betas"] = (v, group["betas"][1])
-                elif group.get("momentum"):  # SGD without momentum stays without (fastai's SGD with mom=0)
-                    group["momentum"] = v
+                elif group.get("momentum") or getattr(opt, "defaults", {}).get("momentum"):
+                    group["momentum"] = v  # an SGD built without momentum stays without
             elif not (key == "weight_decay" and group.get(NO_WD_KEY)):
                 group[key] = v
 

@@ -78,8 +78,8 @@ class TransferMethods:
             for p in (p for group in parts for p in group["params"]):
                 p.requires_grad_(i >= idx or id(p) in keep)
         self.frozen_idx = idx
-        _clear_state(self.opt)
         self.strategy.wait_for_staging()  # a save's copy of the weights in progress: DDP's rewrap broadcasts them
+        _clear_state(self.opt)
         self.model, self.opt = self.strategy.trainable_changed(self.model, self.opt)
         return self
 

@@ -124,10 +124,10 @@ def test_load_learner_keeps_the_metrics_and_training_settings_as_fastais_pickled
     assert isinstance(loaded.opt, torch.optim.SGD) and loaded.opt.param_groups[0]["momentum"] == 0.9
     assert len(loaded.opt.param_groups) == 2 and (loaded.lr, loaded.wd) == (0.05, 0.1)
 
-    learn.metrics = [lambda p, t: (p.argmax(1) == t).float().mean()]
-    with pytest.warns(UserWarning, match="the Learner's metrics cannot be pickled .* load_learner will give the default"):
+    learn.metrics = [accuracy, lambda p, t: (p.argmax(1) == t).float().mean()]
+    with pytest.warns(UserWarning, match="the Learner's metric <lambda> cannot be pickled .* load_learner will leave"):
         out = learn.export("export2")
-    assert load_learner(out, trust_pickle=True).metrics == []
+    assert [m.name for m in load_learner(out, trust_pickle=True).metrics] == ["accuracy"]
 
 
 def test_export_of_a_transformers_model_after_gradient_checkpointing_enable_loads_and_predicts_the_same(tmp_path):

@@ -450,3 +450,32 @@ def test_a_plain_function_metric_is_fastais_batch_weighted_average_and_accum_met
     assert res[1] == pytest.approx(sum(v * n for v, n in per_batch) / len(y))
     assert res[2] == pytest.approx(max_err(out, y).item())
     assert res[1] != pytest.approx(res[2])
+
+
+def test_a_momentum_schedule_through_zero_takes_sgd_momentum_up_again():
+    """An SGD built with momentum whose schedule passes through 0 gets it back (the group's 0 does not mark it as
+    an SGD without momentum)."""
+    from cadence.trainer.schedule import set_hyper
+
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(2))], lr=0.1, momentum=0.9)
+    set_hyper(opt, "mom", 0.0)
+    set_hyper(opt, "mom", 0.8)
+    assert opt.param_groups[0]["momentum"] == 0.8
+
+
+def test_a_plain_metric_of_one_element_counts_and_one_of_several_says_to_use_accum_metric():
+    def mae_1(pred, targ):  # shape [1], as a one-output regressor's mean over dim 0
+        return (pred.argmax(1).float() - targ.float()).abs().mean(0, keepdim=True)
+
+    def per_class(pred, targ):
+        return pred.mean(0)
+
+    learn = learner(metrics=[mae_1])
+    x, y = data()[1].tensors
+    with torch.no_grad():
+        out = learn.model(x)
+    by_batch = [(out[i:i + BS].argmax(1).float() - y[i:i + BS].float()).abs().mean().item() for i in range(0, len(y), BS)]
+    assert learn.validate()[1] == pytest.approx(sum(by_batch) / len(by_batch))   # two batches of 8
+    learn.metrics = [per_class]
+    with pytest.raises(TypeError, match=r"metric per_class returned a tensor of shape \(3,\).*AccumMetric\(per_class\)"):
+        learn.validate()

@@ -19,6 +19,7 @@ import queue
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -174,11 +175,14 @@ class BackgroundWrite:
         if self.strategy.is_main:
             try:
                 self.staged.commit()
-                if self.on_commit is not None:
-                    self.on_commit()
                 self.stats["bytes"] = sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file())
             except BaseException as e:
                 error = e
+            if error is None and self.on_commit is not None:
+                try:  # the checkpoint is in place: what runs after it (pruning) warns, it does not fail the save
+                    self.on_commit()
+                except Exception as e:
+                    warnings.warn(f"{self.directory} was saved, but what follows a save failed: {e!r}", stacklevel=2)
             if error is None and self.report:
                 main_print(self._summary())
         failed = self.strategy.broadcast(None if error is None else repr(error))
