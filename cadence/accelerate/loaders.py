@@ -7,7 +7,8 @@ Accelerate 1.15 (its default `DataLoaderConfiguration`) on
   RNG at `prepare` (every rank then uses rank 0's state), and deals the loader's batches to the ranks
   in turn, the last step completed from the start of the epoch (`sharding.strided`).
 - `use_seedable_sampler=True`: each epoch's permutation is seeded with `data_seed` (else torch's
-  initial seed, the one `set_seed` set) plus the epoch; the batches are dealt the same way.
+  initial seed, the one `set_seed` set) plus the epoch; the batches are dealt the same way, and the loader's
+  iterator draws its base seed from torch's RNG at an epoch's first batch, as Accelerate's does.
 
 A custom batch sampler, an IterableDataset, a sampler without its own generator on several
 processes and `data_seed` without `use_seedable_sampler` keep cadence's order (`DistributedDL`).
@@ -42,7 +43,7 @@ def shard_loader(dl: DataLoader, strategy: Any, config: Any) -> DistributedDL:
     where = {"rank": sharded.rank, "world_size": sharded.world_size, "group": sharded.group, "layout": layout}
     if config.use_seedable_sampler and sharded.kind == "shuffle":
         seed = config.data_seed if config.data_seed is not None else torch.initial_seed()
-        return DistributedDL(dl, seed=seed, **where)
+        return DistributedDL(dl, seed=seed, loader_base_seed=True, **where)
     if config.data_seed is not None:
         return _seeded(sharded, config.data_seed)
     if sharded.world_size > 1 and sharded.kind != "sequential":

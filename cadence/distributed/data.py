@@ -105,7 +105,9 @@ class DistributedDL(Resumable):
     moment go into `state_dict`, so a resumed epoch redraws the same order. On several processes
     the sampler must draw from its own generator, in the same state on every rank (the caller's part).
     `layout="strided"` deals the loader's batches to the ranks in turn, as Accelerate does
-    (`sharding.strided`), instead of fastai's contiguous chunks.
+    (`sharding.strided`), instead of fastai's contiguous chunks. `loader_base_seed=True` (with `seed`): an epoch
+    started afresh draws its iterator's base seed (its workers' seeds) as `dl` would, from `dl.generator` or torch's
+    RNG at the first batch, as Accelerate's seedable sampler leaves it; the order still comes from `seed`.
 
     >>> ddl = DistributedDL(DataLoader(range(50), batch_size=12), rank=1, world_size=4)
     >>> [b.tolist() for b in ddl]
@@ -114,7 +116,7 @@ class DistributedDL(Resumable):
 
     def __init__(self, dl: DataLoader, rank: int | None = None, world_size: int | None = None,
                  device: torch.device | str | None = None, seed: int | None = None, draw_like_loader: bool = False,
-                 group: Any = None, layout: str = "contiguous"):
+                 group: Any = None, layout: str = "contiguous", loader_base_seed: bool = False):
         if not isinstance(dl, DataLoader):
             raise TypeError(f"DistributedDL wraps a torch DataLoader, got {type(dl).__name__}")
         self.dl, self.device, self.group = dl, device, group  # group: the ranks that agree on a stream's end
@@ -126,7 +128,7 @@ class DistributedDL(Resumable):
         self.sized = _has_len(dl.dataset)
         self.kind = "iterable" if self.iterable else sampling.kind(dl)
         self.shuffle = self.kind == "shuffle"
-        self.draw_like_loader, self.layout = draw_like_loader, layout
+        self.draw_like_loader, self.layout, self.loader_base_seed = draw_like_loader, layout, loader_base_seed
         own_generator = isinstance(getattr(dl.sampler, "generator", None), torch.Generator) or self.kind == "sequential"
         if draw_like_loader and (seed is not None or (self.world_size != 1 and not own_generator)):
             raise ValueError(f"draw_like_loader=True draws each epoch as the loader itself would: without a seed, on "
@@ -383,7 +385,8 @@ class DistributedDL(Resumable):
         fresh = self.draw_like_loader and first == 0  # a resumed epoch draws nothing: its order was drawn before
         # as the plain loader: the iterator draws its base seed from the loader's generator (or torch's), then
         # the sampler draws the order; a resumed epoch's iterator draws from this loader's own generator
-        self._loader.generator = self.dl.generator if fresh else self._generator
+        from_loader = fresh or (self.loader_base_seed and first == 0)
+        self._loader.generator = self.dl.generator if from_loader else self._generator
         lazy = fresh and self._random and not self.iterable
         if not self.iterable:  # (an iteration abandoned before its first batch left its own)
             self._batches.prepare = (lambda: (self._draw_now(), prepare())) if lazy else None

@@ -30,6 +30,14 @@ SCRIPT = SCRIPTS / "accelerate_order.py"
 VARIANTS = [(), *(pytest.param(v, marks=pytest.mark.long) for v in [("seedable",), ("drop_last",), ("split_batches",)])]
 
 
+def _has_accelerate() -> bool:
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def deal(order: list[int], bs: int, world: int, drop_last: bool) -> list[list[list[int]]]:
     """Accelerate's BatchSamplerShard (even_batches): batch j to rank j % world, whole steps completed from the start."""
     step = bs * world
@@ -104,6 +112,14 @@ def test_one_process_sees_the_plain_loaders_batches(tmp_path):
         assert got == run("accelerate", 1, (), tmp_path)        # the later random numbers too
 
 
+@pytest.mark.skipif(not _has_accelerate(), reason="compares with real Accelerate, a dev dependency")
+def test_one_process_with_the_seedable_sampler_draws_as_accelerate_does(tmp_path):
+    """Accelerate's seedable sampler orders each epoch from the seed; its loader's iterator still draws its base seed
+    from torch's RNG at the first batch: the batches and every later random number (dropout's) are Accelerate's."""
+    got = run("cadence", 1, ("seedable",), tmp_path)
+    assert got == run("accelerate", 1, ("seedable",), tmp_path)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("options", VARIANTS, ids=lambda o: "-".join(o) or "default")
 def test_two_processes_see_accelerates_batches_on_each_rank(tmp_path, options):
@@ -114,16 +130,7 @@ def test_two_processes_see_accelerates_batches_on_each_rank(tmp_path, options):
     if _has_accelerate():
         real = run("accelerate", 2, options, tmp_path)
         assert batches(real) == expected
-        if "seedable" not in options:    # seeded, cadence's loader draws no worker seed from torch's RNG
-            assert got == real
-
-
-def _has_accelerate() -> bool:
-    try:
-        import accelerate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        assert got == real   # the later random numbers too (seedable: the iterator's base seed from torch's RNG)
 
 
 @pytest.mark.slow
