@@ -175,7 +175,7 @@ def check_files(out: Path):
     twice = {p: rs for p, rs in writers.items() if len(rs) > 1}
     assert not twice, f"written by several processes: {twice}"
     for path, rs in writers.items():   # a rank's own shard and RNG state by that rank, everything else by rank 0
-        own = re.search(r"rng-rank(\d+)\.pt(?:\.tmp\d+)?$|__(\d+)_0\.distcp$", path)   # (written via a temporary name)
+        own = re.search(r"rng-rank(\d+)\.pt(?:\.tmp\d+@[^/]*)?$|__(\d+)_0\.distcp$", path)  # (via a temporary name)
         assert rs == [int(own.group(1) or own.group(2)) if own else 0], (path, rs)
     assert {r for r in range(world_size()) for p in writers if p.endswith(f"__{r}_0.distcp")} == set(range(world_size()))
     assert any(p.startswith("export") for p in writers) and any(p.endswith("metrics.csv") for p in writers)
