@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from .processes import process_exists
 from .streaming import holds_cuda_tensors, host_pieces, register_tagger, save_torch_streaming
 
 _ALIASES_KEY = "cadence_aliases"
@@ -49,23 +50,13 @@ def _real_path(path: str | os.PathLike) -> Path:
 _HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:64]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
-
-
 def _drop_stale_temporaries(path: Path) -> None:
     """Remove the temporaries of `path` that writers on this host left when killed (their pid is gone)."""
     prefix, suffix = f".{path.name}.tmp", f"@{_HOST}"
     with contextlib.suppress(OSError), os.scandir(path.parent) as entries:
         for entry in entries:
             pid = entry.name[len(prefix):-len(suffix)]
-            if entry.name.startswith(prefix) and entry.name.endswith(suffix) and pid.isdigit() and not _alive(int(pid)):
+            if entry.name.startswith(prefix) and entry.name.endswith(suffix) and pid.isdigit() and not process_exists(int(pid)):
                 with contextlib.suppress(OSError):  # another save removed it first, or it is not ours to remove
                     os.unlink(entry.path)
 

@@ -1,5 +1,7 @@
 """Small data sets and models shared by the single-process tests."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -42,3 +44,11 @@ def make_learner(dls, path, cbs=(), model=None):
     learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=accuracy, path=path, cbs=list(cbs))
     learn.remove_cb(learn.progress)
     return learn
+
+
+def edit_state(checkpoint, change):
+    """Change a checkpoint's state.json in place: `change(state)` edits the parsed dict."""
+    file = checkpoint / "state.json"
+    state = json.loads(file.read_text())
+    change(state)
+    file.write_text(json.dumps(state))

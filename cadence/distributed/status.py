@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from ..processes import process_exists
+
 STATUS_DIR_VAR = "CADENCE_STATUS_DIR"
 _DIR_PREFIX = "cadence-status-"
 _STALE_AFTER_S = 60.0            # a live run's workers rewrite their files twice a second
@@ -49,22 +51,12 @@ def make_status_dir() -> str:
         pid = old.name[len(_DIR_PREFIX):].split("-", 1)[0]
         try:
             stale = (pid.isdigit() and old.stat().st_uid == os.getuid()
-                     and time.time() - old.stat().st_mtime > _STALE_AFTER_S and not _process_exists(int(pid)))
+                     and time.time() - old.stat().st_mtime > _STALE_AFTER_S and not process_exists(int(pid)))
         except FileNotFoundError:       # another launcher removed it first
             continue
         if stale:
             shutil.rmtree(old, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-")
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:             # another user's process
-        return True
-    return True
 
 
 def start_reporter(directory: str | os.PathLike, rank: int, interval_s: float = 0.5) -> threading.Thread:
@@ -188,7 +180,7 @@ def failed_ranks(directory: str | os.PathLike | None, restart: int | None = None
         pid = record["pid"]
         finished = exits.get(rank, {}).get("pid") == pid and exits[rank]["code"] == 0
         if (restart is None or record.get("restart", 0) == restart) and not finished and \
-                preempted.get(rank, {}).get("pid") != pid and not _process_exists(pid):
+                preempted.get(rank, {}).get("pid") != pid and not process_exists(pid):
             failed[rank] = record
     return failed
 

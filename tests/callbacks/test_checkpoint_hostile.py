@@ -1,24 +1,16 @@
 """A state.json cannot be turned against the user: pruning deletes only this run's `step-*` directories inside
 its own checkpoint directory, and every value that steers the run is checked before anything is loaded."""
 
-import json
 import re
 
 import pytest
 import torch
 from cadence.callbacks.checkpoint import Checkpoint, complete_checkpoints
-from fixtures import make_learner
+from fixtures import edit_state, make_learner
 
 
 def names(root):
     return [d.name for d in complete_checkpoints(root)]
-
-
-def edit_state(checkpoint, change):
-    file = checkpoint / "state.json"
-    state = json.loads(file.read_text())
-    change(state)
-    file.write_text(json.dumps(state))
 
 
 def precious(path):

@@ -3,7 +3,6 @@ written only inside this run's log root, a `.lock` link is never written through
 callback could not load is refused naming state.json and the key before the weights or the optimizer are touched."""
 
 import csv
-import json
 import os
 import shutil
 import stat
@@ -14,14 +13,7 @@ from cadence.callbacks import EarlyStoppingCallback
 from cadence.callbacks.checkpoint import Checkpoint
 from cadence.callbacks.checkpoint.lock import DirectoryLock
 from cadence.callbacks.tracking import Tracker
-from fixtures import make_learner
-
-
-def edit_state(checkpoint, change):
-    file = checkpoint / "state.json"
-    state = json.loads(file.read_text())
-    change(state)
-    file.write_text(json.dumps(state))
+from fixtures import edit_state, make_learner
 
 
 def users_files(path):
