@@ -22,12 +22,28 @@ import torch.distributed as dist
 
 from . import env
 
-__all__ = ["map_tensors", "wait_for_everyone", "broadcast", "reduce", "gather", "gather_object",
+__all__ = ["map_leaves", "map_tensors", "wait_for_everyone", "broadcast", "reduce", "gather", "gather_object",
            "gather_for_metrics", "pad_across_processes", "main_process_first", "local_main_process_first",
            "rank0_first", "on_main_process", "on_local_main_process", "main_print", "get_logger"]
 
 T = TypeVar("T")
 _REDUCE_OPS = ("mean", "sum", "max", "min")
+
+
+def map_leaves(fn: Callable[[Any], Any], data: Any) -> Any:
+    """Apply `fn` to every leaf (anything but a tuple, list or mapping) of nested tuples, lists (namedtuples too) and
+    mappings, keeping each container's type.
+
+    >>> map_leaves(str, {"x": 1, "ids": [2, (3,)]})
+    {'x': '1', 'ids': ['2', ('3',)]}
+    """
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(map_leaves(fn, o) for o in data))
+    if isinstance(data, (tuple, list)):
+        return type(data)(map_leaves(fn, o) for o in data)
+    if isinstance(data, Mapping):
+        return type(data)({k: map_leaves(fn, v) for k, v in data.items()})
+    return fn(data)
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -36,15 +52,7 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
     >>> map_tensors(lambda t: t * 2, {"x": torch.ones(2), "ids": [torch.zeros(1)], "name": "a"})
     {'x': tensor([2., 2.]), 'ids': [tensor([0.])], 'name': 'a'}
     """
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(map_tensors(fn, o) for o in data))
-    if isinstance(data, (tuple, list)):
-        return type(data)(map_tensors(fn, o) for o in data)
-    if isinstance(data, Mapping):
-        return type(data)({k: map_tensors(fn, v) for k, v in data.items()})
-    return data
+    return map_leaves(lambda o: fn(o) if isinstance(o, torch.Tensor) else o, data)
 
 
 def _check_tensors_only(data: Any, what: str) -> None:

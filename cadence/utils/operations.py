@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..distributed import env, ops
+from ..distributed import data as distributed_data, env, ops
 
 __all__ = ["is_torch_tensor", "is_namedtuple", "honor_type", "recursively_apply", "send_to_device", "find_batch_size",
            "ignorant_find_batch_size", "concatenate", "listify", "find_device", "convert_to_fp32",
@@ -64,18 +64,14 @@ def recursively_apply(func: Callable, data: Any, *args: Any, test_type: Callable
     >>> recursively_apply(lambda t, k: t * k, {"a": torch.ones(2), "b": [torch.ones(1)], "c": "x"}, 3)
     {'a': tensor([3., 3.]), 'b': [tensor([3.])], 'c': 'x'}
     """
-    def walk(o: Any) -> Any:
-        if isinstance(o, (tuple, list)):
-            return honor_type(o, (walk(x) for x in o))
-        if isinstance(o, Mapping):
-            return type(o)({k: walk(v) for k, v in o.items()})
+    def leaf(o: Any) -> Any:
         if test_type(o):
             return func(o, *args, **kwargs)
         if error_on_other_type:
             raise TypeError(f"{getattr(func, '__name__', func)} works on nested lists/tuples/dicts of objects that pass "
                             f"{getattr(test_type, '__name__', test_type)}; got a {type(o).__name__}")
         return o
-    return walk(data)
+    return ops.map_leaves(leaf, data)
 
 
 def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: bool = False,
@@ -87,20 +83,7 @@ def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: 
     >>> send_to_device({"x": torch.ones(1), "meta": torch.zeros(1)}, "cpu", non_blocking=True, skip_keys="meta")
     {'x': tensor([1.]), 'meta': tensor([0.])}
     """
-    skip = [skip_keys] if isinstance(skip_keys, str) else list(skip_keys or [])
-
-    def move(o: Any) -> Any:
-        if hasattr(o, "to"):   # a tensor, or a batch object with its own `.to` (transformers' BatchEncoding)
-            try:
-                return o.to(device, non_blocking=non_blocking)
-            except TypeError:   # a `.to` without non_blocking
-                return o.to(device)
-        if isinstance(o, (tuple, list)):
-            return honor_type(o, (move(x) for x in o))
-        if isinstance(o, Mapping):
-            return type(o)({k: v if k in skip else move(v) for k, v in o.items()})
-        return o
-    return move(tensor)
+    return distributed_data.send_to_device(tensor, device, non_blocking=non_blocking, skip_keys=skip_keys)
 
 
 def find_batch_size(data: Any) -> int:
@@ -256,18 +239,17 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduce: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
-    distributed = env.is_initialized()
-    on_xla = distributed and dist.get_backend() == "xla"
+    if not env.is_initialized():
+        return recursively_apply(torch.clone, tensor, error_on_other_type=True)
+    if reduction == "mean":
+        recursively_apply(_refuse_integer_mean, tensor, error_on_other_type=True)
+    out = ops.reduce(tensor, op="sum" if reduction == "none" else reduction)
+    if scale != 1.0 and dist.get_backend() == "xla":
+        ops.map_tensors(lambda t: t.mul_(scale), out)
+    return out
 
-    def one(t: torch.Tensor) -> torch.Tensor:
-        out = t.clone()
-        if not distributed:
-            return out
-        if reduction == "mean" and not (out.is_floating_point() or out.is_complex()):
-            raise RuntimeError(f"reduce(reduction='mean') of a {out.dtype} tensor: its mean is not a {out.dtype}; "
-                               f"reduce tensor.float(), or use reduction='sum'")
-        dist.all_reduce(out, op={"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(reduction, dist.ReduceOp.SUM))
-        if on_xla and scale != 1.0:
-            out.mul_(scale)
-        return out / env.world_size() if reduction == "mean" else out
-    return recursively_apply(one, tensor, error_on_other_type=True)
+
+def _refuse_integer_mean(t: torch.Tensor) -> None:
+    if not (t.is_floating_point() or t.is_complex()):
+        raise RuntimeError(f"reduce(reduction='mean') of a {t.dtype} tensor: its mean is not a {t.dtype}; "
+                           f"reduce tensor.float(), or use reduction='sum'")
