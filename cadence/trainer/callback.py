@@ -65,6 +65,9 @@ class Callback:
     run_valid: bool = True      # called during validation
     run_lr_find: bool = True    # False: detached during lr_find's throwaway fit (callbacks acting on the run's results)
     learn: Any = None
+    # keys of `state_dict()` / `rank_state_dict()` a saved state may lack (written before they were added): the
+    # callback's `load_state_dict` fills them in, and a resume's check of the saved state lets them be absent
+    optional_state_keys: frozenset[str] = frozenset()
 
     def __init__(self, **event_funcs: Callable[["Callback"], Any]):
         for event, func in event_funcs.items():

@@ -83,6 +83,8 @@ class Recorder(Callback):
     >>> learn.remove_cb(learn.recorder).add_cb(Recorder([accuracy], train_metrics=True, add_time=False))
     """
 
+    optional_state_keys = frozenset({"iters", "smooth_val"})   # checkpoints before they were recorded
+
     order = Order.RECORD
 
     def __init__(self, metrics: list[Any] | None = None, add_time: bool = True, train_metrics: bool = False,

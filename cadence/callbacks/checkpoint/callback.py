@@ -64,6 +64,8 @@ class Checkpoint(Callback):
     ...                     resume="auto")
     """
 
+    optional_state_keys = frozenset({"history"})   # checkpoints of cadence < 0.2 kept no history
+
     order = Order.CHECKPOINT
     run_lr_find = False  # the sweep is thrown away: nothing of it is saved
 

@@ -92,9 +92,6 @@ def check_checkpoint_state(own: dict[str, Any], file: Path, field: str) -> None:
         raise refuse(file, f"{field}.best", best, "a number or null")
 
 
-# keys older checkpoints lack, which their callbacks still load without (Recorder: iters, smooth_val; Checkpoint:
-# history)
-_ADDED_LATER = {("recorder", "iters"), ("recorder", "smooth_val"), ("checkpoint", "history")}
 _NONE = type(None)
 
 
@@ -103,7 +100,7 @@ def check_callback_states(saved: dict[str, Any], cbs: list[Any], file: Path, per
 
     Each state in `saved` (by callback name) of one of cadence's callbacks is checked against the live callback's
     own `state_dict()` (`rank_state_dict()` with `per_rank`): every key the live one has is there (but
-    `_ADDED_LATER`), each value of the live one's kind: true/false, a number, a string, a list (or tensor), an
+    its `optional_state_keys`), each value of the live one's kind: true/false, a number, a string, a list (or tensor), an
     object; null where the live one is a number or a string; a live value not set yet (None) takes anything.
     A callback of the user's own loads its state as its `load_state_dict` does (its schema is its own). ValueError
     naming `file`, the callback and the key.
@@ -120,7 +117,7 @@ def check_callback_states(saved: dict[str, Any], cbs: list[Any], file: Path, per
             raise _refuse_callback(file, cb.name, "", f"is {_shown(state)}: expected an object (its state)")
         for key, live in getattr(cb, method)().items():
             if key not in state:
-                if (cb.name, key) not in _ADDED_LATER:
+                if key not in getattr(cb, "optional_state_keys", ()):
                     raise _refuse_callback(file, cb.name, f".{key}", "is missing")
                 continue
             expected = _accepted(live)
