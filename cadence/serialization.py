@@ -6,7 +6,7 @@ belong together (weights + optimizer) is written into a staged directory and ren
 A target that is a symbolic link is written where the link points, staged next to that, the link kept.
 A file that cannot be read raises ValueError naming the file; a write that fails (disk full, a
 file-size limit, a read-only or missing directory) raises OSError naming the directory (and, when
-space ran out, the free space there: `writing`, `check_writable`), and leaves no staged directory behind.
+space ran out, the free space there: `writing`, `disk.check_writable`), and leaves no staged directory behind.
 
 >>> save_weights(model.state_dict(), "models/stage1.safetensors")
 >>> state = load_weights("models/stage1.safetensors")
@@ -18,7 +18,6 @@ Files saved from a `torch.compile`d model (keys starting `_orig_mod.`) load as t
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import pickle
@@ -26,7 +25,6 @@ import re
 import shutil
 import socket
 import struct
-import tempfile
 import threading
 from pathlib import Path
 from typing import Container, Iterator
@@ -35,6 +33,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from .disk import advice, write_failure
 from .processes import process_exists
 from .streaming import holds_cuda_tensors, host_pieces, register_tagger, save_torch_streaming
 
@@ -360,51 +359,6 @@ def retire_dir(path: str | os.PathLike) -> Path:
 
 
 # ---------------------------------------------------------------------------- failed writes
-def free_space(path: str | os.PathLike) -> str:
-    """" (12.3 GiB free there)": the free space of the filesystem holding `path` (its nearest existing parent)."""
-    p = Path(path).absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        return f" ({format_size(shutil.disk_usage(p).free)} free there)"
-    except OSError:
-        return ""
-
-
-def format_size(n: int) -> str:
-    """4096 -> "4.0 KiB"."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-def _write_failure(error: BaseException) -> tuple[int | None, str, bool] | None:
-    """(errno, why a write failed in a few words, whether space ran out); None when `error` is not a failed write."""
-    from safetensors import SafetensorError
-
-    if isinstance(error, OSError):
-        return error.errno, error.strerror or str(error), error.errno in _OUT_OF_SPACE
-    if isinstance(error, SafetensorError):
-        code = re.search(r"os error (\d+)", str(error))
-        if code:
-            return int(code[1]), os.strerror(int(code[1])), int(code[1]) in _OUT_OF_SPACE
-        return None, str(error).splitlines()[0][:200], False
-    if isinstance(error, RuntimeError) and ("PytorchStreamWriter" in str(error) or "inline_container" in str(error)):
-        return None, "torch.save could not write the whole file (a full disk, or a file-size limit)", True
-    return None
-
-
-def _advice(where: str | os.PathLike, out_of_space: bool) -> str:
-    """What to do after a failed write: make room (the free space there said) when space ran out, else move."""
-    return f"{free_space(where)}; free some space or choose another directory" if out_of_space else \
-        "; choose a writable directory"
-
-
 @contextlib.contextmanager
 def writing(target: str | os.PathLike, what: str, staged: str | os.PathLike | None = None) -> Iterator[None]:
     """Around writes to `target`: on any failure `staged` is removed (its space is freed now, not at the next
@@ -419,57 +373,13 @@ def writing(target: str | os.PathLike, what: str, staged: str | os.PathLike | No
     except BaseException as e:
         if staged is not None and not sibling(Path(target), REPLACED).exists():  # else recover_dir needs it
             shutil.rmtree(staged, ignore_errors=True)
-        failure = _write_failure(e)
+        failure = write_failure(e)
         if failure is None:
             raise
         code, reason, out_of_space = failure
-        message = f"could not write the {what} {target}: {reason}{_advice(target, out_of_space)}" + (
+        message = f"could not write the {what} {target}: {reason}{advice(target, out_of_space)}" + (
             f". The previous {what} there, if any, is untouched" if staged is not None else "")
         raise (OSError(code, message) if code is not None else OSError(message)) from e
-
-
-def check_writable(directory: str | os.PathLike, what: str) -> Path:
-    """Create `directory` if needed and check that a file can be written in it; OSError naming it otherwise.
-
-    Run before training, so a read-only or mistyped path fails at once, not at the first save.
-
-    >>> check_writable("checkpoints", "checkpoint directory")
-    """
-    directory = Path(directory)
-    in_the_way = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
-    if in_the_way is not None:
-        raise NotADirectoryError(f"the {what} {directory} cannot be created: {in_the_way} is a file, not a directory; "
-                                 f"choose another path")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-check")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise OSError(e.errno, f"the {what} {directory} is not writable: {e.strerror or e}"
-                               f"{_advice(directory, e.errno in _OUT_OF_SPACE)}") from None
-    return directory
-
-
-_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
-               "TB": 10**12, "B": 1}
-
-
-def parse_size(size: int | str, what: str = "size") -> int:
-    """Bytes from an int or a string such as "2GB", "500MiB", "1.5 GiB" (ValueError naming `what` otherwise).
-
-    >>> parse_size("10MiB"), parse_size("2GB"), parse_size(512)
-    (10485760, 2000000000, 512)
-    """
-    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
-        return size
-    if isinstance(size, str):
-        text = size.strip().upper()
-        for unit, factor in _SIZE_UNITS.items():
-            number = text[: -len(unit)].strip()
-            if text.endswith(unit) and number.replace(".", "", 1).isdigit():
-                return int(float(number) * factor)
-    raise ValueError(f"{what} must be a number of bytes or a size such as '2GB' or '500MiB', got {size!r}")
 
 
 SAVE_ID_KEY = "cadence_save_id"  # one id per `save_model`, in every shard's header and in the index: shards of two saves never pass as one

@@ -18,7 +18,7 @@ from itertools import chain
 import torch
 from torch import nn
 
-from ..serialization import parse_size
+from ..disk import parse_size
 
 DISK = "disk"
 Device = int | str

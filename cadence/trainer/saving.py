@@ -18,8 +18,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..serialization import (STAGED, check_state_dict, check_writable, commit_dir, load_torch, load_weights,
-                             recover_dir, save_torch, save_weights, sibling, staging_dir, writing)
+from ..disk import check_writable
+from ..serialization import (STAGED, check_state_dict, commit_dir, load_torch, load_weights, recover_dir, save_torch,
+                             save_weights, sibling, staging_dir, writing)
 
 MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.pt"
 

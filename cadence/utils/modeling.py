@@ -11,7 +11,7 @@ from torch import nn
 
 from ..big_modeling.device_map import _available_ram
 from ..compile import unwrap_compiled
-from ..serialization import parse_size
+from ..disk import parse_size
 
 __all__ = ["extract_model_from_parallel", "is_compiled_module", "is_peft_model", "get_max_memory",
            "convert_file_size_to_int"]

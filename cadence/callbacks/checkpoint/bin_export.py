@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ...serialization import atomic_path, parse_size, save_torch
+from ...disk import parse_size
+from ...serialization import atomic_path, save_torch
 
 __all__ = ["write_bin_weights", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]
 

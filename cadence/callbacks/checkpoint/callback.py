@@ -18,10 +18,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from ...disk import check_writable
 from ...distributed.ops import main_print
 from ...distributed.staging import HostBuffers, Staging
 from ...distributed.status import record_preempted
-from ...serialization import check_writable
 from ...trainer.callback import Callback, Order
 from .lock import DirectoryLock
 from .memory import PeakMemory

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...disk import parse_size
+from ...serialization import SAVE_ID_KEY, atomic_path, replacing_dir, save_weights
 from ...tied_weights import tied_names
-from ...serialization import SAVE_ID_KEY, atomic_path, parse_size, replacing_dir, save_weights
 from .bin_export import WEIGHTS_INDEX_NAME, WEIGHTS_NAME, write_bin_weights
 
 SINGLE_NAME, INDEX_NAME = "model.safetensors", "model.safetensors.index.json"

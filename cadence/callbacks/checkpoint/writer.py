@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...disk import format_size
 from ...distributed.env import is_initialized, rank, world_size
 from ...distributed.ops import main_print
-from ...serialization import format_size
 from .memory import PeakMemory
 
 RUNNING, DONE, FAILED = 0, 1, 2
