@@ -12,6 +12,7 @@ they make are in `launch_flags`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from cadence.distributed.config import Config
 from cadence.distributed.failure_report import (PREEMPTION_SIGNALS, all_preempted, report_failure, report_preemption,
                                                 report_signal)
 from cadence.distributed.launch_flags import add_launch_args, add_launch_options, resolve_config  # imported from here too
+from cadence.distributed.loopback import gloo_interface_env, loopback_store
 
 _WORKER_CODE = "from cadence.distributed.launch import run_worker; run_worker()"
 _DEFAULT_MULTI_NODE_PORT = 29500
@@ -65,6 +67,7 @@ def launch_env(config: Config) -> dict[str, str | None]:
         "OMP_NUM_THREADS": str(threads),
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") if config.gpu_ids == "all" else config.gpu_ids,
         **dynamo_env(config.dynamo_config),
+        **gloo_interface_env(config.num_machines == 1),
     }
 
 
@@ -167,7 +170,7 @@ def launch(args: argparse.Namespace) -> int:
     if not config.debug:
         _quiet_torch_loggers()
     try:
-        with lifecycle.kill_survivors_of_failure(status_dir):
+        with lifecycle.kill_survivors_of_failure(status_dir), _own_store(config, agent_args.master_port):
             torchrun.run(agent_args)
     except ChildFailedError as e:
         preempted = status.read_preemptions(status_dir)
@@ -180,6 +183,12 @@ def launch(args: argparse.Namespace) -> int:
         shutil.rmtree(status_dir, ignore_errors=True)
     return 0
 
+
+
+def _own_store(config: Config, port: int) -> contextlib.AbstractContextManager:
+    """One machine: the rendezvous store listens on 127.0.0.1 only (`loopback.py`); several: torch's own, on every
+    interface (the other machines connect to it)."""
+    return loopback_store(port, config.timeout) if config.num_machines == 1 else contextlib.nullcontext()
 
 
 def check_script(args: argparse.Namespace) -> None:

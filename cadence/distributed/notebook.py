@@ -16,6 +16,7 @@ from cadence.distributed import launch_xla
 from cadence.distributed.config import Config
 from cadence.distributed.lifecycle import SELF_EXITING_VAR, die_with_parent, exit_now
 from cadence.distributed.launch import free_port, is_peer_failure, launch_env, user_traceback
+from cadence.distributed.loopback import loopback_store
 
 
 class WorkerError(RuntimeError):
@@ -76,20 +77,21 @@ def _spawn(function, args: tuple, config: Config, use_port: int | None):
     port = str(use_port or free_port())
     env = {k: v for k, v in launch_env(config).items() if v is not None}
     env.update(WORLD_SIZE=str(config.num_processes), LOCAL_WORLD_SIZE=str(config.num_processes),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="True")
     ctx = multiprocessing.get_context("spawn")
     procs, conns = [], []
-    try:
-        for rank in range(config.num_processes):
-            receiver, sender = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_main, args=(rank, payload, env, sender, os.getpid()), daemon=True)
-            proc.start()
-            sender.close()
-            procs.append(proc)
-            conns.append(receiver)
-        return _collect(procs, conns)
-    finally:
-        _stop(procs)
+    with loopback_store(int(port), config.timeout, flag="use_port"):   # the workers' store, on 127.0.0.1 only
+        try:
+            for rank in range(config.num_processes):
+                receiver, sender = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_worker_main, args=(rank, payload, env, sender, os.getpid()), daemon=True)
+                proc.start()
+                sender.close()
+                procs.append(proc)
+                conns.append(receiver)
+            return _collect(procs, conns)
+        finally:
+            _stop(procs)
 
 
 def _worker_main(rank: int, payload: bytes, env: dict[str, str], conn, parent_pid: int) -> NoReturn:
