@@ -6,6 +6,9 @@ import csv
 import os
 import shutil
 import stat
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -14,6 +17,8 @@ from cadence.callbacks.checkpoint import Checkpoint
 from cadence.callbacks.checkpoint.lock import DirectoryLock
 from cadence.callbacks.tracking import Tracker
 from fixtures import edit_state, make_learner
+from cadence.distributed.launch import free_port
+from helpers import REPO, SCRIPTS, cadence_env
 
 
 def users_files(path):
@@ -155,3 +160,37 @@ def test_an_untampered_checkpoint_resumes_exactly(dls, tmp_path):
     assert [r["valid_loss"] for r in resumed.recorder.values] == [r["valid_loss"] for r in straight.recorder.values]
     assert resumed.early_stopping.state_dict() == straight.early_stopping.state_dict()
     assert steps(tmp_path / "b" / "runs" / "r" / "metrics.csv") == list(range(1, 13))
+
+
+def two_machines(*args, timeout_s="90"):
+    """`resume.py args` as a job of two machines of one process each (two launchers on this machine, the way two
+    hosts would run it: no launcher stops the other machine's rank); (exit codes, stderrs, seconds taken)."""
+    port = str(free_port())
+    common = [sys.executable, "-m", "cadence.cli", "launch", "--cpu", "--num_machines", "2", "--num_processes", "2",
+              "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--timeout", timeout_s]
+    start = time.monotonic()
+    nodes = [subprocess.Popen([*common, "--machine_rank", str(m), str(SCRIPTS / "resume.py"), *map(str, args)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cadence_env(), cwd=REPO)
+             for m in (0, 1)]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    return [node.returncode for node in nodes], [err for _, err in outputs], time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_a_tampered_state_of_one_rank_stops_every_rank_at_once(tmp_path):
+    """Rank 1's own callback state (in rng-rank1.pt) is bad: rank 1 refuses it naming the file, and rank 0, on
+    another machine and with a good file, stops with it at once saying which rank could not read the checkpoint
+    (it went on into the weights' collective and ended with gloo's "Connection closed by peer"; a backend that
+    does not notice a dead peer waits there for the collective timeout)."""
+    ckpt = tmp_path / "ckpt"
+    codes, _, _ = two_machines("--ckpt", ckpt, "--out", tmp_path / "w.st", "--kill-at", 5)
+    assert codes != [0, 0] and (ckpt / "step-00000004" / "rng-rank1.pt").is_file()
+    file = ckpt / "step-00000004" / "rng-rank1.pt"
+    rng = torch.load(file, weights_only=True)
+    rng["callbacks"]["recorder"]["losses"] = 5
+    torch.save(rng, file)
+    codes, errs, seconds = two_machines("--ckpt", ckpt, "--out", tmp_path / "w.st")
+    assert codes[0] != 0 and codes[1] != 0
+    assert f"{file}: callbacks.recorder.losses is 5: expected a list" in errs[1], errs[1][-3000:]
+    assert "rank 1 could not read its part of" in errs[0], errs[0][-3000:]
+    assert seconds < 60, "rank 0 waited for the collective timeout"

@@ -9,7 +9,7 @@ import pytest
 
 from cadence.distributed.loopback import loopback_store
 from cadence.distributed.notebook import notebook_launcher
-from tests.helpers import run_launch
+from helpers import run_launch
 
 WORKER = '''
 import json, os, sys
