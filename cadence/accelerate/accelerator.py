@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..compile import check_compile_options, options_from_env
+from ..compile import check_compile_options, options_from_env, unwrap_compiled
 from ..distributed.precision import make_precision
 from . import sync
 from .accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
@@ -285,10 +285,21 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
                      keep_torch_compile: bool = True) -> nn.Module:
         """The user's module inside what `prepare` returned (without the autocast forward unless `keep_fp32_wrapper`).
-        `keep_torch_compile` is taken for Accelerate's signature: the module comes without torch.compile's wrapper."""
+
+        A model compiled with `torch.compile` before `prepare` comes back in its compile wrapper (`OptimizedModule`,
+        whose state dict names start `_orig_mod.`) with `keep_torch_compile`, as Accelerate's; without, bare.
+
+        >>> accelerator.unwrap_model(accelerator.prepare(torch.compile(model)), keep_torch_compile=False) is model
+        True
+        """
         module = self.strategy.unwrap(model)
         if not keep_fp32_wrapper:
             restore_forward(module)
+        compiled = next((m for m in (model, getattr(model, "module", None))
+                         if isinstance(m, nn.Module) and unwrap_compiled(m) is not m), None)
+        if keep_torch_compile and compiled is not None:
+            compiled._orig_mod = module
+            return compiled
         return module
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:

@@ -173,9 +173,9 @@ class DDP(Strategy):
         return model
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside the DDP wrapper."""
+        """The user's module inside the DDP wrapper (and inside a `torch.compile` wrapper, outside DDP or in it)."""
         model = super().unwrap(model)
-        return model.module if isinstance(model, DistributedDataParallel) else model
+        return super().unwrap(model.module) if isinstance(model, DistributedDataParallel) else model
 
     def set_gradient_sync(self, model: nn.Module, enabled: bool) -> None:
         """DDP decides at forward time whether backward all-reduces: set it before the micro-step's forward.

@@ -181,8 +181,8 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         return plain, new_opt
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside the engine."""
-        return getattr(model, "module", model) if model is self.engine else model
+        """The user's module inside the engine (and inside a `torch.compile` wrapper)."""
+        return super().unwrap(getattr(model, "module", model) if model is self.engine else model)
 
     def shard(self, dl: DataLoader) -> DistributedDL:
         """This rank's part of `dl` (every rank sees different data)."""

@@ -37,4 +37,4 @@ class DataParallel(Strategy):
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's module inside the DataParallel wrapper (so saved weights carry no `module.` prefix)."""
         model = super().unwrap(model)
-        return model.module if isinstance(model, nn.DataParallel) else model
+        return super().unwrap(model.module) if isinstance(model, nn.DataParallel) else model

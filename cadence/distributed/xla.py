@@ -186,7 +186,7 @@ class XLA(Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         model = super().unwrap(model)
-        return model.module if self.fsdp and hasattr(model, "module") else model
+        return super().unwrap(model.module) if self.fsdp and hasattr(model, "module") else model
 
     def release(self, model: nn.Module, opt: torch.optim.Optimizer, make_opt: MakeOpt
                 ) -> tuple[nn.Module, torch.optim.Optimizer]:

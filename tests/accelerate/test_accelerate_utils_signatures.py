@@ -149,6 +149,20 @@ def test_accelerator_keywords():
     assert _same(outs[0], outs[1]), outs
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_unwrap_model_of_a_compiled_model(keep):
+    """A model compiled before `prepare`: Accelerate gives back its compile wrapper (`_orig_mod.` names) unless
+    `keep_torch_compile=False`; the 2-process case is in `test_collectives_on_two_processes`."""
+    outs = []
+    for lib in (cadence, accelerate):
+        net = nn.Linear(2, 2)
+        acc = lib.Accelerator(cpu=True)
+        out = acc.unwrap_model(acc.prepare(torch.compile(net, backend="eager")), keep_torch_compile=keep)
+        outs.append((type(out).__name__, list(out.state_dict()), getattr(out, "_orig_mod", out) is net))
+    assert outs[0] == outs[1] == ("OptimizedModule" if keep else "Linear",
+                                  ["_orig_mod.weight", "_orig_mod.bias"] if keep else ["weight", "bias"], True)
+
+
 SIGNATURES = ["broadcast", "reduce", "gather", "gather_object", "pad_across_processes", "broadcast_object_list",
               "send_to_device", "set_seed", "concatenate", "find_batch_size", "ignorant_find_batch_size",
               "recursively_apply", "convert_to_fp32", "convert_outputs_to_fp32", "listify", "find_device", "honor_type",
@@ -192,6 +206,11 @@ for name, call in [("int mean", lambda: reduce(torch.tensor([r + 1]), "mean")), 
         out[name] = call().tolist()
     except Exception as e:
         out[name] = type(e).__name__
+net = torch.nn.Linear(2, 2)
+model = acc.prepare(torch.compile(net, backend="eager"))     # DDP around the compiled module
+for keep in (True, False):
+    inner = acc.unwrap_model(model, keep_torch_compile=keep)
+    out[f"unwrap keep={keep}"] = [type(inner).__name__, list(inner.state_dict()), getattr(inner, "_orig_mod", inner) is net]
 print("RESULT", r, json.dumps(out), flush=True)
 '''
 
@@ -211,3 +230,6 @@ def test_collectives_on_two_processes(tmp_path):
         assert out["max"] == [2.0, 20.0] and out["min"] == [1.0, 10.0]
         assert out["acc.reduce scale"] == [3.0, 30.0]   # as Accelerate: `scale` applies on XLA only
         assert out["int mean"] == "RuntimeError" and out["gather ints"] == out["broadcast ints"] == "TypeError"
+        # Accelerate 1.15 under `accelerate launch --cpu --num_processes 2`: the same two answers
+        assert out["unwrap keep=True"] == ["OptimizedModule", ["_orig_mod.weight", "_orig_mod.bias"], True]
+        assert out["unwrap keep=False"] == ["Linear", ["weight", "bias"], True]
