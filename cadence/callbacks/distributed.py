@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from ..compile import uncompile
 from ..distributed.data import DistributedDL
+from ..distributed.env import world_size
 from ..distributed.ops import map_tensors
 from ..distributed.registry import get_strategy, strategy_class
 from ..distributed.strategy import ConfiguredAtFit
@@ -154,10 +155,11 @@ def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **str
 
 
 def _with_sync_bn(strategy: Any, sync_bn: bool, kwargs: dict) -> dict:
-    """fastai's `distrib_ctx(sync_bn=True)` is DDP's option: pass it only to an engine that takes it."""
+    """fastai's `distrib_ctx(sync_bn=True)` is DDP's option: pass it only to an engine that takes it, and only with
+    several processes (on one there is nothing to synchronise: BatchNorm stays, without a warning)."""
     cls = strategy_class(strategy)
     if cls is not None and "sync_bn" in inspect.signature(cls).parameters:
-        return {"sync_bn": sync_bn, **kwargs}
+        return {"sync_bn": sync_bn and world_size() > 1, **kwargs}
     return kwargs
 
 

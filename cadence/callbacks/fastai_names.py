@@ -15,11 +15,11 @@ from typing import Any, Callable
 from ..trainer.callback import Callback, Order
 from .accumulate import GradAccum
 from .clip import GradClip
-from .early_stop import EarlyStopping, SaveModel
+from .early_stop import EarlyStopping, SaveModel, TerminateOnNaN
 from .tracking import TensorBoardTracker, Tracker
 
 __all__ = ["SaveModelCallback", "EarlyStoppingCallback", "GradientAccumulation", "GradientClip", "CSVLogger",
-           "TensorBoardCallback"]
+           "TensorBoardCallback", "TerminateOnNaNCallback"]
 
 
 class EarlyStoppingCallback(EarlyStopping):
@@ -28,6 +28,13 @@ class EarlyStoppingCallback(EarlyStopping):
     >>> learn.fit(2, cbs=EarlyStoppingCallback(patience=3))
     >>> len(learn.recorder.values)
     2
+    """
+
+
+class TerminateOnNaNCallback(TerminateOnNaN):
+    """fastai's `TerminateOnNaNCallback()`: `TerminateOnNaN`, which stops the fit at the first non-finite loss.
+
+    >>> learn.fit(5, cbs=TerminateOnNaNCallback())
     """
 
 

@@ -47,8 +47,25 @@ class Order:
     CHECKPOINT = 80     # saves after every other callback updated its state
 
 
-def _camel_to_snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+_CASE_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def camel2snake(name: str) -> str:
+    """fastcore's `camel2snake`: split at case boundaries, an acronym staying one word, lower-cased, joined by `_`.
+
+    >>> camel2snake("CSVLogger"), camel2snake("ReduceLROnPlateau")
+    ('csv_logger', 'reduce_lr_on_plateau')
+    """
+    return "_".join(word.lower() for word in _CASE_BOUNDARY.split(name))
+
+
+def class2attr(obj: Any, cls_name: str) -> str:
+    """fastai's `class2attr`: `obj`'s class name without a trailing `cls_name`, snake-cased.
+
+    >>> class2attr(EarlyStoppingCallback(), "Callback")
+    'early_stopping'
+    """
+    return camel2snake(re.sub(rf"{cls_name}$", "", type(obj).__name__) or cls_name.lower())
 
 
 class Callback:
@@ -82,8 +99,9 @@ class Callback:
 
     @property
     def name(self) -> str:
-        """Attribute name on the learner: `ParamScheduler` -> `learn.param_scheduler`."""
-        return _camel_to_snake(re.sub(r"Callback$", "", type(self).__name__) or type(self).__name__)
+        """Attribute name on the learner (fastai's): `ParamScheduler` -> `learn.param_scheduler`, `CSVLogger` ->
+        `learn.csv_logger`."""
+        return class2attr(self, "Callback")
 
     def __getattr__(self, attr: str) -> Any:
         # fall through to the learner for the training state (epoch, loss, model, ...)

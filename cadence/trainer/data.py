@@ -177,6 +177,17 @@ class DataLoaders:
         """
         return None if self.valid is None else _dataset(self.valid, "valid")
 
+    @property
+    def bs(self) -> int | None:
+        """The training loader's batch size (fastai's `dls.bs`); None for a loader that has none (a list of batches).
+
+        >>> DataLoaders.from_dsets(train_ds, valid_ds, bs=64).bs
+        64
+        """
+        dl = self.train
+        bs = getattr(dl, "batch_size", None)
+        return getattr(getattr(dl, "batch_sampler", None), "batch_size", None) if bs is None else bs
+
     def one_batch(self) -> Any:
         """The training loader's first batch, on `self.device` (fastai's `dls.one_batch()`: with shuffling,
         a random batch).

@@ -256,16 +256,17 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
     def _do_epoch_train(self) -> None:
         self.dl, self.training, self._handlers = self.dls.train, True, self._train_handlers
         self.model.train()
-        self._with_events(self._all_batches, "train", CancelTrainException)
+        self._with_events(self.all_batches, "train", CancelTrainException)
 
     def _do_epoch_validate(self, dl: Iterable | None = None) -> None:
         self.dl = self.dls.valid if dl is None else dl
         self.training, self._handlers = False, self._valid_handlers
         self.model.eval()
         with torch.no_grad():
-            self._with_events(self._all_batches, "validate", CancelValidateException)
+            self._with_events(self.all_batches, "validate", CancelValidateException)
 
-    def _all_batches(self) -> None:
+    def all_batches(self) -> None:
+        """Run `one_batch` on every batch of `self.dl` (fastai's)."""
         self.n_iter = n_batches(self.dl)
         # a resumed loader starts mid-epoch and says where (DistributedDL.start_batch)
         for i, batch in enumerate(self.dl, getattr(self.dl, "start_batch", 0)):
@@ -439,14 +440,23 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
 
         return save(self, name, with_opt)
 
-    def load(self, name: str | Path, with_opt: bool = True, strict: bool = True) -> "Learner":
+    def load(self, name: str | Path, device: int | str | torch.device | None = None, with_opt: bool = True,
+             strict: bool = True) -> "Learner":
         """Load what `save` wrote (a name in `model_dir`, or a path); checked against the model before loading.
 
+        fastai's arguments: `device` is where the files are read to (an int is that CUDA device; default the CPU),
+        the model and optimizer keep theirs; `with_opt=False` loads the weights alone; `strict=False` loads the
+        weights the model has a place for.
+
         >>> learn.load("stage1")
+        >>> learn.load("stage1", device="cuda", with_opt=False)
         """
         from .saving import load
 
-        load(self, name, with_opt, strict)
+        if isinstance(device, bool):  # `load(name, False)`: with_opt was second before fastai's device
+            raise TypeError(f"learn.load(name, device, with_opt, strict): device is a device, got {device!r}; "
+                            f"pass with_opt= by name")
+        load(self, name, with_opt, strict, torch.device("cuda", device) if isinstance(device, int) else device)
         return self
 
     def __repr__(self) -> str:

@@ -19,22 +19,33 @@ from typing import Any, Callable
 
 import torch
 
+from .callback import class2attr
+
 Tensor = torch.Tensor
 Reducer = Callable[[Tensor], Tensor]
 
 
 class Metric:
-    """Base class: `reset()` before a pass, `accumulate(learn)` per batch, `value` at the end.
+    """Base class (fastai's): `reset()` before a pass, `accumulate(learn)` per batch, `value` at the end.
+
+    `name` (the column) is the class's name, snake-cased, without a trailing "Metric" (fastai's). On several
+    processes the Recorder also calls `sync` (see there); on one process a metric needs no more than this:
 
     >>> class Count(Metric):
     ...     def reset(self): self.n = 0
     ...     def accumulate(self, learn): self.n += len(learn.yb[0])
     ...     @property
     ...     def value(self): return self.n
-    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=Count())
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=Count())   # column "count"
     """
 
-    name: str = "metric"
+    @property
+    def name(self) -> str:
+        return self.__dict__.get("_name") or class2attr(self, "Metric")
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
 
     def reset(self) -> None:
         raise NotImplementedError
@@ -47,8 +58,9 @@ class Metric:
         raise NotImplementedError
 
     def sync(self, all_sum: Reducer, all_gather: Reducer) -> None:
-        """Combine this metric's state across processes (called once before `value`)."""
-        raise NotImplementedError
+        """Make this process's state that of every process (`all_sum(t)`: `t` summed over them, `all_gather(t)`:
+        concatenated); called before `value`, on several processes only. The base class cannot know how."""
+        raise unsyncable(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -208,7 +220,7 @@ class AvgLoss(SumMetric):
     """
 
     def __init__(self, name: str = "loss"):
-        super().__init__(name, None, lambda s: s[0] / s[1])
+        super().__init__(name, None, _ratio)
 
     def accumulate(self, learn: Any) -> None:
         bs, loss = batch_size(learn.yb or learn.xb), learn.loss
@@ -280,6 +292,25 @@ def batch_size(b: Any) -> int:
     return b.shape[0]  # Tensor.__len__ is a Python call
 
 
+def unsyncable(m: Metric) -> NotImplementedError:
+    """The error for a metric without `sync` on several processes: what it is, and what to write."""
+    return NotImplementedError(
+        f"metric {m.name!r} ({type(m).__name__}) cannot be combined across processes: each process saw only its part "
+        f"of the data, and cadence cannot tell how to merge the state of a Metric subclass. Give "
+        f"{type(m).__name__} a method sync(self, all_sum, all_gather) that makes its state that of all processes "
+        f"(keep counts as tensors on the batch's device, then e.g. `self.c = all_sum(self.c)`; `all_gather(t)` "
+        f"concatenates every process's `t`), or pass a plain function or AccumMetric(func), which cadence syncs; if "
+        f"accumulate already reads every process's batch (learn.to_detach(learn.pred) gathers), a sync that does "
+        f"nothing is right")
+
+
+def check_syncable(metrics: list[Metric]) -> None:
+    """Raise `unsyncable` for the first metric that keeps the base class's `sync` (before a fit on N processes)."""
+    for m in metrics:
+        if type(m).sync is Metric.sync:
+            raise unsyncable(m)
+
+
 def _func_name(func: Callable) -> str:
     inner = func.func if isinstance(func, functools.partial) else func
     return getattr(inner, "__name__", type(inner).__name__)
@@ -305,6 +336,10 @@ def _ratio(s: Tensor) -> Tensor:
     return s[0] / s[1]
 
 
+def _one_minus_ratio(s: Tensor) -> Tensor:
+    return 1 - s[0] / s[1]
+
+
 def _with_count(total: Tensor, targ: Tensor) -> Tensor:
     return torch.stack([total.double(), torch.tensor(float(targ.numel()), dtype=torch.float64, device=targ.device)])
 
@@ -328,7 +363,7 @@ def accuracy(pred: Tensor, targ: Tensor, axis: int = -1) -> Tensor:
     return _ratio(_correct_count(pred, targ, axis)).float()
 
 
-@sum_metric(_correct_count, lambda s: 1 - s[0] / s[1])
+@sum_metric(_correct_count, _one_minus_ratio)
 def error_rate(pred: Tensor, targ: Tensor, axis: int = -1) -> Tensor:
     """1 - accuracy.
 

@@ -44,6 +44,10 @@ def _sq_pct_err(pred: Tensor, targ: Tensor) -> Tensor:
     return _with_count(((targ - pred) / targ).pow(2).sum(), targ)
 
 
+def _sqrt_ratio(s: Tensor) -> Tensor:
+    return torch.sqrt(s[0] / s[1])
+
+
 @sum_metric(_sq_err, _ratio)
 def mse(pred: Tensor, targ: Tensor) -> Tensor:
     """Mean squared error.
@@ -54,7 +58,7 @@ def mse(pred: Tensor, targ: Tensor) -> Tensor:
     return _ratio(_sq_err(pred, targ)).float()
 
 
-@sum_metric(_sq_err, lambda s: torch.sqrt(s[0] / s[1]))
+@sum_metric(_sq_err, _sqrt_ratio)
 def rmse(pred: Tensor, targ: Tensor) -> Tensor:
     """Root mean squared error.
 
@@ -84,7 +88,7 @@ def msle(pred: Tensor, targ: Tensor) -> Tensor:
     return _ratio(_sq_log_err(pred, targ)).float()
 
 
-@sum_metric(_sq_pct_err, lambda s: torch.sqrt(s[0] / s[1]))
+@sum_metric(_sq_pct_err, _sqrt_ratio)
 def exp_rmspe(pred: Tensor, targ: Tensor) -> Tensor:
     """Root mean squared percentage error of exp(pred) against exp(targ) (targets trained in log space).
 

@@ -20,7 +20,7 @@ import torch
 
 from .callback import Callback, Order
 from .epoch_record import EpochRecord
-from .metrics import AvgLoss, Metric, as_metric
+from .metrics import AvgLoss, Metric, as_metric, check_syncable
 
 
 class SmoothLoss:
@@ -75,9 +75,9 @@ class Recorder(Callback):
             fastai's `train_loss, train_<metric>..., valid_loss, valid_<metric>...`.
         beta: smoothing of the training loss (fastai's 0.98).
 
-    Loss and metric state are combined over processes with `learn.strategy.all_sum` / `gather`
-    before values are read (the identity on one process). On N processes `recorder.losses` is
-    each process's own smoothed loss (as in fastai) and `train_loss` its mean over processes.
+    On N processes loss and metric state are combined with `learn.strategy.all_sum` / `gather` (each metric's
+    `sync`) before values are read; a fit refuses at once a metric that cannot be (a `Metric` subclass without
+    `sync`). `recorder.losses` is each process's own smoothed loss (as in fastai), `train_loss` its mean.
 
     >>> learn = Learner(dls, model, loss_func=F.cross_entropy, metrics=accuracy)
     >>> learn.remove_cb(learn.recorder).add_cb(Recorder([accuracy], train_metrics=True, add_time=False))
@@ -107,7 +107,7 @@ class Recorder(Callback):
         self._train_values: dict[str, float | None] = {}
         self._live: tuple[int, SmoothLoss | None] = (0, None)  # smooth_loss read mid-epoch: batches folded in, state
         self._as_tensor = {key: _GrowingTensor() for key in ("losses", "lrs", "epoch_losses")}
-        self.hps: dict[str, list] = {}  # per batch, the values a ParamScheduler set (plot_sched)
+        self._hps: dict[str, list] = {}  # per batch, what a ParamScheduler set: a float or one value per group
 
     @property
     def metrics(self) -> list[Metric]:
@@ -142,6 +142,27 @@ class Recorder(Callback):
         self._live = (len(self._batch_losses), live)
         return live.value
 
+    @property
+    def hps(self) -> dict[str, list[float]]:
+        """Per training batch, the last parameter group's value of each hyper-parameter a ParamScheduler set
+        (fastai's: `hps["lr"][0]` is a number for discriminative rates too).
+
+        >>> learn.fit_one_cycle(1, slice(1e-3, 1e-1)); learn.recorder.hps["lr"][0]
+        np.float64(0.004)
+        """
+        return {key: [_last(v) for v in values] for key, values in self._hps.items()}
+
+    @hps.setter
+    def hps(self, hps: dict[str, list]) -> None:
+        self._hps = hps  # ParamScheduler's own dict, which it fills batch by batch
+
+    def _sync(self, metrics: Any) -> None:
+        """Combine each metric's state over the data-parallel processes; on one process it is whole already."""
+        strategy = self.learn.strategy
+        if strategy.dp_size > 1:
+            for m in metrics:
+                m.sync(strategy.all_sum, strategy.gather)
+
     def _on_cpu(self) -> bool:
         return self.learn.strategy.device.type == "cpu"
 
@@ -150,6 +171,8 @@ class Recorder(Callback):
         # CPU reading it costs nothing, and a float is cheaper to keep than thousands of small tensors.
         self._float_losses = self._on_cpu()
         self._live = (0, None)
+        if self.learn.strategy.dp_size > 1:  # before any training, not at the first validation's end
+            check_syncable(self.metrics)
         if self._resumed:  # load_state_dict restored the history of the interrupted run
             if self.losses:  # the smoothed loss continues where the saved run's stood
                 self.smooth.restore(self.losses[-1], len(self.losses), self._smooth_val)
@@ -245,15 +268,12 @@ class Recorder(Callback):
         if self.smooth.count:
             # the mean over processes; on one process the value itself, kept on the host (on XLA a round trip
             # through the device would run and compile a graph of its own at every epoch's end)
-            several = strategy.dp_size > 1
             self.train_loss.sums = torch.tensor([self.smooth.value, 1.0], dtype=torch.float64,
-                                                device=strategy.device if several else None)
-            if several:
-                self.train_loss.sync(strategy.all_sum, strategy.gather)
+                                                device=strategy.device if strategy.dp_size > 1 else None)
+            self._sync([self.train_loss])
         self._train_values = {"train_loss": self.train_loss.value}
         if self.train_metrics:
-            for m in self.metrics:
-                m.sync(strategy.all_sum, strategy.gather)
+            self._sync(self.metrics)
             self._train_values.update({f"train_{key}": m.value for key, m in zip(self.metric_keys, self.metrics)})
         self.log += self._train_values.values()
         self._log_valid = True
@@ -279,8 +299,7 @@ class Recorder(Callback):
         learn = self.learn
         if learn.inner_pass:
             return
-        for m in (self.valid_loss, *self.metrics):
-            m.sync(learn.strategy.all_sum, learn.strategy.gather)
+        self._sync([self.valid_loss, *self.metrics])
         if self._log_valid and learn.dl is learn.dls.valid:  # the epoch's validation
             self._valid_values = self.valid_values()  # read once: a ValueMetric computes its value when read
             self.log += self._valid_values.values()
@@ -333,15 +352,37 @@ class Recorder(Callback):
 
         >>> learn.fit_one_cycle(3); learn.recorder.plot_sched()     # lr and momentum side by side
         """
-        keys = list(self.hps) if keys is None else keys
+        hps = self.hps
+        keys = list(hps) if keys is None else keys
         if not keys:
             raise ValueError("no schedule recorded: plot_sched shows what a ParamScheduler set "
                              "(fit_one_cycle, fit_flat_cos, fit_sgdr or fit(cbs=ParamScheduler(...)))")
         fig, axs = _pyplot().subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
         for ax, key in zip(axs[0], keys):
-            ax.plot([float(np.asarray(v).reshape(-1)[-1]) for v in self.hps[key]])
+            ax.plot(hps[key])
             ax.set(xlabel="batch", ylabel=key)
         return fig
+
+    def plot_lr_find(self, skip_end: int = 5, return_fig: bool = True, suggestions: Any = None, nms: Any = None):
+        """fastai's: the last `lr_find`'s smoothed loss against its learning rate (log scale), the last
+        `skip_end` batches left out, each point of `suggestions` (`(lr, loss)` pairs) marked and named by `nms`.
+
+        >>> learn.lr_find(show_plot=False); learn.recorder.plot_lr_find()
+        """
+        if not self.lrs:
+            raise ValueError("plot_lr_find plots the last lr_find's sweep, and nothing is recorded: call "
+                             "learn.lr_find() first")
+        end = len(self.lrs) - skip_end if skip_end else None
+        plt = _pyplot()
+        fig, ax = plt.subplots(1, 1)
+        ax.plot(self.lrs[:end], self.losses[:end])
+        ax.set(ylabel="Loss", xlabel="Learning Rate", xscale="log")
+        if suggestions:
+            colors = plt.rcParams["axes.prop_cycle"].by_key()["color"][1:]
+            for (x, y), name, color in zip(suggestions, nms or [None] * len(suggestions), colors):
+                ax.plot(x, y, "o", label=name, c=color)
+            ax.legend(loc="best")
+        return fig if return_fig else None
 
 
 class _GrowingTensor:
@@ -368,6 +409,11 @@ def _format_time(seconds: float) -> str:
     t = int(seconds)
     h, m, s = t // 3600, t // 60 % 60, t % 60
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def _last(value: Any) -> Any:
+    """A hyper-parameter's value for the last parameter group: `value` itself when it is one number."""
+    return np.asarray(value).reshape(-1)[-1] if np.ndim(value) else value
 
 
 def _as_list(values: Any) -> list:

@@ -48,8 +48,9 @@ def save(learn: Any, name: str | Path, with_opt: bool = True) -> Path:
     return target  # no barrier: under DDP a save called on the main process alone must not wait; `load` waits
 
 
-def load(learn: Any, name: str | Path, with_opt: bool = True, strict: bool = True) -> None:
-    """Read what `save` wrote (or the 0.1 file pair); both files are read and checked before anything is loaded.
+def load(learn: Any, name: str | Path, with_opt: bool = True, strict: bool = True, device: Any = None) -> None:
+    """Read what `save` wrote (or the 0.1 file pair) to `device` (default the CPU); both files are read and checked
+    before anything is loaded.
 
     Every process calls it: they wait for the main one, which first finishes or drops a save that was killed.
     """
@@ -59,10 +60,11 @@ def load(learn: Any, name: str | Path, with_opt: bool = True, strict: bool = Tru
         recover_dir(target)  # a save killed between its two renames is finished first
     strategy.barrier()
     weights_file, opt_file = _files(target, name)
-    weights = load_weights(weights_file)
+    device = "cpu" if device is None else device
+    weights = load_weights(weights_file, device)
     opt_state = None
     if with_opt and opt_file.is_file():
-        opt_state = load_torch(opt_file)
+        opt_state = load_torch(opt_file, map_location=device)
     elif with_opt:
         warnings.warn(f"no optimizer state at {opt_file} (saved with with_opt=False?); the optimizer starts fresh; "
                       f"pass with_opt=False to load only the weights", stacklevel=3)
