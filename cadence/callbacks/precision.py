@@ -50,7 +50,12 @@ class MixedPrecision(Callback):
         self.learn.strategy.set_precision(self._plugin())
 
     def forward_context(self) -> ContextManager:
-        return self.learn.strategy.forward_context()
+        """The strategy's autocast, with this callback's precision set on it: in `fit` and outside it (`validate`,
+        `get_preds`, `predict`, `summary`), before the first fit as after it."""
+        strategy, plugin = self.learn.strategy, self._plugin()
+        if strategy.precision is not plugin:
+            strategy.set_precision(plugin)
+        return strategy.forward_context()
 
     def after_pred(self):
         """Outside training, predictions in fp32 (fastai's): what validation's loss and metrics and `get_preds` see."""

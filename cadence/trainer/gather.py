@@ -11,15 +11,43 @@ from .callback import Callback, Order
 from .data import apply_to_tensors, to_detach
 
 
-def _cat(chunks: list[Any], dim: int = 0) -> Any:
-    """Concatenate a list of batches (tensors, or tuples or dicts of tensors) along `dim`."""
+def _pad_to(t: torch.Tensor, shape: list[int], pad_index: Any) -> torch.Tensor:
+    """`t` grown to `shape` (no smaller in any dim), the new entries `pad_index`, its own at the start of each dim."""
+    if list(t.shape) == shape:
+        return t
+    out = t.new_full(shape, pad_index)
+    out[tuple(slice(0, n) for n in t.shape)] = t
+    return out
+
+
+def _cat(chunks: list[Any], dim: int = 0, pad_index: Any = -100) -> Any:
+    """Concatenate a list of batches (tensors, or tuples or dicts of tensors) along `dim`; tensors whose other
+    dims differ (sequences padded per batch) are first padded to the largest with `pad_index`, at the end.
+
+    >>> _cat([torch.ones(2, 3), torch.ones(1, 5)]).shape      # the first batch's rows end in 2 x -100
+    torch.Size([3, 5])
+    """
     first = chunks[0]
     if isinstance(first, (tuple, list)):
-        parts = [_cat([c[i] for c in chunks], dim) for i in range(len(first))]
+        parts = [_cat([c[i] for c in chunks], dim, pad_index) for i in range(len(first))]
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)   # namedtuples too
     if isinstance(first, Mapping):
-        return {k: _cat([c[k] for c in chunks], dim) for k in first}
+        return {k: _cat([c[k] for c in chunks], dim, pad_index) for k in first}
+    if first.ndim > dim and len({c.shape[:dim] + c.shape[dim + 1:] for c in chunks}) > 1:
+        shape = [max(c.shape[i] for c in chunks) for i in range(first.ndim)]
+        chunks = [_pad_to(c, shape[:dim] + [c.shape[dim]] + shape[dim + 1:], pad_index) for c in chunks]
     return torch.cat(chunks, dim)
+
+
+def _pad_across(gather: Callable, t: torch.Tensor, dim: int, pad_index: Any) -> torch.Tensor:
+    """`t` padded as `_cat` pads, to the largest size any process has in each dim but `dim` (`gather` is the
+    strategy's: every process calls it)."""
+    if t.ndim <= dim:
+        return t
+    sizes = gather(torch.tensor([t.shape], device=t.device))
+    shape = sizes.max(0).values.tolist()
+    shape[dim] = t.shape[dim]
+    return _pad_to(t, shape, pad_index)
 
 
 def _along(gather: Callable, dim: int) -> Callable:
@@ -46,13 +74,18 @@ def per_item_loss(loss_func: Callable, pred: torch.Tensor, yb: tuple) -> torch.T
 
 class GatherPreds(Callback):
     """Keep every validation batch's predictions, targets and optionally inputs and per-item losses, concatenated
-    along `concat_dim` (fastai's: the batch dimension of the model's output)."""
+    along `concat_dim` (fastai's: the batch dimension of the model's output). Batches whose other dims differ
+    (each padded to its own longest sequence) are padded with `pad_index` to the largest of every batch on every
+    process, as transformers' Trainer pads its evaluation outputs (`padding_index`).
+
+    >>> gatherer = GatherPreds(pad_index=0); learn.validate(cbs=gatherer); preds, targs = gatherer.result()
+    """
 
     order = Order.RECORD + 1
     run_train = False
 
-    def __init__(self, with_input: bool = False, with_loss: bool = False, concat_dim: int = 0):
-        self.with_input, self.with_loss, self.concat_dim = with_input, with_loss, concat_dim
+    def __init__(self, with_input: bool = False, with_loss: bool = False, concat_dim: int = 0, pad_index: Any = -100):
+        self.with_input, self.with_loss, self.concat_dim, self.pad_index = with_input, with_loss, concat_dim, pad_index
         self.inputs, self.preds, self.targs, self.losses = [], [], [], []
 
     def after_batch(self):
@@ -66,23 +99,26 @@ class GatherPreds(Callback):
             self.losses.append(per_item_loss(learn.loss_func, learn.pred, learn.yb).detach())
 
     def after_validate(self):
-        """Combine every process's batches (padding already dropped), in rank order: the loader's order."""
-        dim = self.concat_dim
-        gather = _along(self.learn.strategy.gather, dim)
+        """Combine every process's batches (padding already dropped), in rank order: the loader's order; padded
+        to the same size on every process first (the ranks' last batches may be padded to different lengths)."""
+        dim, pad, strategy_gather = self.concat_dim, self.pad_index, self.learn.strategy.gather
+        gather = _along(strategy_gather, dim)
         for name in ("inputs", "preds", "targs", "losses"):
             chunks = getattr(self, name)
             if chunks:
-                setattr(self, name, [apply_to_tensors(gather, _cat(chunks, dim))])
+                joined = apply_to_tensors(lambda t: gather(_pad_across(strategy_gather, t, dim, pad)),
+                                          _cat(chunks, dim, pad))
+                setattr(self, name, [joined])
 
     def result(self, act: Callable | None = None) -> tuple:
         """(inputs?, preds, targs, losses?) concatenated over all batches."""
         if not self.preds:
             raise ValueError("get_preds saw no batches: the data loader is empty")
-        dim = self.concat_dim
-        preds = _cat(self.preds, dim)
-        out = [act(preds) if act is not None else preds, _cat(self.targs, dim) if self.targs else None]
+        dim, pad = self.concat_dim, self.pad_index
+        preds = _cat(self.preds, dim, pad)
+        out = [act(preds) if act is not None else preds, _cat(self.targs, dim, pad) if self.targs else None]
         if self.with_input:
-            out.insert(0, _cat(self.inputs, dim))
+            out.insert(0, _cat(self.inputs, dim, pad))
         if self.with_loss:
-            out.append(_cat(self.losses, dim))
+            out.append(_cat(self.losses, dim, pad))
         return tuple(out)

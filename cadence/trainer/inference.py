@@ -23,7 +23,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sequenti
 from .callback import Callback, Order
 from .data import apply_to_tensors, to_device
 from .epoch_record import EpochRecord
-from .model_output import model_loss
+from .model_output import call_model, model_loss
 
 # a loader's in-order copy lives as long as the loader: a distributed fit shards it once (it is keyed by id)
 _ORDERED: "weakref.WeakKeyDictionary[DataLoader, DataLoader]" = weakref.WeakKeyDictionary()
@@ -122,7 +122,8 @@ class InferenceMethods:
 
     def get_preds(self, ds_idx: int | Iterable = 1, dl: Iterable | None = None, with_input: bool = False,
                   with_decoded: bool = False, with_loss: bool = False, act: Callable | None = None,
-                  inner: bool = False, reorder: bool = True, cbs: Any = None, concat_dim: int = 0) -> tuple:
+                  inner: bool = False, reorder: bool = True, cbs: Any = None, concat_dim: int = 0,
+                  pad_index: Any = -100) -> tuple:
         """Predictions and targets for every item of `dl`'s data set (default: `dls[ds_idx]`), once each, in the
         data set's order, on any number of processes: a torch DataLoader is read in order, without
         shuffling, sampler or dropped last batch (as fastai's `dl.new(shuffled=False, drop_last=False)`).
@@ -138,10 +139,17 @@ class InferenceMethods:
         `inner=True` (a callback calling it during `fit`) leaves the fit's state (loader, batch, train or eval
         mode of every module) as it was. No progress is shown either way.
 
+        Batches padded to different lengths (each to its own longest sequence, as transformers'
+        `DataCollatorWithPadding` pads them) are padded to the longest of all, on every process, at the end of each
+        dim with `pad_index` (default -100, transformers' Trainer's `padding_index` and its labels' ignore index):
+        predictions, targets, inputs and losses alike. Each item keeps its own values at the start; mask the rest
+        with `targs != -100`. Batches of one shape are joined as they are.
+
         >>> preds, targs = learn.get_preds()
         >>> inps, preds, targs, losses = learn.get_preds(ds_idx=0, with_input=True, with_loss=True,
         ...                                              act=partial(torch.softmax, dim=-1))
         >>> preds, targs = learn.get_preds(dl=shuffled_dl, reorder=False)     # in the loader's own order
+        >>> logits, labels = learn.get_preds()       # dynamically padded batches: (items, longest, vocab), -100 after
         """
         from .gather import GatherPreds
 
@@ -152,7 +160,7 @@ class InferenceMethods:
         picked = self._pick_dl(ds_idx, dl, "get_preds")
         given = dl is not None or not isinstance(ds_idx, int)
         dl = in_dataset_order(picked) if reorder or not given else picked
-        gatherer = GatherPreds(with_input, with_loss, concat_dim)
+        gatherer = GatherPreds(with_input, with_loss, concat_dim, pad_index)
         kept = self._kept_loop_state() if inner else contextlib.nullcontext()
         with kept, self.no_bar(), self.added_cbs([*_as_list(cbs), gatherer]):
             self._do_epoch_validate(dl)
@@ -253,7 +261,9 @@ class InferenceMethods:
     def predict(self, item: Any, act: Callable | None = None) -> Any:
         """The model's output for one item (its input tensor, a tuple of them, or a dict of keyword inputs), without
         a batch dimension; a tuple or dict output comes back as one, each tensor without its batch dimension. A
-        model that computes its loss (loss_func=None) gives its logits.
+        model that computes its loss (loss_func=None) gives its logits. It runs as a validation batch does: in the
+        precision's autocast, the callbacks' `after_pred` on the output (so under `to_bf16()` / `to_fp16()` it comes
+        back in fp32, as `get_preds`' do); the model's train or eval mode is left as it was.
 
         fastai's `predict` also decodes through the data's transforms; cadence has none: decode yourself.
 
@@ -262,11 +272,16 @@ class InferenceMethods:
         """
         xb = item if isinstance(item, (tuple, Mapping)) else (item,)
         xb = to_device(apply_to_tensors(lambda x: x.unsqueeze(0), xb), self.strategy.device)
-        self.model.eval()
-        with torch.no_grad(), self._forward_context():
-            pred = self.model(**xb) if isinstance(xb, Mapping) else self.model(*xb)
-        if self.loss_func is None:
-            pred = model_loss(pred, training=False)[0]
+        with self._kept_loop_state(), torch.no_grad():   # callable from a callback during fit
+            self.model.eval()
+            self.training, self._handlers, self.xb, self.yb = False, self._valid_handlers, xb, ()
+            with self._forward_context():
+                self.pred = call_model(self.model, xb)
+                if self.loss_func is None:
+                    self.pred = model_loss(self.pred, training=False)[0]
+                if self._handlers["after_pred"]:   # as in validation: MixedPrecision gives fp32
+                    self._fire("after_pred")
+            pred = self.pred
         act = act if act is not None else getattr(self.loss_func, "activation", None)
         pred = act(pred) if act is not None else pred
         return apply_to_tensors(lambda t: t[0] if t.ndim else t, pred)   # a scalar (an auxiliary loss) stays

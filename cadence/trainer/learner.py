@@ -30,7 +30,7 @@ from .events import (CancelBackwardException, CancelBatchException, CancelEpochE
                      CancelValidateException, Event)
 from .features import FeatureMethods
 from .inference import InferenceMethods
-from .model_output import describe, model_loss
+from .model_output import call_model, describe, model_loss
 from .optimizer import OptimizerMethods, check_opt_func, default_lr
 from .recorder import Recorder
 from .policies import FitPolicies, SkipToEpoch
@@ -323,7 +323,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         xb = self.xb
         if hasattr(self.strategy, "forward_backward"):  # OwnsStep: a pipeline runs forward, loss and backward itself
             return self._engine_pred_and_loss()
-        self.pred = self.model(*xb) if type(xb) is tuple else self.model(**xb)
+        self.pred = call_model(self.model, xb)
         if self.loss_func is None:
             return self._own_loss()
         if self._handlers["after_pred"]:

@@ -1,6 +1,7 @@
-"""What a model's output holds: `model_loss` takes the prediction and loss of a model that computes its loss.
+"""How a model is called and what its output holds: `call_model` runs it on a batch's inputs as the training loop
+does, `model_loss` takes the prediction and loss of a model that computes its loss.
 
->>> pred, loss = model_loss(gpt2(input_ids=ids, labels=ids), training=True)      # its logits and loss
+>>> pred, loss = model_loss(call_model(gpt2, {"input_ids": ids, "labels": ids}), training=True)   # logits, loss
 """
 
 from __future__ import annotations
@@ -10,7 +11,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["model_loss", "describe"]
+__all__ = ["call_model", "model_loss", "describe"]
+
+
+def call_model(model: Any, xb: tuple | Mapping) -> Any:
+    """`model(**xb)` for a dict of keyword inputs (a Hugging Face batch), else `model(*xb)` (a tuple of inputs).
+
+    >>> logits = call_model(model, (x,))
+    >>> out = call_model(gpt2, {"input_ids": ids, "attention_mask": mask})
+    """
+    return model(**xb) if isinstance(xb, Mapping) else model(*xb)
 
 
 def model_loss(out: Any, training: bool) -> tuple[Any, torch.Tensor | None]:

@@ -7,12 +7,14 @@ Sequential (input: 64 x 1 x 8 x 8)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from .data import to_device
+from .model_output import call_model
 from .schedule import n_groups
 
 
@@ -28,19 +30,23 @@ def _shape(x: Any) -> str:
         return " x ".join(map(str, x.shape)) or "scalar"
     if isinstance(x, (list, tuple)):
         return ", ".join(_shape(v) for v in x)
+    if isinstance(x, Mapping):
+        return ", ".join(f"{k}: {_shape(v)}" for k, v in x.items())
     return type(x).__name__
 
 
-def _inputs(learn, batch: Any) -> tuple:
-    """The model's inputs of one batch, split as the training loop splits it."""
+def _inputs(learn, batch: Any) -> tuple | dict:
+    """The model's inputs of one batch, split as the training loop splits it: a tuple, or a dict of keyword inputs."""
     b = to_device(batch, learn.strategy.device)
     if isinstance(b, (list, tuple)):
         n = learn.dls.n_inp or len(b) - 1 or 1
         return tuple(b[:n])
+    if isinstance(b, Mapping):
+        return learn._split_named(b)[0]
     return (b,)
 
 
-def _output_shapes(learn, module: nn.Module, xb: tuple) -> dict[nn.Module, str]:
+def _output_shapes(learn, module: nn.Module, xb: tuple | dict) -> dict[nn.Module, str]:
     """Each leaf module's output shape for one forward pass (eval mode, no gradients; the mode is restored)."""
     shapes: dict[nn.Module, str] = {}
     leaves = [m for m in module.modules() if not list(m.children())]
@@ -53,7 +59,7 @@ def _output_shapes(learn, module: nn.Module, xb: tuple) -> dict[nn.Module, str]:
     try:
         learn.model.eval()
         with torch.no_grad(), learn._forward_context():
-            learn.model(*xb)
+            call_model(learn.model, xb)
     finally:
         learn.model.train(was_training)
         for h in hooks:
