@@ -300,9 +300,23 @@ def _apply_tp_plan(model: nn.Module, tp_mesh: Any, tp_size: int) -> None:
     from transformers.distributed.configuration_utils import DistributedConfig
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
+    _check_heads(model, tp_size)
     plan, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp_size))
     aliases = tied_names(model)  # a tied weight is sliced once, through its first name (transformers 5.24 fails on
     apply_tensor_parallelism(model, tp_mesh, {k: v for k, v in plan.items() if k not in aliases})  # the alias)
+
+
+def _check_heads(model: nn.Module, tp_size: int) -> None:
+    """ValueError naming them when the attention heads (and key-value heads) cannot be split over `tp_size`: the
+    plan slices whole heads, and a model with a split head fails in its first forward with a reshape error."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, key, None)
+        if isinstance(heads, int) and heads % tp_size:
+            raise ValueError(f"tp_size={tp_size} does not divide the model's {key}={heads}: tensor parallelism gives "
+                             f"each process whole heads; pick tp_size among "
+                             f"{[d for d in range(1, heads + 1) if heads % d == 0]}")
 
 
 def _loss_parallel() -> ContextManager:

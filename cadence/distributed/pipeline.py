@@ -23,6 +23,7 @@ the model. What the rest of cadence sees:
 from __future__ import annotations
 
 import math
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -84,9 +85,10 @@ class Pipeline(OwnsStep, ModelParallel):
             raise ValueError(f"pp_schedule={name!r} runs {need}, but {self.num_stages} stages on pp_size={self.pp_size}: "
                              f"give {'2 x' if self.v_shaped else 'k x' if multi else ''} {self.pp_size} stages "
                              f"(pp_split_points has one name fewer than the stages)")
-        self.microbatches = int(pp_microbatches or launched.get("pp_microbatches") or self.pp_size)
-        if self.microbatches < 1:
-            raise ValueError(f"pp_microbatches={pp_microbatches!r}: a whole number >= 1")
+        chosen = next((m for m in (pp_microbatches, launched.get("pp_microbatches")) if m is not None), self.pp_size)
+        if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen < 1:
+            raise ValueError(f"pp_microbatches={chosen!r}: a whole number >= 1 (micro-batches per batch)")
+        self.microbatches = chosen
         if pp_split_points is not None and split is not None:
             raise ValueError("give pp_split_points or split, not both")
         self.split_points, self.split = list(pp_split_points or []), split
@@ -95,6 +97,7 @@ class Pipeline(OwnsStep, ModelParallel):
         self._stages: list[tuple[int, nn.Module]] = []
         self._names: dict[str, str] = {}
         self._pp_process_group = None
+        self._warned_padding = False
 
     # ------------------------------------------------------------------ the mesh
     def _mesh_shape_for(self, world: int) -> tuple[int, ...]:
@@ -236,6 +239,11 @@ class Pipeline(OwnsStep, ModelParallel):
             raise ValueError("the training batch has no targets for loss_func: yield (inputs, targets) batches")
         per = math.ceil(n / self.microbatches)
         padded = per * self.microbatches
+        if n < self.microbatches and not self._warned_padding:
+            self._warned_padding = True
+            warnings.warn(f"pp_microbatches={self.microbatches} with a batch of {n} rows: {padded - n} of the "
+                          f"{self.microbatches} micro-batches are padding, computed and thrown away; use at most "
+                          f"{n} micro-batches (or a larger batch)", stacklevel=2)
         if padded > n:  # padding repeats the last sample; the loss leaves its rows out
             take = torch.arange(padded, device=self.device).clamp(max=n - 1)
             args = tuple(_rows(a, take) for a in args)

@@ -150,3 +150,31 @@ def test_a_rank_hung_in_a_mesh_subgroup_collective_times_out_with_the_runs_timeo
     proc = run_launch("mesh_timeout.py", nproc=2, timeout=120, flags=("--timeout", "5"), check=False)
     assert proc.returncode != 0 and time.monotonic() - start < 60, proc.stderr[-2000:]
     assert "rank 1 stopped responding" in proc.stderr, proc.stderr[-2000:]
+
+
+HEADS_SCRIPT = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from transformers import LlamaConfig, LlamaForCausalLM
+from cadence import DataLoaders, Learner
+
+model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, hidden_size=48, intermediate_size=64, num_attention_heads=3,
+                                     num_key_value_heads=3, vocab_size=64, max_position_embeddings=32))
+ids = torch.randint(0, 64, (8, 8))
+dl = DataLoader([{"input_ids": i, "labels": i} for i in ids], batch_size=4)
+learn = Learner(DataLoaders(dl, dl), model, loss_func=None)
+try:
+    with learn.distrib_ctx(strategy="model_parallel", tp_size=2):
+        learn.fit(1)
+except ValueError as e:
+    print("REFUSED", e, flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_attention_heads_that_tp_size_does_not_divide_are_refused_before_training(tmp_path):
+    script = tmp_path / "heads.py"
+    script.write_text(HEADS_SCRIPT)
+    out = run_launch(script, nproc=2, timeout=180).stdout
+    assert out.count("REFUSED tp_size=2 does not divide the model's num_attention_heads=3") == 2, out
+    assert "pick tp_size among [1, 3]" in out and "train_loss" not in out

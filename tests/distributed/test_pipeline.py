@@ -218,3 +218,38 @@ def test_an_optimizer_state_that_does_not_fit_the_whole_model_is_refused_naming_
              {"state": {}, "param_groups": [{"params": ["4.weight"]}, {"params": ["4.bias"]}]}]
     with pytest.raises(ValueError, match=r"ranks have \[1, 2\] optimizer parameter groups.*with_opt=False"):
         merged_optimizer_state(parts, model)
+
+
+def test_zero_or_non_integer_micro_batches_are_refused_naming_the_value():
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=rf"pp_microbatches={bad!r}: a whole number >= 1"):
+            _pipeline(pp_split_points=["3"], pp_microbatches=bad)
+
+
+PADDING_SCRIPT = '''
+import warnings
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from cadence import DataLoaders, Learner
+
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 4))
+learn = Learner(DataLoaders.from_dsets(ds, ds, bs=4), nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)),
+                loss_func=nn.MSELoss())
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    with learn.distrib_ctx(strategy="model_parallel", pp_size=2, pp_split_points=["1"], pp_microbatches=8):
+        learn.fit(1)
+print("WARNED", [str(w.message) for w in seen if "pp_microbatches" in str(w.message)], flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_more_micro_batches_than_rows_is_warned_once_with_the_padding_counted(tmp_path):
+    script = tmp_path / "padding.py"
+    script.write_text(PADDING_SCRIPT)
+    out = run_launch(script, nproc=2, timeout=180).stdout
+    warned = [line for line in out.splitlines() if line.startswith("WARNED")]
+    assert len(warned) == 2 and all(line.count("pp_microbatches=8 with a batch of 4 rows: 4 of the 8 micro-batches "
+                                               "are padding") == 1 for line in warned), out
