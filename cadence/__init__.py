@@ -19,7 +19,7 @@ from .accelerate import AutocastKwargs
 from .accelerate.skip_batches import skip_first_batches
 from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
                            load_checkpoint_and_dispatch)
-from .big_modeling.offload import cpu_offload, disk_offload, load_checkpoint_in_model
+from .big_modeling.offload import cpu_offload, cpu_offload_with_hook, disk_offload, load_checkpoint_in_model
 from .callbacks import (Checkpoint, CSVTracker, DistributedTrainer, EarlyStopping, GeneralTracker, GradAccum, GradClip,
                         MixedPrecision, MonitorCallback, ProgressCallback, ReduceLROnPlateau, SaveModel, TensorBoardTracker,
                         TerminateOnNaN, Tracker, WandbTracker)
@@ -53,7 +53,7 @@ from .trainer.transfer import BnFreeze, FitStage
 from .callbacks.mixup import CutMix, MixUp
 from .callbacks.short_epoch import ShortEpochCallback
 from .callbacks.fastai_names import (CSVLogger, EarlyStoppingCallback, GradientAccumulation, GradientClip,
-                                     SaveModelCallback, TensorBoardCallback)
+                                     SaveModelCallback, TensorBoardCallback, TerminateOnNaNCallback)
 from .trainer.callback import before_batch_cb
 from .trainer.data import to_detach
 from .trainer.metrics import ValueMetric
@@ -82,7 +82,8 @@ __all__ = [
     "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "ProfileKwargs", "synchronize_rng_states",
     "init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model", "load_checkpoint_and_dispatch",
     "AutocastKwargs", "skip_first_batches", "cpu_offload", "disk_offload", "load_checkpoint_in_model",
+    "cpu_offload_with_hook",
     # fastai names (issue 21)
     "CutMix", "MixUp", "ShortEpochCallback", "SaveModelCallback", "EarlyStoppingCallback", "GradientAccumulation",
-    "GradientClip", "CSVLogger", "TensorBoardCallback", "before_batch_cb", "to_detach", "ValueMetric", "SmoothLoss", "EpochRecord",
+    "GradientClip", "CSVLogger", "TensorBoardCallback", "TerminateOnNaNCallback", "before_batch_cb", "to_detach", "ValueMetric", "SmoothLoss", "EpochRecord",
 ]

@@ -1,4 +1,6 @@
-"""`load_state` of a checkpoint that Hugging Face Accelerate's `save_state` wrote, so a run moved to cadence resumes.
+"""Hugging Face Accelerate's `save_state` layout: `load_state` of a checkpoint Accelerate wrote, so a run moved to
+cadence resumes, and the files `save_state(safe_serialization=False)` writes in that layout (`accelerate_files`), so
+Accelerate's `load_state` reads them too.
 
 Accelerate's layout (one process or DDP; FSDP and DeepSpeed write their own, refused here)::
 
@@ -41,7 +43,7 @@ from ..tied_weights import tied_names
 from .preparation import owning_model
 from .state_hooks import run_load_hooks
 
-__all__ = ["is_accelerate_checkpoint", "load_accelerate_checkpoint"]
+__all__ = ["is_accelerate_checkpoint", "load_accelerate_checkpoint", "accelerate_files"]
 
 # numpy arrays are numbers, not code: what Accelerate's reader allows too (the numpy RNG state is an array)
 _NUMPY_ARRAYS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), codecs.encode,
@@ -98,6 +100,48 @@ def load_accelerate_checkpoint(acc: Any, directory: str | os.PathLike) -> None:
         warnings.warn(f"{directory}: {', '.join(not_read)} not read (a pickled sampler, a loader's position); the "
                       f"loaders start their epoch from the beginning: skip the batches already done with "
                       f"accelerator.skip_first_batches", stacklevel=3)
+
+
+def accelerate_files(acc: Any, skipped: set[int]) -> dict[str, Any]:
+    """{file name: object} this process writes for Accelerate's `save_state(safe_serialization=False)`, named as
+    Accelerate names them: `pytorch_model.bin` (the weights of each model no save hook handled, with DDP's
+    `module.` names under DDP, as Accelerate's), `optimizer.bin`, `scheduler.bin`, `custom_checkpoint_<i>.pkl`,
+    `scaler.pt` (fp16) and `random_states_<process>.pkl` (python, numpy and torch RNG states and `acc.step`).
+    Every process calls it (a sharded model's weights are gathered); all but the main one write only their RNG file.
+
+    >>> sorted(accelerate_files(accelerator, set()))
+    ['optimizer.bin', 'pytorch_model.bin', 'random_states_0.pkl']
+    """
+    main = acc.is_main_process
+    models = [m for i, m in enumerate(acc._models) if i not in skipped]
+    weights = [_accelerate_names(m, acc.strategy.model_state_dict(m)) for m in models]
+    optimizers = [full_optimizer_state(acc, opt) for opt in acc._optimizers]
+    files: dict[str, Any] = {}
+    if main:
+        files.update({_numbered("pytorch_model", i, ".bin"): w for i, w in enumerate(weights)})
+        files.update({_numbered("optimizer", i, ".bin"): o for i, o in enumerate(optimizers)})
+        files.update({_numbered("scheduler", i, ".bin"): s.state_dict() for i, s in enumerate(acc._schedulers)})
+        files.update({f"custom_checkpoint_{i}.pkl": o.state_dict() for i, o in enumerate(acc._custom_objects)})
+        scaler = getattr(acc.strategy.precision, "scaler", None)
+        if scaler is not None:
+            files["scaler.pt"] = scaler.state_dict()
+    states = {"step": acc.step, "random_state": random.getstate(), "numpy_random_seed": np.random.get_state(),
+              "torch_manual_seed": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    files[f"random_states_{acc.process_index}.pkl"] = states
+    return files
+
+
+def _accelerate_names(model: nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Accelerate saves the prepared model's own state dict: under DDP, names start with `module.`."""
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    return {f"module.{k}": v for k, v in weights.items()} if ddp else weights
+
+
+def full_optimizer_state(acc: Any, opt: Any) -> dict:
+    owner = owning_model(acc, opt)
+    return acc.strategy.optimizer_state_dict(owner, opt.optimizer) if owner is not None else opt.optimizer.state_dict()
 
 
 def _numbered(stem: str, i: int, suffix: str) -> str:

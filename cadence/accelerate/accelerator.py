@@ -123,6 +123,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         self.state.mixed_precision = self.mixed_precision
         engine, options = choose_engine(strategy, fsdp_plugin, deepspeed_plugin)
         self.parallelism_config = parallelism_config or launched_parallelism_config()
+        self.state.parallelism_config = self.parallelism_config
         if self.parallelism_config is not None:
             engine, options = parallel_engine(self.parallelism_config, engine, options)
         self.strategy = make_strategy(engine, cpu, handlers.get(DistributedDataParallelKwargs), options)
@@ -357,12 +358,13 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         `async_save=True`: the state is copied to host memory and written in the background; the
         checkpoint appears once every process's part is written. The next `save_state`, `load_state`
         or `end_training` waits for it (and raises if it failed): call one of them before the script ends.
+        `safe_serialization=False` writes Accelerate's files instead (`pytorch_model.bin`, `optimizer.bin`,
+        `random_states_<rank>.pkl`, ...), which Accelerate's `load_state` reads too; the loaders' position is not in
+        them (a resume starts its epoch over, as after Accelerate's own checkpoints).
 
         >>> accelerator.save_state("ckpt")       # or accelerator.save_state() with automatic naming
         """
         self.finish_saving()
-        if kwargs.get("safe_serialization") is False:
-            raise ValueError("cadence writes weights as safetensors only; drop safe_serialization=False")
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
             if config.project_dir is None:
@@ -372,7 +374,8 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
             raise ValueError("save_state needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
         else:
             directory = Path(output_dir)
-        write = save_accelerator_state(self, directory, async_save=async_save)
+        write = save_accelerator_state(self, directory, async_save=async_save,
+                                       safe_serialization=kwargs.get("safe_serialization", True))
         self._save_in_flight = None if write.committed else write
         config.iteration += 1
         return directory

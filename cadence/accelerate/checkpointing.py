@@ -11,6 +11,10 @@ Layout (the Learner's checkpoint files where they overlap)::
     rng-rank<r>.pt                    every process's RNG states
     state.json                        loader positions, step counter; written last: marks a complete checkpoint
 
+`safe_serialization=False` writes Accelerate's layout instead (`pytorch_model.bin`, `optimizer.bin`,
+`random_states_0.pkl`, ...: see `accelerate_files`), which Accelerate's `load_state` reads too; as after
+Accelerate's own, the loaders then start their epoch from the beginning.
+
 Like the Learner's checkpoints it is written under a temporary name and renamed once every
 process's files are in place, so a crash mid-save never leaves a half-written checkpoint behind
 and never removes the last good one: with automatic naming, `total_limit` removes the oldest
@@ -37,7 +41,7 @@ from ..distributed.state_files import load_optimizer_file, save_optimizer_file
 from ..distributed.staging import host_copy
 from ..serialization import (DELETED, STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights,
                              remove_dir, save_torch, save_weights, sibling, staging_dir, writing)
-from .accelerate_checkpoint import is_accelerate_checkpoint
+from .accelerate_checkpoint import full_optimizer_state, accelerate_files, is_accelerate_checkpoint
 from .preparation import owning_model
 from .state_hooks import run_load_hooks, run_save_hooks
 
@@ -121,17 +125,24 @@ def latest_checkpoint_dir(project_dir: Path) -> Path:
     return found[-1]
 
 
-def save_accelerator_state(acc: Any, directory: str | os.PathLike, async_save: bool = False) -> BackgroundWrite:
+def save_accelerator_state(acc: Any, directory: str | os.PathLike, async_save: bool = False,
+                           safe_serialization: bool = True) -> BackgroundWrite:
     """Write models, optimizers, schedulers, registered objects, precision, RNG and loader positions (every process
     calls it). Returns the write, committed already; with `async_save` the state is only copied to host memory
-    and the write goes on in the background: `.wait()` (every process) finishes it and raises what failed."""
+    and the write goes on in the background: `.wait()` (every process) finishes it and raises what failed.
+    `safe_serialization=False`: Accelerate's layout, the weights in `pytorch_model.bin` (see the module docstring).
+
+    >>> save_accelerator_state(accelerator, "ckpt/step-100", safe_serialization=False).committed
+    True
+    """
     directory, main = Path(directory), acc.is_main_process
     tmp = sibling(directory, STAGED)
     if main:
         staging_dir(directory)
     acc.wait_for_everyone()
     with writing(directory, "checkpoint", tmp if main else None):   # a failure before the write frees it too
-        staged = _take_state(acc, directory, tmp, async_save)
+        staged = (_take_state(acc, directory, tmp, async_save) if safe_serialization else
+                  _take_accelerate_state(acc, directory, tmp, async_save))
     config = acc.project_configuration   # automatic naming: the oldest go once this one is in place, not before
     limit = config.total_limit if config.automatic_checkpoint_naming else None
     prune = None if limit is None else lambda: prune_checkpoints(directory.parent, limit, directory)
@@ -168,12 +179,18 @@ def _take_state(acc: Any, directory: Path, tmp: Path, async_save: bool) -> "_Sta
     if main:
         files.update({f"scheduler_{i}.pt": sched.state_dict() for i, sched in enumerate(acc._schedulers)})
         files.update({f"custom_checkpoint_{i}.pt": obj.state_dict() for i, obj in enumerate(acc._custom_objects)})
-        files.update({f"optimizer_{i}.pt": _standalone_state(acc, opt) for i, opt in enumerate(_standalone(acc))})
+        files.update({f"optimizer_{i}.pt": full_optimizer_state(acc, opt) for i, opt in enumerate(_standalone(acc))})
         files["precision.pt"] = acc.strategy.precision.state_dict()
         files = host_copy(files) if async_save else files
         state = {"format": FORMAT, "models": len(acc._models), "step": acc.step,
                  "dataloaders": [dl.base.state_dict() for dl in acc._dataloaders], "world_size": acc.num_processes}
     return _StagedSave(directory, tmp, [w for w in writers if w is not None], files, state)
+
+
+def _take_accelerate_state(acc: Any, directory: Path, tmp: Path, async_save: bool) -> "_StagedSave":
+    """Run the save hooks and take Accelerate's files (no `state.json`: the folder is Accelerate's checkpoint)."""
+    files = accelerate_files(acc, run_save_hooks(acc, str(tmp)))
+    return _StagedSave(directory, tmp, [], host_copy(files) if async_save else files, None)
 
 
 class _StagedSave:
@@ -190,8 +207,9 @@ class _StagedSave:
                 save_torch(obj, self.tmp / name)
 
     def commit(self) -> None:
-        with atomic_path(self.tmp / "state.json") as f:
-            f.write_text(json.dumps(self.state, indent=1))
+        if self.state is not None:   # None: Accelerate's layout, complete without it
+            with atomic_path(self.tmp / "state.json") as f:
+                f.write_text(json.dumps(self.state, indent=1))
         commit_dir(self.tmp, self.directory)
 
 
@@ -244,11 +262,6 @@ def _standalone(acc: Any) -> list:
     over parameters of no prepared model)."""
     bound = {id(opt) for opt in acc._stepper.values()}
     return [opt for opt in acc._optimizers if id(opt) not in bound]
-
-
-def _standalone_state(acc: Any, opt: Any) -> dict:
-    owner = owning_model(acc, opt)
-    return acc.strategy.optimizer_state_dict(owner, opt.optimizer) if owner is not None else opt.optimizer.state_dict()
 
 
 def _check_counts(directory: Path, prefix: str, expected: int) -> None:

@@ -23,7 +23,7 @@ import torch
 from ..distributed import env, ops
 from .plugins import DeepSpeedPlugin, distributed_type_of
 
-__all__ = ["PartialState", "GradientState"]
+__all__ = ["PartialState", "AcceleratorState", "GradientState"]
 
 T = TypeVar("T")
 _UNSET = object()
@@ -43,6 +43,8 @@ class PartialState:
         self._launched = (os.environ.get("CADENCE_STRATEGY") or "ddp").lower()
         self.distributed_type = distributed_type_of(self._launched, self.device, self.num_processes)
         self.fsdp_plugin: Any = None
+        self.parallelism_config: Any = None   # an Accelerator's state holds its ParallelismConfig
+        self.torch_tp_plugin: Any = None      # as Accelerate's without one: cadence's TP is the ParallelismConfig's
         self._deepspeed_plugin: Any = _UNSET
         self.mixed_precision: str | None = None   # an Accelerator's state says it (Accelerate's AcceleratorState)
         self.debug = os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes")
@@ -59,6 +61,15 @@ class PartialState:
     @deepspeed_plugin.setter
     def deepspeed_plugin(self, plugin: DeepSpeedPlugin | None) -> None:
         self._deepspeed_plugin = plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when the run is FSDP with `FullyShardedDataParallelPlugin(fsdp_version=2)`, as Accelerate says it.
+
+        >>> Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)).state.is_fsdp2   # under FSDP
+        True
+        """
+        return self.distributed_type == "FSDP" and getattr(self.fsdp_plugin, "fsdp_version", None) == 2
 
     @property
     def backend(self) -> str | None:
@@ -187,6 +198,11 @@ class PartialState:
         if self.mixed_precision is not None and self.deepspeed_plugin is not None:
             text += f"ds_config: {self.deepspeed_plugin.deepspeed_config}\n"
         return text
+
+
+# Accelerate's `AcceleratorState`: cadence keeps one state class, an Accelerator's being `accelerator.state`
+# (with `mixed_precision`, `distributed_type`, `fsdp_plugin`, `deepspeed_plugin`, `parallelism_config`, ...)
+AcceleratorState = PartialState
 
 
 def _split(inputs: Any, index: int, n: int, pad: bool) -> Any:

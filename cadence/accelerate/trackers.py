@@ -69,7 +69,8 @@ class TrackerSet:
     def log(self, values: dict[str, Any], step: int | None) -> None:
         step = self.next_step if step is None else step
         self.next_step = step + 1
-        numbers = {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+        # one-element tensors as numbers; each tracker skips (with a warning) what it cannot log
+        numbers = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in values.items()}
         for tracker in self.trackers:
             tracker.log(numbers, step)
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..serialization import check_state_dict
 from .device_map import DISK, Device, device_of, infer_auto_device_map, named_tensors, normalize_device
+from .memory import get_balanced_memory
 from .weights import TensorRef, checkpoint_refs, offload_to_folder, read_tensor
 
 Source = TensorRef | torch.Tensor
@@ -72,7 +73,9 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
 
     `checkpoint`: a safetensors file, a directory with `model.safetensors` or a sharded index
     (`learn.save_model`'s layout), or the index json. `device_map="auto"` fills the devices in
-    order within `max_memory` (see `infer_auto_device_map`); None loads everything on the CPU. Weights placed on "disk" are read from
+    order within `max_memory` (see `infer_auto_device_map`), spread evenly over the GPUs first ("balanced" too,
+    "balanced_low_0" keeping GPU 0 light; "sequential" does not spread: see `auto_device_map`); None loads
+    everything on the CPU. Weights placed on "disk" are read from
     the checkpoint's own safetensors files when needed (no copy); a torch-format checkpoint's are
     written to `offload_folder` first. The checkpoint is checked against the model before anything loads.
 
@@ -83,10 +86,31 @@ def load_checkpoint_and_dispatch(model: nn.Module, checkpoint: str | os.PathLike
     if device_map is None:
         device_map = {"": "cpu"}
     if isinstance(device_map, str):
-        if device_map not in ("auto", "sequential"):
-            raise ValueError(f"device_map must be 'auto', 'sequential' or a dict of module names to devices, got {device_map!r}")
-        device_map = infer_auto_device_map(model, max_memory, no_split_module_classes, dtype)
+        device_map = auto_device_map(model, device_map, max_memory, no_split_module_classes, dtype)
     return dispatch_model(model, device_map, main_device, offload_folder, refs, dtype)
+
+
+def auto_device_map(model: nn.Module, device_map: str, max_memory: dict | None = None,
+                    no_split_module_classes: Iterable[str | type] | None = None,
+                    dtype: torch.dtype | None = None) -> dict[str, Device]:
+    """The device map a named strategy gives, as Accelerate's `load_checkpoint_and_dispatch` computes it.
+
+    "sequential" fills the devices in order within `max_memory`; "auto" and "balanced" first spread `max_memory`
+    evenly over the GPUs (`get_balanced_memory`), "balanced_low_0" keeping GPU 0 as light as it can. Without GPUs
+    all four are the same.
+
+    >>> auto_device_map(model, "balanced", {0: "10GiB", 1: "10GiB", "cpu": "30GiB"}, ["Block"])
+    {'embed': 0, 'blocks.0': 0, ..., 'blocks.6': 1, ..., 'head': 1}
+    """
+    if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+        raise ValueError(f"device_map must be 'auto', 'balanced', 'balanced_low_0', 'sequential' or a dict of module "
+                         f"names to devices, got {device_map!r}")
+    if device_map != "sequential":
+        names = [c if isinstance(c, str) else c.__name__ for c in no_split_module_classes or ()]
+        given = None if max_memory is None else {normalize_device(k): v for k, v in max_memory.items()}
+        balanced = get_balanced_memory(model, given, names, dtype, low_zero=device_map == "balanced_low_0")
+        max_memory = {k: int(v) for k, v in balanced.items()}   # Accelerate's margins are floats
+    return infer_auto_device_map(model, max_memory, no_split_module_classes, dtype)
 
 
 def with_tied_aliases(model: nn.Module, weights: dict[str, Source]) -> dict[str, Source]:
@@ -267,4 +291,4 @@ def _output_to_input_device(module: nn.Module, args: tuple, output: Any) -> Any:
     return _move(output, device) if device is not None else output
 
 
-__all__ = ["dispatch_model", "load_checkpoint_and_dispatch"]
+__all__ = ["dispatch_model", "load_checkpoint_and_dispatch", "auto_device_map"]

@@ -1,4 +1,5 @@
-"""Accelerate's `cpu_offload`, `disk_offload` and `load_checkpoint_in_model`, on `dispatch_model`'s streaming.
+"""Accelerate's `cpu_offload`, `disk_offload` and `load_checkpoint_in_model`, on `dispatch_model`'s streaming, and
+`cpu_offload_with_hook` (a whole model moved to the device when called, back to the CPU when told).
 
 >>> model = cpu_offload(model, execution_device="cuda")          # weights in CPU memory, loaded per module
 >>> model = disk_offload(model, "offload", execution_device="cuda")
@@ -7,17 +8,19 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..serialization import check_state_dict
 from .device_map import DISK, Device, device_of, normalize_device
-from .dispatch import dispatch_model, with_tied_aliases
+from .dispatch import _move, dispatch_model, with_tied_aliases
 from .weights import checkpoint_refs, read_tensor
 
-__all__ = ["cpu_offload", "disk_offload", "load_checkpoint_in_model"]
+__all__ = ["cpu_offload", "disk_offload", "load_checkpoint_in_model", "cpu_offload_with_hook", "UserCpuOffloadHook"]
 
 
 def cpu_offload(model: nn.Module, execution_device: Device | None = None) -> nn.Module:
@@ -31,6 +34,56 @@ def cpu_offload(model: nn.Module, execution_device: Device | None = None) -> nn.
     """
     return dispatch_model(model, {"": "cpu"}, main_device=execution_device if execution_device is not None
                           else _default_device())
+
+
+class UserCpuOffloadHook:
+    """What `cpu_offload_with_hook` returns: `offload()` moves the model back to the CPU, `remove()` takes the hook
+    off (the model stays where it is).
+
+    >>> model, hook = cpu_offload_with_hook(model, "cuda"); model(x); hook.offload()
+    """
+
+    def __init__(self, model: nn.Module, handle: Any):
+        self.model, self.handle = model, handle
+
+    def offload(self) -> None:
+        self.model.to("cpu")
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def cpu_offload_with_hook(model: nn.Module, execution_device: Device | torch.device | None = None,
+                          prev_module_hook: UserCpuOffloadHook | None = None
+                          ) -> tuple[nn.Module, UserCpuOffloadHook]:
+    """Move `model` to the CPU; each call moves it whole to `execution_device` (default: the first GPU, else the
+    CPU), with its inputs, where it stays until `hook.offload()`. A `prev_module_hook` is offloaded just before
+    this model runs: a pipeline keeps one model on the GPU at a time. As Accelerate's.
+
+    >>> model_1, hook_1 = cpu_offload_with_hook(model_1, "cuda")
+    >>> model_2, hook_2 = cpu_offload_with_hook(model_2, "cuda", prev_module_hook=hook_1)
+    >>> model_2(model_1(x)); hook_2.offload()                         # model_1 went back when model_2 ran
+    """
+    device = _default_device() if execution_device is None else torch.device(
+        "cuda", execution_device) if isinstance(execution_device, int) else torch.device(execution_device)
+    model.to("cpu")
+    handle = model.register_forward_pre_hook(functools.partial(_to_execution_device, device, prev_module_hook),
+                                             with_kwargs=True)
+    return model, UserCpuOffloadHook(model, handle)
+
+
+def _to_execution_device(device: torch.device, prev: UserCpuOffloadHook | None, module: nn.Module, args: tuple,
+                         kwargs: dict) -> tuple[tuple, dict]:
+    if prev is not None and _device(prev.model) != torch.device("cpu"):
+        prev.offload()
+    if _device(module) == device:   # already there: nothing moves, as in Accelerate
+        return args, kwargs
+    module.to(device)
+    return _move(args, device), _move(kwargs, device)
+
+
+def _device(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
 
 
 def disk_offload(model: nn.Module, offload_dir: str | os.PathLike, execution_device: Device | None = None

@@ -10,6 +10,8 @@ The names are implemented in `cadence.accelerate` (plugins, kwargs handlers, hel
 from ..accelerate import __all__ as _ACCELERATE
 from ..accelerate import *  # noqa: F403 (every name of cadence.accelerate, as accelerate.utils has them)
 from ..big_modeling import infer_auto_device_map
+from ..big_modeling.memory import (compute_module_sizes, dtype_byte_size, find_tied_parameters, get_balanced_memory,
+                                   load_state_dict, set_module_tensor_to_device)
 from ..big_modeling.offload import load_checkpoint_in_model
 from ..distributed.ops import wait_for_everyone
 from .config import write_basic_config
@@ -24,4 +26,6 @@ from .versions import compare_versions, is_torch_version
 
 __all__ = [*_ACCELERATE, *_OPERATIONS, *_CONSTANTS, "KwargsHandler", "wait_for_everyone", "extract_model_from_parallel",
            "is_compiled_module", "is_peft_model", "get_max_memory", "convert_file_size_to_int", "compare_versions",
-           "is_torch_version", "write_basic_config", "infer_auto_device_map", "load_checkpoint_in_model"]
+           "is_torch_version", "write_basic_config", "infer_auto_device_map", "load_checkpoint_in_model",
+           "compute_module_sizes", "dtype_byte_size", "find_tied_parameters", "get_balanced_memory", "load_state_dict",
+           "set_module_tensor_to_device"]

@@ -215,7 +215,7 @@ def test_get_logger_logs_on_the_main_process_at_the_level_asked(caplog):
         logger.info("once")
         logger.info("everywhere", main_process_only=False)
         logger.info("in order", main_process_only=False, in_order=True)
-    assert [r.getMessage() for r in caplog.records] == ["once", "everywhere", "in order"]
+    assert [r.getMessage() for r in caplog.records] == ["[RANK 0] once", "[RANK 0] everywhere", "[RANK 0] in order"]
     assert logger.logger.level == logging.INFO
 
 

@@ -6,7 +6,12 @@
 from __future__ import annotations
 
 import json
+import numbers
+import warnings
 from typing import Any
+
+import numpy as np
+import torch
 
 from .base import FileTracker
 
@@ -44,14 +49,32 @@ class TensorBoardTracker(FileTracker):
         self.writer.add_text("hparams", f"```\n{text}\n```", global_step=self.step0)
 
     def log(self, values: dict[str, Any], step: int) -> None:
-        """Numbers as scalars; as Accelerate's tracker does, text as text and a dict of numbers as one chart."""
+        """Numbers (and one-element tensors or arrays) as scalars; as Accelerate's tracker does, text as text and a
+        dict of numbers as one chart. A value that is none of these (a vector, a list, None) is skipped, with one
+        warning per tag: the run goes on.
+
+        >>> tracker.log({"loss": 0.5, "acc": torch.tensor(0.9), "vec": torch.ones(3)}, step=1)   # warns of 'vec'
+        """
         for tag, value in values.items():
             if isinstance(value, str):
                 self.writer.add_text(tag, value, global_step=step)
             elif isinstance(value, dict):
-                self.writer.add_scalars(tag, value, global_step=step)
+                scalars = {k: _scalar(v) for k, v in value.items()}
+                for k in (k for k, v in scalars.items() if v is None):
+                    self._skip(f"{tag}/{k}", value[k])
+                if any(v is not None for v in scalars.values()):
+                    self.writer.add_scalars(tag, {k: v for k, v in scalars.items() if v is not None}, global_step=step)
+            elif (scalar := _scalar(value)) is not None:
+                self.writer.add_scalar(tag, scalar, global_step=step)
             else:
-                self.writer.add_scalar(tag, value, global_step=step)
+                self._skip(tag, value)
+
+    def _skip(self, tag: str, value: Any) -> None:
+        warned = vars(self).setdefault("_warned", set())
+        if tag not in warned:
+            warned.add(tag)
+            warnings.warn(f"TensorBoardTracker: {tag!r} is not logged: TensorBoard takes numbers, one-element "
+                          f"tensors, text or dicts of numbers, got {_describe(value)}", stacklevel=5)
 
     def finish(self) -> None:
         if self.writer is not None:
@@ -63,3 +86,19 @@ class TensorBoardTracker(FileTracker):
         if self.writer is not None:
             self.writer.flush()
         return super().state_dict()
+
+
+def _scalar(value: Any) -> float | None:
+    """`value` as a number TensorBoard logs, or None: a real number, or a real tensor or array of one element."""
+    if isinstance(value, numbers.Real):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return value.item()
+    if isinstance(value, np.ndarray) and value.size == 1 and np.isrealobj(value):
+        return value.item()
+    return None
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"{type(value).__name__} of shape {tuple(shape)}" if shape is not None else repr(value)[:80]
