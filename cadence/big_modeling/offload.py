@@ -56,13 +56,16 @@ class UserCpuOffloadHook:
 def cpu_offload_with_hook(model: nn.Module, execution_device: Device | torch.device | None = None,
                           prev_module_hook: UserCpuOffloadHook | None = None
                           ) -> tuple[nn.Module, UserCpuOffloadHook]:
-    """Move `model` to the CPU; each call moves it whole to `execution_device` (default: the first GPU, else the
-    CPU), with its inputs, where it stays until `hook.offload()`. A `prev_module_hook` is offloaded just before
-    this model runs: a pipeline keeps one model on the GPU at a time. As Accelerate's.
+    """Move `model` to the CPU, hooked so that each call moves it whole to `execution_device` (Accelerate's).
 
-    >>> model_1, hook_1 = cpu_offload_with_hook(model_1, "cuda")
-    >>> model_2, hook_2 = cpu_offload_with_hook(model_2, "cuda", prev_module_hook=hook_1)
-    >>> model_2(model_1(x)); hook_2.offload()                         # model_1 went back when model_2 ran
+    The default device is the first GPU, else the CPU. The model (and its inputs) stay there until
+    `hook.offload()`; a `prev_module_hook` is offloaded just before this model runs, so that a pipeline of models
+    keeps one on the GPU at a time (`cpu_offload_with_hook(m2, "cuda", prev_module_hook=hook_1)`).
+
+    >>> model, hook = cpu_offload_with_hook(model, execution_device="cpu")
+    >>> model(torch.ones(1, 4)).shape
+    torch.Size([1, 2])
+    >>> hook.offload()
     """
     device = _default_device() if execution_device is None else torch.device(
         "cuda", execution_device) if isinstance(execution_device, int) else torch.device(execution_device)
