@@ -117,17 +117,31 @@ def export(learn, fname: str | os.PathLike = "export") -> Path:
     target = Path(fname) if Path(fname).is_absolute() else learn.path / fname
     module = strategy.unwrap(learn.model)
     state = strategy.model_state_dict(learn.model)   # a collective for sharded engines: every rank
+    failure = None
     if strategy.is_main:
-        pickled = _pickled(learn, module)             # fails before anything is written
-        manifest = {"format": FORMAT, "model_class": f"{type(module).__module__}.{type(module).__qualname__}",
-                    "loss_func": repr(learn.loss_func),
-                    "files": {WEIGHTS: "safetensors weights", PICKLE: "pickled structure"}}
-        with replacing_dir(target, "export") as staged:
-            save_weights(state, staged / WEIGHTS)
-            _write_synced(staged / PICKLE, pickled)
-            _write_synced(staged / MANIFEST, json.dumps(manifest, indent=2).encode())
-    strategy.barrier()
+        try:
+            _write(learn, module, state, target)
+        except Exception as e:
+            failure = e
+    # every process learns how the main one's write ended (a barrier would leave the others waiting there while a
+    # failed main process goes on to the next collective, distrib_ctx's exit, and the run would hang unexplained)
+    said = strategy.broadcast([None if failure is None else f"{type(failure).__name__}: {failure}"])[0]
+    if failure is not None:
+        raise failure
+    if said is not None:
+        raise RuntimeError(f"export failed on the main process ({said.splitlines()[0][:300]})")
     return target
+
+
+def _write(learn, module: nn.Module, state: dict[str, torch.Tensor], target: Path) -> None:
+    pickled = _pickled(learn, module)             # fails before anything is written
+    manifest = {"format": FORMAT, "model_class": f"{type(module).__module__}.{type(module).__qualname__}",
+                "loss_func": repr(learn.loss_func),
+                "files": {WEIGHTS: "safetensors weights", PICKLE: "pickled structure"}}
+    with replacing_dir(target, "export") as staged:
+        save_weights(state, staged / WEIGHTS)
+        _write_synced(staged / PICKLE, pickled)
+        _write_synced(staged / MANIFEST, json.dumps(manifest, indent=2).encode())
 
 
 def _write_synced(path: Path, data: bytes) -> None:

@@ -178,3 +178,38 @@ def test_attention_heads_that_tp_size_does_not_divide_are_refused_before_trainin
     out = run_launch(script, nproc=2, timeout=180).stdout
     assert out.count("REFUSED tp_size=2 does not divide the model's num_attention_heads=3") == 2, out
     assert "pick tp_size among [1, 3]" in out and "train_loss" not in out
+
+
+EXPORT_IN_BLOCK = '''
+import torch
+from torch.utils.data import DataLoader
+from transformers import LlamaConfig, LlamaForCausalLM
+from cadence import DataLoaders, Learner
+
+ids = torch.randint(0, 128, (16, 8), generator=torch.Generator().manual_seed(1))
+items = [{"input_ids": r, "labels": r} for r in ids]
+model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                     num_key_value_heads=4, vocab_size=128, max_position_embeddings=64))
+learn = Learner(DataLoaders(DataLoader(items, batch_size=8), DataLoader(items, batch_size=8)), model, loss_func=None)
+try:
+    with learn.distrib_ctx(strategy="model_parallel", tp_size=2):
+        learn.fit(1)
+        learn.export("in_block")
+except Exception as e:
+    print("RAISED", type(e).__name__, str(e).splitlines()[0][:200], flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_an_export_that_fails_on_the_main_process_fails_on_every_process_instead_of_hanging(tmp_path):
+    """A tensor-parallel model's slicing hooks cannot be pickled: export inside the block fails on rank 0; rank 1
+    raises too (it waited in a barrier while rank 0 went on into the block's exit, a collective, and the run hung)."""
+    script = tmp_path / "export_in_block.py"
+    script.write_text(EXPORT_IN_BLOCK)
+    out = run_launch(script, nproc=2, timeout=180, cwd=tmp_path).stdout
+    raised = sorted(line for line in out.splitlines() if line.startswith("RAISED"))
+    assert len(raised) == 2, out
+    assert raised[0].startswith("RAISED RuntimeError export failed on the main process (TypeError: export could not "
+                                "pickle the model"), raised
+    assert raised[1].startswith("RAISED TypeError export could not pickle the model"), raised
+    assert not (tmp_path / "in_block").exists()
