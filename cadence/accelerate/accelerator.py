@@ -51,6 +51,7 @@ from .preparation import (check_rng_types, choose_engine, covers_trainable, make
                           owns_parameters, refuse_unsupported, restore_forward, sort_handlers)
 from .properties import RunProperties
 from .saving import save_object
+from .skip_batches import skip_first_batches
 from .state import GradientState, PartialState
 from .state_hooks import StateHooks
 from .trackers import TrackerSet
@@ -399,12 +400,13 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         else:
             load_accelerator_state(self, input_dir)
 
-    def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
-        """`dataloader`, whose next iteration starts at batch `num_batches` (the skipped ones are not loaded)."""
-        if not isinstance(dataloader, PreparedDataLoader):
-            raise TypeError(f"skip_first_batches takes a loader returned by prepare, got {type(dataloader).__name__}")
-        dataloader.skip_batches(num_batches)
-        return dataloader
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """`dataloader` without its first `num_batches` batches (`cadence.skip_first_batches`): a prepared loader's
+        next iteration starts there, a plain DataLoader gives a new one that skips them.
+
+        >>> for batch in accelerator.skip_first_batches(train_dl, resume_step): ...
+        """
+        return skip_first_batches(dataloader, num_batches)
 
     def _units(self) -> list[tuple[nn.Module, torch.optim.Optimizer | None]]:
         return list(zip(self._models, self._model_opts))

@@ -10,8 +10,12 @@ Accelerate 1.15 (its default `DataLoaderConfiguration`) on
   initial seed, the one `set_seed` set) plus the epoch; the batches are dealt the same way, and the loader's
   iterator draws its base seed from torch's RNG at an epoch's first batch, as Accelerate's does.
 
-A custom batch sampler, an IterableDataset, a sampler without its own generator on several
-processes and `data_seed` without `use_seedable_sampler` keep cadence's order (`DistributedDL`).
+A stream (IterableDataset) is split as Accelerate splits it: steps of `batch_size` x processes consecutive items,
+each process taking its slice, a short last step completed from the stream's start (by default as its
+DataLoaderDispatcher does, with `dispatch_batches=False` as its IterableDatasetShard), so `gather_for_metrics`
+gives the items in the stream's order. A custom batch sampler, a stream with `batch_size=None`, a sampler without
+its own generator on several processes and `data_seed` without `use_seedable_sampler` keep cadence's order
+(`DistributedDL`).
 
 >>> set_seed(42); model, opt, dl = accelerator.prepare(model, opt, DataLoader(ds, batch_size=8, shuffle=True))
 """
@@ -37,10 +41,13 @@ def shard_loader(dl: DataLoader, strategy: Any, config: Any) -> DistributedDL:
         sharded = strategy.shard(dl)
     if not isinstance(sharded, DistributedDL):           # one device: a one-process shard
         sharded = DistributedDL(dl, rank=0, world_size=1)
+    where = {"rank": sharded.rank, "world_size": sharded.world_size, "group": sharded.group}
+    if sharded.iterable and dl.batch_size is not None:   # dispatch_batches=False: IterableDatasetShard's tail
+        strided = config.dispatch_batches is False and sharded.world_size > 1
+        return DistributedDL(dl, layout="strided" if strided else "dispatched", **where)
     if sharded.iterable or sharded.kind == "batch_sampler":
         return _seeded(sharded, config.data_seed)
-    layout = "strided" if sharded.world_size > 1 else "contiguous"
-    where = {"rank": sharded.rank, "world_size": sharded.world_size, "group": sharded.group, "layout": layout}
+    where["layout"] = "strided" if sharded.world_size > 1 else "contiguous"
     if config.use_seedable_sampler and sharded.kind == "shuffle":
         seed = config.data_seed if config.data_seed is not None else torch.initial_seed()
         return DistributedDL(dl, seed=seed, loader_base_seed=True, **where)
@@ -53,7 +60,7 @@ def shard_loader(dl: DataLoader, strategy: Any, config: Any) -> DistributedDL:
         if sampler.generator is None:
             sampler.generator = torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
         sampler.generator.set_state(broadcast({"state": sampler.generator.get_state()})["state"])
-    return DistributedDL(dl, draw_like_loader=True, **where)
+    return DistributedDL(dl, draw_like_loader=True, read_ahead=1, **where)   # Accelerate's loader reads one ahead
 
 
 def _seeded(sharded: DistributedDL, seed: int | None) -> DistributedDL:

@@ -1,7 +1,8 @@
 """What `Accelerator.prepare` returns for loaders, optimizers and schedulers.
 
 - `PreparedDataLoader`: this process's `DistributedDL` shard, batches on the device; while it is
-  iterated the accelerator knows it (for `gather_for_metrics`) and whether this is the last batch.
+  iterated the accelerator knows it (for `gather_for_metrics`) and whether this is the last batch. It has
+  a DataLoader's attributes, with the values Accelerate's prepared loader gives (`sampler`, `batch_sampler`, ...).
 - `PreparedOptimizer`: steps through the strategy (GradScaler included), and does nothing, `zero_grad`
   included, on accumulation micro-steps.
 - `PreparedScheduler`: steps once per optimizer step really taken (none on micro-steps or on an
@@ -19,33 +20,73 @@ import inspect
 from typing import Any, Iterator
 
 import torch
+from torch.utils.data import BatchSampler, SequentialSampler
 
+from ..distributed import sampling
 from ..distributed.data import DistributedDL
 from .utils import synchronize_rng_states
 
-__all__ = ["PreparedDataLoader", "PreparedOptimizer", "PreparedScheduler", "EngineScheduler"]
+__all__ = ["PreparedDataLoader", "BatchSamplerShard", "PreparedOptimizer", "PreparedScheduler", "EngineScheduler"]
+
+# what Accelerate's prepared loader takes over from the loader given to `prepare`
+_LOADER_SETTINGS = ("collate_fn", "num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+                    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
 
 
 class PreparedDataLoader:
     """A `DistributedDL` that tells the accelerator's `GradientState` when it is iterated and on its last batch.
 
-    Everything else (`len`, `set_epoch`, `batch_size`, `dataset`, `state_dict`) is the DistributedDL's.
+    DataLoader attributes have Accelerate's values: a map-style loader is rebuilt around a batch sampler
+    (`batch_sampler`: this process's `BatchSamplerShard` on several processes, the loader's own on one;
+    `sampler` a SequentialSampler), a stream keeps its loader's; `collate_fn`, `num_workers`, `generator`, ...
+    are the given loader's. `batch_size` (this process's) and `drop_last` stay the given loader's, where
+    Accelerate's rebuilt loader says None and False (`GradientState.remainder` reads `drop_last`, and split_batches
+    scripts read the per-process batch size). `end_of_dataloader` and `remainder` stay as the last iteration left them. `isinstance(dl, DataLoader)` is False: `prepare` and the Learner's callbacks would shard a
+    DataLoader again. Everything else (`set_epoch`, `dataset`, `state_dict`) is the DistributedDL's.
     """
 
     def __init__(self, loader: DistributedDL, gradient_state: Any, rng_types: list[str] = ()):
         self.base, self.gradient_state = loader, gradient_state
         self.rng_types = list(rng_types)   # random states copied from the main process when an iteration starts
         self.end_of_dataloader = False
+        self.remainder = -1   # Accelerate's: samples in the last step over all processes (-1: full, or unknown yet)
         self.resumed_at = 0   # the batch this pass started at (load_state / skip_first_batches moved it on)
+        self._skipped = 0     # batches skip_first_batches left out of the next pass (its `len` leaves them out)
         self._before_backward: int | None = None   # batches a resumed pass yielded before its first backward
 
     def __len__(self) -> int:
-        return len(self.base)
+        return max(len(self.base) - self._skipped, 0)
 
     def __getattr__(self, name: str) -> Any:
         if name == "base":  # not set yet (unpickling)
             raise AttributeError(name)
+        if name in _LOADER_SETTINGS:
+            return getattr(self.base.dl, name)
         return getattr(self.base, name)
+
+    @property
+    def _rebuilt(self) -> bool:
+        """Whether Accelerate rebuilds this loader around a batch sampler (a map-style one; a stream keeps its own)."""
+        return not self.base.iterable
+
+    @property
+    def sampler(self) -> Any:
+        if not self._rebuilt:
+            return self.base.dl.sampler
+        if sampling.sampler_yields_batches(self.base.dl):
+            return self.batch_sampler_shard() if self.base.world_size > 1 else self.base.dl.sampler
+        return SequentialSampler(self.base.dl.dataset)
+
+    @property
+    def batch_sampler(self) -> Any:
+        if not self._rebuilt:
+            return self.base.dl.batch_sampler
+        if sampling.sampler_yields_batches(self.base.dl):
+            return None
+        return self.batch_sampler_shard() if self.base.world_size > 1 else self.base.dl.batch_sampler
+
+    def batch_sampler_shard(self) -> BatchSamplerShard:
+        return BatchSamplerShard(self.base)
 
     @property
     def total_batch_size(self) -> int:
@@ -71,24 +112,44 @@ class PreparedDataLoader:
         return dataset.total_length if hasattr(dataset, "total_length") else len(dataset)
 
     def skip_batches(self, n: int) -> None:
-        """Start the next iteration at batch `n` without loading the skipped items."""
-        self.base.skip_batches(n)
+        """Start the next iteration at batch `n` without loading the skipped items (past the end: an empty pass);
+        until it starts, `len` counts the batches left, as the loader Accelerate's `skip_first_batches` returns."""
+        top = len(self.base) if self._sized else n
+        self.base.skip_batches(min(n, top))
+        self._skipped = min(n, top)
 
     def __iter__(self) -> Iterator[Any]:
         if self.rng_types:
             synchronize_rng_states(self.rng_types)
         self.gradient_state._enter(self)
-        self.resumed_at = self.base.start_batch
+        self.resumed_at, self._skipped = self.base.start_batch, 0
         self._before_backward = 0 if self.resumed_at else None
+        self.end_of_dataloader, self.remainder = False, self._remainder()
         try:
             for batch, last in self._flagged():
                 self.end_of_dataloader = last
+                if last and not self._sized:
+                    self.remainder = self._last_step_samples()
                 if self._before_backward is not None:
                     self._before_backward += 1
                 yield batch
         finally:
-            self.end_of_dataloader = False
             self.gradient_state._leave(self)
+
+    def _remainder(self) -> int:
+        """Accelerate's at an iteration's start: the samples of the last step, over all processes, when it is short
+        (0 when full; -1 with drop_last or no fixed length)."""
+        if self.base.dl.drop_last or not self._sized:
+            return -1
+        try:
+            return self.total_dataset_length % self.total_batch_size
+        except (TypeError, ValueError):
+            return -1
+
+    def _last_step_samples(self) -> int:
+        """A stream without length, at its last batch: the real samples of that step over all processes."""
+        masks = self.base.last_batch_masks(list(range(self.base.world_size)))
+        return -1 if masks is None else int(sum(int(m.sum()) for m in masks))
 
     def take_skipped_before_backward(self) -> int:
         """At the first backward of a pass that started mid-epoch: how many of its batches went by untrained
@@ -125,6 +186,36 @@ class PreparedDataLoader:
 
 
 _END = object()
+
+
+class BatchSamplerShard(BatchSampler):
+    """Accelerate's `dl.batch_sampler` on several processes: this process's batches of the given batch sampler.
+
+    `batch_sampler` is the loader's own; `num_processes`, `process_index`, `batch_size`, `drop_last`, `total_length`
+    (batches of the whole epoch) and `len` (this process's) as Accelerate's. Iterating gives the dataset indices of
+    this process's batches in the current epoch, as planned (a loader that draws like a plain one draws an epoch
+    when it is iterated).
+    """
+
+    def __init__(self, loader: DistributedDL):  # no super().__init__: a view
+        self.loader = loader
+        self.batch_sampler = loader.dl.sampler if sampling.sampler_yields_batches(loader.dl) else loader.dl.batch_sampler
+        self.num_processes, self.process_index = loader.world_size, loader.rank
+        self.split_batches, self.even_batches = False, True
+        self.batch_size = getattr(self.batch_sampler, "batch_size", None)
+        self.drop_last = getattr(self.batch_sampler, "drop_last", False)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        idxs, lens = self.loader.get_idxs(), self.loader.plan.lens[self.loader.rank]
+        starts = self.loader.plan.starts[self.loader.rank]
+        return iter([idxs[s:s + n] for s, n in zip(starts, lens)])
 
 
 class PreparedOptimizer(torch.optim.Optimizer):

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler
 from . import env, sampling, sharding
 from .data_resume import Resumable
 from .ops import broadcast
-from .streams import Collate, InterleavedStream, PlannedStream
+from .streams import Collate, InterleavedStream, PlannedStream, SplitStream
 
 __all__ = ["DistributedDL", "send_to_device", "loader_settings"]
 
@@ -120,9 +120,13 @@ class DistributedDL(Resumable):
     moment go into `state_dict`, so a resumed epoch redraws the same order. On several processes
     the sampler must draw from its own generator, in the same state on every rank (the caller's part).
     `layout="strided"` deals the loader's batches to the ranks in turn, as Accelerate does
-    (`sharding.strided`), instead of fastai's contiguous chunks. `loader_base_seed=True` (with `seed`): an epoch
+    (`sharding.strided`), instead of fastai's contiguous chunks; a stream is then split as Accelerate's
+    IterableDatasetShard splits it, and with `layout="dispatched"` as its DataLoaderDispatcher (`SplitStream`). `loader_base_seed=True` (with `seed`): an epoch
     started afresh draws its iterator's base seed (its workers' seeds) as `dl` would, from `dl.generator` or torch's
     RNG at the first batch, as Accelerate's seedable sampler leaves it; the order still comes from `seed`.
+    An iteration left before its end leaves the sampler's generators as the loader would have: drawn only as far as
+    its loader asked, which is the batches yielded, plus `read_ahead` (Accelerate's prepared loader reads one ahead)
+    and its workers' prefetch; with several processes, as far as rank 0's (Accelerate shares rank 0's generator).
 
     >>> ddl = DistributedDL(DataLoader(range(50), batch_size=12), rank=1, world_size=4)
     >>> [b.tolist() for b in ddl]
@@ -131,7 +135,7 @@ class DistributedDL(Resumable):
 
     def __init__(self, dl: DataLoader, rank: int | None = None, world_size: int | None = None,
                  device: torch.device | str | None = None, seed: int | None = None, draw_like_loader: bool = False,
-                 group: Any = None, layout: str = "contiguous", loader_base_seed: bool = False):
+                 group: Any = None, layout: str = "contiguous", loader_base_seed: bool = False, read_ahead: int = 0):
         if not isinstance(dl, DataLoader):
             raise TypeError(f"DistributedDL wraps a torch DataLoader, got {type(dl).__name__}")
         self.dl, self.device, self.group = dl, device, group  # group: the ranks that agree on a stream's end
@@ -144,13 +148,15 @@ class DistributedDL(Resumable):
         self.kind = "iterable" if self.iterable else sampling.kind(dl)
         self.shuffle = self.kind == "shuffle"
         self.draw_like_loader, self.layout, self.loader_base_seed = draw_like_loader, layout, loader_base_seed
+        self.read_ahead = read_ahead
         own_generator = isinstance(getattr(dl.sampler, "generator", None), torch.Generator) or self.kind == "sequential"
         if draw_like_loader and (seed is not None or (self.world_size != 1 and not own_generator)):
             raise ValueError(f"draw_like_loader=True draws each epoch as the loader itself would: without a seed, on "
                              f"one process unless the sampler draws from its own generator; got world_size="
                              f"{self.world_size}, seed={seed!r}, sampler {type(dl.sampler).__name__}")
-        if layout not in ("contiguous", "strided"):
-            raise ValueError(f"layout must be 'contiguous' or 'strided', got {layout!r}")
+        if layout not in ("contiguous", "strided", "dispatched") or (layout == "dispatched" and not self.iterable):
+            raise ValueError(f"layout must be 'contiguous' or 'strided' (or 'dispatched' for a stream), got {layout!r}")
+        self._split = self.iterable and layout != "contiguous" and dl.batch_size is not None  # Accelerate's stream
         self._random = self.kind in ("shuffle", "sampler", "batch_sampler")
         self.seed = self._shared_seed(seed) if self._random and not draw_like_loader else seed
         self._drawn: dict[str, Any] | None = None  # draw_like_loader: {"epoch", "rng"}: the states the epoch was drawn from
@@ -189,9 +195,10 @@ class DistributedDL(Resumable):
             self._batches = _Batches(flat=False)
             return DataLoader(self.dl.dataset, sampler=self._batches, batch_size=None, generator=self._generator, **kw)
         if self.iterable:
-            bs = self.dl.batch_size or 1
-            self._stream = (PlannedStream(self.dl.dataset, len(self.dl.dataset)) if self.sized else
-                            InterleavedStream(self.dl.dataset, self.rank, self.world_size, bs, self.dl.drop_last))
+            bs, args = self.dl.batch_size or 1, (self.dl.dataset, self.rank, self.world_size)
+            self._stream = (SplitStream(*args, bs, self.dl.drop_last, self.layout) if self._split else
+                            PlannedStream(self.dl.dataset, len(self.dl.dataset)) if self.sized else
+                            InterleavedStream(*args, bs, self.dl.drop_last))
             kw.update(collate_fn=Collate(self.dl.collate_fn, unbatched), batch_size=None, persistent_workers=False)
             return DataLoader(self._stream, generator=self._generator, **kw)  # a worker keeps the stream it got
         self._batches = _Batches(flat=unbatched)
@@ -231,6 +238,9 @@ class DistributedDL(Resumable):
                 batch_size: int | None, offset: int = 0) -> sharding.Plan:
         if batch_lens is not None:
             return sharding.round_robin(batch_lens, world_size)
+        if self._split:
+            layout = sharding.dispatched if self.layout == "dispatched" else sharding.strided
+            return layout(len(order), world_size, batch_size, self.dl.drop_last, offset)
         if self.iterable:
             return sharding.interleaved(len(order), world_size, batch_size or 1, self.dl.drop_last, offset)
         if self.layout == "strided":
@@ -317,7 +327,7 @@ class DistributedDL(Resumable):
 
     def real_mask(self, rank: int, start: int, length: int) -> torch.Tensor:
         """Bool mask over `length` shard positions of `rank` from `start`: False where the item is padding."""
-        if self.iterable and not self.sized:
+        if self._counted:
             return torch.arange(start, start + length) < self._real_len[rank]
         return self.plan.real_mask(rank, start, length)
 
@@ -334,9 +344,8 @@ class DistributedDL(Resumable):
         """For each of `ranks`, the real-item mask of its batch at the step this rank yielded last (None before one)."""
         if self.last_batch is None:
             return None
-        if self._unsized:
-            return [torch.ones(c, dtype=torch.bool) if c else torch.zeros(1, dtype=torch.bool)
-                    for c in (self._last_counts[r] for r in ranks)]
+        if self._counted:
+            return [torch.arange(n) < c for c, n in (self._last_counts[r] for r in ranks)]
         plan, t = self.plan, self._steps_done - 1
         return [plan.real_mask(r, plan.starts[r][t], plan.lens[r][t]) for r in ranks]
 
@@ -363,6 +372,11 @@ class DistributedDL(Resumable):
     def _unsized(self) -> bool:
         return self.iterable and not self.sized
 
+    @property
+    def _counted(self) -> bool:
+        """Whether each rank's real items are counted while iterating (a stream without length, or split)."""
+        return self._unsized or self._split
+
     def __len__(self) -> int:
         if self._unsized:
             raise TypeError("a DistributedDL over an IterableDataset without __len__ has no length: "
@@ -371,14 +385,24 @@ class DistributedDL(Resumable):
 
     def __iter__(self) -> Iterator[Any]:
         if self._started:
+            self._settle_left_iteration()
             self.set_epoch(self.epoch + 1)
         self._started, self._complete = True, False
         self._generator.manual_seed((self.seed or 0) + self.epoch)
         first, self.start_batch = self.start_batch, 0
-        batches = self._iter_agreed(first) if self._unsized else self._iter_planned(first)
+        batches = (self._iter_split(first) if self._split else self._iter_agreed(first) if self._unsized
+                   else self._iter_planned(first))
         for batch in batches:
             yield batch if self.device is None else send_to_device(batch, self.device)
         self._complete = True
+
+    def _settle_left_iteration(self) -> None:
+        """draw_like_loader: an epoch drawn here and left before its end draws only as far as the loader asked."""
+        drawn = self._drawn
+        if self._complete or not self.draw_like_loader or drawn is None or drawn["epoch"] != self.epoch:
+            return
+        asked = self._steps_done + self.read_ahead + self.dl.num_workers * (self.dl.prefetch_factor or 0)
+        sampling.left_after(self.dl, drawn["rng"], asked * self.world_size)   # rank 0's batch t is batch t*W
 
     def _iter_planned(self, first: int) -> Iterator[Any]:
         plan: list[sharding.Plan] = []
@@ -430,10 +454,21 @@ class DistributedDL(Resumable):
                                      f"every rank must iterate the same items (do not shard the dataset yourself)")
                 got = (1, pad[1])
             self._real_len = [a + b for a, b in zip(self._real_len, counts)]
-            self._last_counts = counts
+            self._last_counts = [(c, max(c, 1)) for c in counts]   # (real items, batch length) of each rank
             self.last_batch, self._steps_done = (pos, got[0]), t + 1
             pos += got[0]
             yield got[1]
+
+    def _iter_split(self, first: int) -> Iterator[Any]:
+        """Accelerate's split of a stream: every rank reads all of it, so each knows every rank's real items."""
+        self._stream.offset = self._samples_done(first)
+        self._real_len, pos = [0] * self.world_size, 0
+        for t, ((counts, size), batch) in enumerate(self._loader, first):
+            self._real_len = [a + c for a, c in zip(self._real_len, counts)]
+            self._last_counts = [(c, size) for c in counts]
+            self.last_batch, self._steps_done = (pos, size), t + 1
+            pos += size
+            yield batch
 
     def _agree(self, n: int) -> list[int]:
         """Every rank's `n` (one all-gather over `group`, the world by default); without a process group only this rank's."""

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 __all__ = ["kind", "draw", "random_source", "sampler_yields_batches", "generators", "capture", "set_generator_states",
-           "listed", "replayed"]
+           "listed", "replayed", "left_after"]
 
 
 def sampler_yields_batches(dl: DataLoader) -> bool:
@@ -197,3 +197,21 @@ def replayed(dl: DataLoader, state: dict[str, Any]) -> Iterator[None]:
         set_generator_states(dl, saved["generators"])
         np.random.set_state(saved_np)
         random.setstate(saved_py)
+
+
+def left_after(dl: DataLoader, state: dict[str, Any], batches: int) -> None:
+    """Put `dl`'s generators where its sampler, drawing from the states `capture` recorded, leaves them once its
+    loader asked for `batches` batches: a torch sampler draws lazily, and only one asked past its end (after a short
+    batch, or its last) draws what it draws at its end (RandomSampler's second permutation)."""
+    with replayed(dl, state):
+        source = dl.batch_sampler if dl.batch_sampler is not None else dl.sampler
+        size, it = getattr(source, "batch_size", None), iter(source)
+        for _ in range(batches):
+            batch = next(it, None)
+            if batch is None or (size is not None and len(batch) < size):
+                for _ in it:
+                    pass
+                break
+        after = [g.get_state() for g in generators(dl)]
+    for gen, gen_state in zip(generators(dl), after):
+        gen.set_state(gen_state)

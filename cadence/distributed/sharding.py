@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Plan", "contiguous", "strided", "round_robin", "interleaved", "resplit", "shifted"]
+__all__ = ["Plan", "contiguous", "strided", "dispatched", "round_robin", "interleaved", "resplit", "shifted"]
 
 
 @dataclass
@@ -72,7 +72,12 @@ def contiguous(length: int, world_size: int, batch_size: int, drop_last: bool) -
                 [list(lens) for _ in range(world_size)])
 
 
-def strided(length: int, world_size: int, batch_size: int, drop_last: bool) -> Plan:
+def _from(plan: Plan, offset: int, length: int) -> Plan:
+    """`plan`, laid over the positions after the first `offset` of a stream of `length`."""
+    return Plan(length, [s + offset for s in plan.shards], plan.lens)
+
+
+def strided(length: int, world_size: int, batch_size: int, drop_last: bool, offset: int = 0) -> Plan:
     """Accelerate's layout: the loader's batches dealt in turn (batch j to rank j % world_size).
 
     On several ranks the stream is padded to whole steps of world_size full batches by wrapping
@@ -81,6 +86,8 @@ def strided(length: int, world_size: int, batch_size: int, drop_last: bool) -> P
     >>> strided(10, 2, 3, drop_last=False).shards[1].tolist()     # rank 1: [3, 4, 5], then 9 and two repeats
     [3, 4, 5, 9, 10, 11]
     """
+    if offset:
+        return _from(strided(length - offset, world_size, batch_size, drop_last), offset, length)
     step = world_size * batch_size
     if drop_last:
         used = length // step * step
@@ -91,6 +98,24 @@ def strided(length: int, world_size: int, batch_size: int, drop_last: bool) -> P
     return Plan(length, [torch.cat([torch.arange(starts[j], starts[j] + lens[j]) for j in range(r, len(lens), world_size)])
                          if lens[r::world_size] else torch.zeros(0, dtype=torch.long) for r in range(world_size)],
                 [lens[r::world_size] for r in range(world_size)])
+
+
+def dispatched(length: int, world_size: int, batch_size: int, drop_last: bool, offset: int = 0) -> Plan:
+    """Accelerate's layout for a stream (its DataLoaderDispatcher): steps of world_size x batch_size positions, rank r
+    taking the r-th slice; a short last step of m positions gives every rank ceil(m / world_size), completed from the
+    stream's start (drop_last: dropped).
+
+    >>> dispatched(7, 2, 2, drop_last=False).shards[1].tolist()      # rank 1: [2, 3], then 6 and 7 (item 0)
+    [2, 3, 6, 7]
+    """
+    n = length - offset
+    full, m = divmod(n, world_size * batch_size)
+    k = 0 if drop_last else math.ceil(m / world_size)
+    starts = [t * world_size * batch_size for t in range(full)] + ([full * world_size * batch_size] if k else [])
+    sizes = [batch_size] * full + ([k] if k else [])
+    shards = [torch.cat([torch.arange(s + r * b, s + (r + 1) * b) for s, b in zip(starts, sizes)])
+              if sizes else torch.zeros(0, dtype=torch.long) for r in range(world_size)]
+    return _from(Plan(n, shards, [list(sizes) for _ in range(world_size)]), offset, length)
 
 
 def round_robin(batch_lens: list[int], world_size: int) -> Plan:

@@ -6,17 +6,19 @@ takes whole batches in turn, which the DataLoader's round-robin puts back in ord
 
 >>> stream = PlannedStream(ds, length=11); stream.batches = [[0, 3], [6, 9]]    # positions in the stream
 >>> stream = InterleavedStream(ds, rank=1, world_size=2, batch_size=4, drop_last=False)
+>>> stream = SplitStream(ds, rank=1, world_size=2, batch_size=2, drop_last=False, tail="dispatched")
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-__all__ = ["PlannedStream", "InterleavedStream", "Collate"]
+__all__ = ["PlannedStream", "InterleavedStream", "SplitStream", "Collate"]
 
 
 def _worker() -> tuple[int, int]:
@@ -97,3 +99,42 @@ class InterleavedStream(IterableDataset):
             yield len(batch), batch
         if first is not None:
             yield 0, [first]
+
+
+class SplitStream(IterableDataset):
+    """Accelerate's split of a stream: steps of world_size x batch_size consecutive items, rank r taking the r-th
+    slice of each, from position `offset`. A short last step of m items, unless drop_last, is completed from the
+    stream's start: to a whole step (`tail="strided"`, Accelerate's IterableDatasetShard) or to ceil(m / world_size)
+    items per rank (`"dispatched"`, its DataLoaderDispatcher, the default for streams). Every rank reads the whole
+    stream, so each knows every rank's real items: it yields `((real items of each rank, batch length), items)`.
+    """
+
+    def __init__(self, dataset: IterableDataset, rank: int, world_size: int, batch_size: int, drop_last: bool,
+                 tail: str):
+        self.dataset, self.rank, self.world_size, self.batch_size = dataset, rank, world_size, batch_size
+        self.drop_last, self.tail = drop_last, tail
+        self.offset = 0  # stream positions already consumed by earlier steps (a resume)
+
+    def __iter__(self) -> Iterator[tuple[tuple, list]]:
+        n_workers, worker = _worker()
+        step = self.world_size * self.batch_size
+        head, items, j = [], [], 0   # head: the stream's first step, which completes a short last one
+        for p, item in enumerate(self.dataset):
+            if len(head) < step:
+                head.append(item)
+            if p < self.offset:
+                continue
+            items.append(item)
+            if len(items) == step:
+                if j % n_workers == worker:
+                    yield self._slice(items, self.batch_size, head)
+                items, j = [], j + 1
+        if items and not self.drop_last and j % n_workers == worker:
+            size = self.batch_size if self.tail == "strided" else math.ceil(len(items) / self.world_size)
+            yield self._slice(items, size, head)
+
+    def _slice(self, items: list, size: int, head: list) -> tuple[tuple, list]:
+        real = len(items)
+        items = items + list(itertools.islice(itertools.cycle(head), size * self.world_size - real))
+        counts = tuple(min(max(real - r * size, 0), size) for r in range(self.world_size))
+        return (counts, size), items[self.rank * size:(self.rank + 1) * size]

@@ -121,3 +121,15 @@ def test_accelerator_state_has_accelerates_attributes():
     assert isinstance(ours, AcceleratorState)
     for name in ("is_fsdp2", "parallelism_config", "torch_tp_plugin"):
         assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_accelerator_skip_first_batches_of_a_plain_loader_as_accelerate():
+    import accelerate
+
+    outs = []
+    for make in (Accelerator, accelerate.Accelerator):
+        acc = make(cpu=True)
+        dl = torch.utils.data.DataLoader(list(range(10)), batch_size=3)
+        outs.append(([b.tolist() for b in acc.skip_first_batches(dl, 2)],
+                     [b.tolist() for b in acc.skip_first_batches(dl, 5)]))
+    assert outs[0] == outs[1] == ([[6, 7, 8], [9]], [])
