@@ -354,6 +354,9 @@ class DistributedDL(Resumable):
 
         >>> out = torch.empty_like(preds); out[ddl.sample_order()] = preds     # predictions in dataset order
         """
+        if self._unsized and not self._split:   # dealt item by item: rank r's real items are r, r + world_size, ...
+            return torch.cat([torch.arange(r, r + n * self.world_size, self.world_size)
+                              for r, n in enumerate(self._real_len)])
         order, plan = self._with_epoch(epoch)
         pos = torch.cat([s[s < plan.length] for s in plan.shards])
         return pos if self.iterable else order[pos]

@@ -102,13 +102,23 @@ class GatherPreds(Callback):
         """Combine every process's batches (padding already dropped), in rank order: the loader's order; padded
         to the same size on every process first (the ranks' last batches may be padded to different lengths)."""
         dim, pad, strategy_gather = self.concat_dim, self.pad_index, self.learn.strategy.gather
-        gather = _along(strategy_gather, dim)
+        gather, order = _along(strategy_gather, dim), self._stream_order()
         for name in ("inputs", "preds", "targs", "losses"):
             chunks = getattr(self, name)
             if chunks:
                 joined = apply_to_tensors(lambda t: gather(_pad_across(strategy_gather, t, dim, pad)),
                                           _cat(chunks, dim, pad))
+                if order is not None:
+                    joined = apply_to_tensors(lambda t: t.index_select(dim, order.to(t.device)), joined)
                 setattr(self, name, [joined])
+
+    def _stream_order(self) -> torch.Tensor | None:
+        """A stream is dealt to the processes item by item: the gathered rows (rank by rank) in the stream's order.
+        None where rank order is the data's order (a map-style data set's contiguous shards)."""
+        dl = self.learn.dl
+        if not getattr(dl, "iterable", False) or getattr(dl, "world_size", 1) == 1:
+            return None
+        return torch.argsort(dl.sample_order())
 
     def result(self, act: Callable | None = None) -> tuple:
         """(inputs?, preds, targs, losses?) concatenated over all batches."""

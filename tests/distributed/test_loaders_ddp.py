@@ -51,6 +51,36 @@ def test_iterable_dataset_without_len_trains_and_validates_exactly(tmp_path):
     assert ids[0] == [[0, 2, 4, 6], [8, 10, 12, 14], [16]]
     assert ids[1] == [[1, 3, 5, 7], [9, 11, 13, 15], [0]]        # rank 1's last step: padding (its items ended)
     for r in res:
-        assert sorted(r["pred_ids"]) == list(range(9)) and r["n_preds"] == 9   # each valid item once
+        assert r["pred_ids"] == list(range(9)) and r["n_preds"] == 9   # each valid item once, in the stream's order
         assert r["valid_loss"] == pytest.approx(res[0]["direct_valid_loss"], rel=1e-6)
     assert len(res[0]["recorded_valid"]) == 2 and res[0]["recorded_valid"] == pytest.approx(res[1]["recorded_valid"])
+
+
+SIZED_STREAM = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+from cadence import DataLoaders, Learner
+
+class Numbers(IterableDataset):
+    def __init__(self, n): self.n = n
+    def __len__(self): return self.n
+    def __iter__(self):
+        for i in range(self.n): yield torch.tensor([float(i)]), torch.tensor([float(i)])
+
+learn = Learner(DataLoaders(DataLoader(Numbers(11), batch_size=2), DataLoader(Numbers(9), batch_size=2)),
+                nn.Linear(1, 1), loss_func=nn.MSELoss())
+with learn.distrib_ctx():
+    inputs, preds, targs = learn.get_preds(with_input=True)
+print("ORDER", inputs[:, 0].long().tolist(), targs[:, 0].long().tolist(), flush=True)
+'''
+
+
+def test_get_preds_of_a_stream_with_a_length_comes_back_in_the_streams_order(tmp_path):
+    """Items are dealt to the processes one by one (0, 2, 4 ... to rank 0): gathered rank by rank, they are put
+    back in the stream's order, as for a map-style data set."""
+    script = tmp_path / "sized_stream.py"
+    script.write_text(SIZED_STREAM)
+    out = run_launch(script, timeout=180).stdout
+    expected = f"ORDER {list(range(9))} {list(range(9))}"
+    assert [line for line in out.splitlines() if line.startswith("ORDER")] == [expected, expected], out
