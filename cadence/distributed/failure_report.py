@@ -48,8 +48,9 @@ def report_failure(failures: dict, statuses: dict[int, dict] | None = None, time
     `failures` maps global rank to torch's `ProcessFailure` (`ChildFailedError.failures`);
     `statuses` maps rank to its last `status` report. When ranks timed out waiting and another
     rank reported no error, that rank stopped responding: it is named first, with its last
-    event, step and line. Otherwise the earliest failure's traceback is printed, then one line
-    per other failed rank.
+    event, step and line. Otherwise the earliest failure's traceback is printed (a rank whose
+    collective failed on a peer that went away is never the cause while another rank failed),
+    then one line per other failed rank.
 
     >>> report_failure(child_failed_error.failures, read_statuses(status_dir), 20.0)   # doctest: +SKIP
     1
@@ -67,11 +68,11 @@ def report_failure(failures: dict, statuses: dict[int, dict] | None = None, time
             print(f"cadence launch: rank {rank} also stopped: {_failure_text(failures[rank])[0]}", file=sys.stderr)
         code = next(f.exitcode for f in failures.values() if _is_timeout(f))
         return code if code > 0 else 1
-    # the cause first: a rank that raised before one that was only stopped (killed or exited without an error:
-    # its time is the launcher's, whole seconds), and one that failed because a peer vanished mid-collective after
-    ordered = sorted(failures.items(), key=lambda item: (not _has_error(item[1]),
-                                                          _extra(item[1]).get("peer_failure", False),
-                                                          _failure_time(item[1])))
+    # the cause first: a rank that failed because a peer vanished mid-collective after every other (a peer killed
+    # outright, SIGKILL, records no error: it is the cause), then a rank that raised before one that was only
+    # stopped (killed or exited without an error: its time is the launcher's, whole seconds)
+    ordered = sorted(failures.items(), key=lambda item: (_extra(item[1]).get("peer_failure", False),
+                                                          not _has_error(item[1]), _failure_time(item[1])))
     (rank, first), others = ordered[0], ordered[1:]
     headline, trace = _failure_text(first)
     print(f"cadence launch: rank {rank} failed:\n{trace}".rstrip() if trace else

@@ -34,6 +34,12 @@ from .ops import map_tensors
 T = TypeVar("T")
 
 
+def addressable(t: torch.Tensor) -> bool:
+    """Whether this process reads `t`'s memory itself (a data pointer): not an XLA device's, which only a transfer to
+    the CPU reads (its storage has no data pointer; `storage_key` raises)."""
+    return getattr(t, "_local_tensor", t).device.type != "xla"
+
+
 def layout_key(t: torch.Tensor) -> tuple:
     """What identifies a tensor's memory and layout: views of one memory with one layout are one tensor."""
     if not t.numel():
@@ -275,8 +281,9 @@ class HostFile:
 
 
 def step_written(model: nn.Module, opt: torch.optim.Optimizer | None) -> set[int]:
-    """The memory of what only the optimizer step writes: `model`'s parameters and `opt`'s per-parameter state."""
-    return {storage_key(t) for t in _step_written_tensors(model, opt) if t.numel()}
+    """The memory of what only the optimizer step writes: `model`'s parameters and `opt`'s per-parameter state (what
+    is in memory the writer's thread can read: XLA's engine copies its tensors to the CPU at the save point)."""
+    return {storage_key(t) for t in _step_written_tensors(model, opt) if t.numel() and addressable(t)}
 
 
 def _step_written_tensors(model: nn.Module | None, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from torch.utils.data import DataLoader
 from .data import DistributedDL
 from .ops import map_tensors
 from .precision import FullPrecision
+from .staging import Staging
 from .strategy import MakeOpt, Strategy
 
 __all__ = ["XLA", "XlaDL", "torch_xla_module"]
@@ -309,12 +311,23 @@ class XLA(Strategy):
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The user's module's state, copied to the CPU (whole tensors, also when SPMD shards them)."""
         self.xla.sync()
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        return {k: _host(v) for k, v in self.unwrap(model).state_dict().items()}
 
     def optimizer_state_dict(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
-        """The optimizer's state with every tensor copied to the CPU (loads without torch_xla)."""
+        """The optimizer's state with every tensor copied to the CPU (loads without torch_xla; the step counts
+        torch keeps on the CPU copied too)."""
         self.xla.sync()
-        return map_tensors(lambda t: t.detach().cpu(), opt.state_dict())
+        return map_tensors(_host, opt.state_dict())
+
+    def checkpoint_writer(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer,
+                          copy: bool = False, staging: Staging | None = None) -> Callable[[], None] | None:
+        """The base format, written from the CPU copies the state dicts take now (after a sync): they already are
+        the host copy an asynchronous save writes from (`copy` copies nothing more), and nothing is left for the
+        writer's thread to copy (`staging.done()` said): it cannot read XLA tensors, which have no host memory."""
+        write = super().checkpoint_writer(directory, model, opt)
+        if staging is not None:
+            staging.done()
+        return write
 
     # ------------------------------------------------------------------ the device's random numbers
     # Dropout on the device draws from XLA's generator, whose seed also moves at every graph execution (a
@@ -365,6 +378,11 @@ class XLA(Strategy):
         return {"compiles": count("CompileTime"), "executions": count("ExecuteTime") + count("ExecuteReplicatedTime"),
                 "outputs": int(met.counter_value("CreateDataHandles") or 0),
                 "to_device": count("TransferToDeviceTime"), "to_host": count("TransferFromDeviceTime")}
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of `t`, never `t` itself (a CPU tensor of the state goes on changing after the save point)."""
+    return t.detach().to("cpu", copy=True)
 
 
 def _mix(base: int, n: int) -> int:
