@@ -200,3 +200,14 @@ def test_balanced_device_maps_load_as_accelerate_on_a_cpu_machine(tmp_path, devi
 def test_an_unknown_device_map_strategy_is_named():
     with pytest.raises(ValueError, match="'balance'"):
         cadence.big_modeling.dispatch.auto_device_map(_empty(), "balance")
+
+
+def test_cpu_offload_with_hook_moves_the_inputs_at_every_call():
+    """The model stays on its execution device after the first call; the inputs of every later call still go there
+    ("meta" stands in for a GPU: a CPU input reaching a model on another device fails)."""
+    from cadence import cpu_offload_with_hook
+
+    model, hook = cpu_offload_with_hook(torch.nn.Linear(4, 2), execution_device="meta")
+    for _ in range(2):
+        assert model(torch.ones(1, 4)).device.type == "meta"
+    assert model.weight.device.type == "meta"   # it stays there until hook.offload()

@@ -19,11 +19,11 @@ from .parallelism import ParallelismConfig
 from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin,
                       GradientAccumulationPlugin)
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
-from .state import GradientState, PartialState
+from .state import AcceleratorState, GradientState, PartialState
 from .utils import (find_executable_batch_size, gather_object, patch_environment, release_memory, set_seed,
                     synchronize_rng_states, tqdm)
 
-__all__ = ["Accelerator", "PartialState", "GradientState", "DistributedDataParallelKwargs", "GradScalerKwargs",
+__all__ = ["Accelerator", "PartialState", "AcceleratorState", "GradientState", "DistributedDataParallelKwargs", "GradScalerKwargs",
            "InitProcessGroupKwargs", "ProjectConfiguration", "DummyOptim", "DummyScheduler", "PreparedDataLoader",
            "PreparedOptimizer", "PreparedScheduler", "find_executable_batch_size", "set_seed",
            "DistributedType", "DataLoaderConfiguration", "GradientAccumulationPlugin", "FullyShardedDataParallelPlugin",

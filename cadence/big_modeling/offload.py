@@ -79,9 +79,8 @@ def _to_execution_device(device: torch.device, prev: UserCpuOffloadHook | None, 
                          kwargs: dict) -> tuple[tuple, dict]:
     if prev is not None and _device(prev.model) != torch.device("cpu"):
         prev.offload()
-    if _device(module) == device:   # already there: nothing moves, as in Accelerate
-        return args, kwargs
-    module.to(device)
+    if _device(module) != device:   # already there: the model stays, its inputs still move (Accelerate's)
+        module.to(device)
     return _move(args, device), _move(kwargs, device)
 
 

@@ -36,6 +36,7 @@ class MixedPrecision(Callback):
             raise ValueError(f"MixedPrecision takes 'bf16' or 'fp16', got {precision!r}; use learn.to_fp32() for fp32")
         self.precision, self.scaler_kwargs = precision, scaler_kwargs
         self.plugin: FullPrecision | None = None
+        self._set_on: Any = None   # the strategy this callback's precision was last set on
 
     def plugin_for(self, device) -> FullPrecision:
         """The plugin for `device` (made once; a new device type gets a new one)."""
@@ -48,13 +49,17 @@ class MixedPrecision(Callback):
 
     def before_fit(self):
         self.learn.strategy.set_precision(self._plugin())
+        self._set_on = self.learn.strategy
 
     def forward_context(self) -> ContextManager:
         """The strategy's autocast, with this callback's precision set on it: in `fit` and outside it (`validate`,
         `get_preds`, `predict`, `summary`), before the first fit as after it."""
-        strategy, plugin = self.learn.strategy, self._plugin()
-        if strategy.precision is not plugin:
-            strategy.set_precision(plugin)
+        strategy = self.learn.strategy
+        if self._set_on is not strategy:   # once per strategy: the check is not paid at every batch
+            plugin = self._plugin()
+            if strategy.precision is not plugin:
+                strategy.set_precision(plugin)
+            self._set_on = strategy
         return strategy.forward_context()
 
     def after_pred(self):

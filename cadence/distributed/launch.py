@@ -186,9 +186,11 @@ def launch(args: argparse.Namespace) -> int:
 
 
 def _own_store(config: Config, port: int) -> contextlib.AbstractContextManager:
-    """One machine: the rendezvous store listens on 127.0.0.1 only (`loopback.py`); several: torch's own, on every
-    interface (the other machines connect to it)."""
-    return loopback_store(port, config.timeout) if config.num_machines == 1 else contextlib.nullcontext()
+    """One machine at a loopback address (the default): the rendezvous store listens on 127.0.0.1 only
+    (`loopback.py`); several machines, or one given another `--main_process_ip`: torch's own store, on every interface
+    (the other machines, or that address, connect to it)."""
+    local = config.num_machines == 1 and (config.main_process_ip or "127.0.0.1") in ("127.0.0.1", "localhost")
+    return loopback_store(port, config.timeout) if local else contextlib.nullcontext()
 
 
 def check_script(args: argparse.Namespace) -> None:

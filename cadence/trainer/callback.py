@@ -59,6 +59,16 @@ def camel2snake(name: str) -> str:
     return "_".join(word.lower() for word in _CASE_BOUNDARY.split(name))
 
 
+def legacy_name(cb: Any) -> str:
+    """The attribute name cadence gave `cb` before it took fastcore's (a capital was a word: `c_s_v_logger`),
+    under which checkpoints written then keep its state.
+
+    >>> legacy_name(ReduceLROnPlateau())
+    'reduce_l_r_on_plateau'
+    """
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", re.sub(r"Callback$", "", type(cb).__name__) or type(cb).__name__).lower()
+
+
 def class2attr(obj: Any, cls_name: str) -> str:
     """fastai's `class2attr`: `obj`'s class name without a trailing `cls_name`, snake-cased.
 

@@ -12,10 +12,12 @@ from .data import apply_to_tensors, to_detach
 
 
 def _pad_to(t: torch.Tensor, shape: list[int], pad_index: Any) -> torch.Tensor:
-    """`t` grown to `shape` (no smaller in any dim), the new entries `pad_index`, its own at the start of each dim."""
+    """`t` grown to `shape` (no smaller in any dim), the new entries `pad_index`, its own at the start of each dim;
+    a dtype that cannot hold `pad_index` (a bool attention mask, uint8 for -100) is padded with 0 / False."""
     if list(t.shape) == shape:
         return t
-    out = t.new_full(shape, pad_index)
+    unsigned = not (t.is_floating_point() or t.is_complex()) and t.dtype != torch.bool and torch.iinfo(t.dtype).min == 0
+    out = t.new_full(shape, 0 if t.dtype == torch.bool or (unsigned and pad_index < 0) else pad_index)
     out[tuple(slice(0, n) for n in t.shape)] = t
     return out
 

@@ -41,7 +41,8 @@ class Metric:
 
     @property
     def name(self) -> str:
-        return self.__dict__.get("_name") or class2attr(self, "Metric")
+        own = self.__dict__   # "name": a metric pickled (exported) before `name` became this property
+        return own.get("_name") or own.get("name") or class2attr(self, "Metric")
 
     @name.setter
     def name(self, value: str) -> None:

@@ -372,7 +372,7 @@ class Recorder(Callback):
         if not self.lrs:
             raise ValueError("plot_lr_find plots the last lr_find's sweep, and nothing is recorded: call "
                              "learn.lr_find() first")
-        end = len(self.lrs) - skip_end if skip_end else None
+        end = max(len(self.lrs) - skip_end, 1) if skip_end else None   # a short sweep still shows its first point
         plt = _pyplot()
         fig, ax = plt.subplots(1, 1)
         ax.plot(self.lrs[:end], self.losses[:end])

@@ -3,6 +3,7 @@ written only inside this run's log root, a `.lock` link is never written through
 callback could not load is refused naming state.json and the key before the weights or the optimizer are touched."""
 
 import csv
+import json
 import os
 import shutil
 import stat
@@ -194,3 +195,17 @@ def test_a_tampered_state_of_one_rank_stops_every_rank_at_once(tmp_path):
     assert f"{file}: callbacks.recorder.losses is 5: expected a list" in errs[1], errs[1][-3000:]
     assert "rank 1 could not read its part of" in errs[0], errs[0][-3000:]
     assert seconds < 60, "rank 0 waited for the collective timeout"
+
+
+def test_a_callback_state_saved_under_its_earlier_name_is_resumed(dls, tmp_path):
+    """Checkpoints written before callbacks took fastcore's names keep ReduceLROnPlateau's state under
+    `reduce_l_r_on_plateau`: a resume gives it to the callback (it started afresh, its patience count lost)."""
+    from cadence.callbacks import ReduceLROnPlateau
+
+    make_learner(dls, tmp_path, [Checkpoint(), ReduceLROnPlateau(patience=5)]).fit(2)
+    checkpoint = tmp_path / "checkpoints" / "step-00000008"
+    saved = json.loads((checkpoint / "state.json").read_text())["callbacks"]["reduce_lr_on_plateau"]
+    edit_state(checkpoint, lambda s: s["callbacks"].update(reduce_l_r_on_plateau=s["callbacks"].pop("reduce_lr_on_plateau")))
+    learn = make_learner(dls, tmp_path / "other", [Checkpoint(), ReduceLROnPlateau(patience=5)])
+    learn.fit(2, resume=checkpoint)     # the run had ended: nothing left to train, the states are loaded
+    assert learn.reduce_lr_on_plateau.state_dict() == saved and saved["best"] is not None

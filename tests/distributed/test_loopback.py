@@ -89,3 +89,28 @@ def test_store_serves_clients_on_loopback():
         client = dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=10))
         client.set("written by a worker", "1")
         assert store.get("written by a worker") == b"1"
+
+
+def _machine_address() -> str | None:
+    """This machine's address on a network interface (not loopback), or None when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.254", 9))     # no packet is sent: the kernel picks the outgoing interface
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+@pytest.mark.slow
+def test_one_machine_at_its_network_address_still_runs(tmp_path):
+    """`--main_process_ip` set to this machine's own network address (a config carried over from a multi-machine
+    run): the store listens where the workers connect, as torch's does (on 127.0.0.1 they waited for the timeout)."""
+    address = _machine_address()
+    if address is None:
+        pytest.skip("this machine has no network interface besides loopback")
+    script = tmp_path / "report.py"
+    script.write_text(WORKER + "\nreport(sys.argv[1])\n")
+    out = tmp_path / "seen.json"
+    run_launch(script, str(out), nproc=2, timeout=120, flags=("--main_process_ip", address, "--timeout", "60"))
+    assert json.loads(out.read_text())["port"] > 0

@@ -278,3 +278,18 @@ def test_distrib_ctx_on_one_process_says_nothing_of_syncbatchnorm(tmp_path):
             assert not any(isinstance(m, nn.SyncBatchNorm) for m in learn.model.modules())
             learn.fit(1, 0.05)
     assert [str(w.message) for w in caught if "SyncBatchNorm" in str(w.message)] == []
+
+
+def test_a_metric_exported_before_name_was_a_property_keeps_its_name():
+    """Exports pickle the Learner's metrics; one pickled when `name` was an instance attribute reads it back."""
+    import pickle
+
+    from cadence import accuracy
+    from cadence.trainer.metrics import as_metric
+
+    metric = as_metric(accuracy)
+    state = dict(metric.__dict__)
+    state["name"] = state.pop("_name", None) or "accuracy"
+    old = object.__new__(type(metric))
+    old.__dict__.update(state)
+    assert pickle.loads(pickle.dumps(old)).name == "accuracy"

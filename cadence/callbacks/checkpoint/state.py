@@ -34,6 +34,7 @@ from ...distributed.data import DistributedDL
 from ...distributed.staging import Staging
 from ...distributed.env import rank, world_size
 from ...distributed.ops import failing_together
+from ...trainer.callback import legacy_name
 from ...distributed.staging import host_copy
 from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
                                sibling, staging_dir, write_safetensors, writing)
@@ -226,6 +227,8 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
     with failing_together(f"read its part of {directory}"):   # a bad file of one rank's stops every rank at once
         rng = _read_rng(directory, state)
         own = (rng or {}).get("callbacks", {})  # what differs per process (the Recorder's smoothed loss): this rank's
+        for states in (state["callbacks"], own):
+            _adopt_legacy_names(states, learn.cbs)
         check_callback_states(state["callbacks"], learn.cbs, directory / STATE_FILE)
         check_callback_states(own, learn.cbs, directory / f"rng-rank{rank()}.pt", per_rank=True)
     learn.strategy.wait_for_staging()
@@ -239,6 +242,15 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
         set_rng_state(rng, learn.strategy)
     _restore_position(learn, state)
     return state
+
+
+def _adopt_legacy_names(states: dict[str, Any], cbs: list[Any]) -> None:
+    """A checkpoint written before callbacks took fastcore's names keeps a state under the old name
+    (`reduce_l_r_on_plateau`): it is the callback's now-named state."""
+    for cb in cbs:
+        old = legacy_name(cb)
+        if cb.name not in states and old in states:
+            states[cb.name] = states.pop(old)
 
 
 def _read_rng(directory: Path, state: dict[str, Any]) -> dict[str, Any] | None:
