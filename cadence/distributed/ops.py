@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from . import env
 
-__all__ = ["map_leaves", "map_tensors", "wait_for_everyone", "failing_together", "broadcast", "reduce", "gather", "gather_object",
+__all__ = ["map_leaves", "map_tensors", "wait_for_everyone", "broadcast", "reduce", "gather", "gather_object",
            "gather_for_metrics", "pad_across_processes", "main_process_first", "local_main_process_first",
            "rank0_first", "on_main_process", "on_local_main_process", "main_print", "get_logger"]
 
@@ -75,28 +75,6 @@ def wait_for_everyone() -> None:
     """
     if env.is_initialized():
         dist.barrier()
-
-
-@contextlib.contextmanager
-def failing_together(what: str) -> Iterator[None]:
-    """Run the block on every rank; when it raises on any, it raises on every rank: there its own error, elsewhere a
-    RuntimeError naming the ranks that failed, so that no rank goes on to wait in a collective the failed ones never
-    reach. Every rank must enter the block (it ends with one collective).
-
-    >>> with failing_together("read this rank's RNG file"):
-    ...     rng = torch.load(f"ckpt/rng-rank{rank()}.pt")
-    """
-    error: Exception | None = None
-    try:
-        yield
-    except Exception as e:
-        error = e
-    failed = [r for r, f in enumerate(gather_object(error is not None)) if f]
-    if error is not None:
-        raise error
-    if failed:
-        raise RuntimeError(f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} could not {what} "
-                           f"(its error is shown with it); this rank stops with it")
 
 
 def broadcast(obj: T, src: int = 0) -> T:

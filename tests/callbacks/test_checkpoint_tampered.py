@@ -180,9 +180,9 @@ def two_machines(*args, timeout_s="90"):
 @pytest.mark.slow
 def test_a_tampered_state_of_one_rank_stops_every_rank_at_once(tmp_path):
     """Rank 1's own callback state (in rng-rank1.pt) is bad: rank 1 refuses it naming the file, and rank 0, on
-    another machine and with a good file, stops with it at once saying which rank could not read the checkpoint
-    (it went on into the weights' collective and ended with gloo's "Connection closed by peer"; a backend that
-    does not notice a dead peer waits there for the collective timeout)."""
+    another machine and with a good file, stops soon after, at its first collective with the rank that left (gloo
+    notices the closed connection). No agreement before the load: it made every rank wait for the slowest there,
+    doubling a ZeRO-3 resume's time on a small host (bench/checkpoint.py), for a damaged file of one rank's."""
     ckpt = tmp_path / "ckpt"
     codes, _, _ = two_machines("--ckpt", ckpt, "--out", tmp_path / "w.st", "--kill-at", 5)
     assert codes != [0, 0] and (ckpt / "step-00000004" / "rng-rank1.pt").is_file()
@@ -193,7 +193,7 @@ def test_a_tampered_state_of_one_rank_stops_every_rank_at_once(tmp_path):
     codes, errs, seconds = two_machines("--ckpt", ckpt, "--out", tmp_path / "w.st")
     assert codes[0] != 0 and codes[1] != 0
     assert f"{file}: callbacks.recorder.losses is 5: expected a list" in errs[1], errs[1][-3000:]
-    assert "rank 1 could not read its part of" in errs[0], errs[0][-3000:]
+    assert "Connection closed by peer" in errs[0] or "Connection reset by peer" in errs[0], errs[0][-3000:]
     assert seconds < 60, "rank 0 waited for the collective timeout"
 
 

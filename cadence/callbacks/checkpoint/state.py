@@ -33,7 +33,6 @@ from ...version import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.staging import Staging
 from ...distributed.env import rank, world_size
-from ...distributed.ops import failing_together
 from ...trainer.callback import legacy_name
 from ...distributed.staging import host_copy
 from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
@@ -224,13 +223,12 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
     """
     directory = Path(directory)
     state = read_state(directory)
-    with failing_together(f"read its part of {directory}"):   # a bad file of one rank's stops every rank at once
-        rng = _read_rng(directory, state)
-        own = (rng or {}).get("callbacks", {})  # what differs per process (the Recorder's smoothed loss): this rank's
-        for states in (state["callbacks"], own):
-            _adopt_legacy_names(states, learn.cbs)
-        check_callback_states(state["callbacks"], learn.cbs, directory / STATE_FILE)
-        check_callback_states(own, learn.cbs, directory / f"rng-rank{rank()}.pt", per_rank=True)
+    rng = _read_rng(directory, state)
+    own = (rng or {}).get("callbacks", {})  # what differs per process (the Recorder's smoothed loss): this rank's
+    for states in (state["callbacks"], own):
+        _adopt_legacy_names(states, learn.cbs)
+    check_callback_states(state["callbacks"], learn.cbs, directory / STATE_FILE)
+    check_callback_states(own, learn.cbs, directory / f"rng-rank{rank()}.pt", per_rank=True)
     learn.strategy.wait_for_staging()
     learn.strategy.load_checkpoint(directory, learn.model, learn.opt)
     for cb in learn.cbs:
