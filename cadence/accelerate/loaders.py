@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..distributed import sampling
 from ..distributed.data import DistributedDL
@@ -37,14 +37,13 @@ __all__ = ["shard_loader"]
 def shard_loader(dl: DataLoader, strategy: Any, config: Any) -> DistributedDL:
     """This process's part of `dl` as the strategy cuts the data (its rank and number of data-parallel ranks),
     in Accelerate's order where Accelerate's rule applies (see the module docstring)."""
+    if isinstance(dl.dataset, IterableDataset) and dl.batch_size is not None:
+        return _split_stream(dl, strategy, config)
     with sampling.replayed(dl, sampling.capture(dl)):   # the strategy's own seed draw leaves no trace in the RNGs
         sharded = strategy.shard(dl)
     if not isinstance(sharded, DistributedDL):           # one device: a one-process shard
         sharded = DistributedDL(dl, rank=0, world_size=1)
     where = {"rank": sharded.rank, "world_size": sharded.world_size, "group": sharded.group}
-    if sharded.iterable and dl.batch_size is not None:   # dispatch_batches=False: IterableDatasetShard's tail
-        strided = config.dispatch_batches is False and sharded.world_size > 1
-        return DistributedDL(dl, layout="strided" if strided else "dispatched", **where)
     if sharded.iterable or sharded.kind == "batch_sampler":
         return _seeded(sharded, config.data_seed)
     where["layout"] = "strided" if sharded.world_size > 1 else "contiguous"
@@ -61,6 +60,15 @@ def shard_loader(dl: DataLoader, strategy: Any, config: Any) -> DistributedDL:
             sampler.generator = torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
         sampler.generator.set_state(broadcast({"state": sampler.generator.get_state()})["state"])
     return DistributedDL(dl, draw_like_loader=True, read_ahead=1, **where)   # Accelerate's loader reads one ahead
+
+
+def _split_stream(dl: DataLoader, strategy: Any, config: Any) -> DistributedDL:
+    """A stream with a batch size split over the strategy's data-parallel ranks (those its `shard` cuts the data for)
+    as Accelerate's DataLoaderDispatcher splits it, or with `dispatch_batches=False` on several processes as its
+    IterableDatasetShard (a short last step completed to a whole one)."""
+    world_size = strategy.dp_size
+    layout = "strided" if config.dispatch_batches is False and world_size > 1 else "dispatched"
+    return DistributedDL(dl, rank=strategy.dp_rank, world_size=world_size, layout=layout)
 
 
 def _seeded(sharded: DistributedDL, seed: int | None) -> DistributedDL:

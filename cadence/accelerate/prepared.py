@@ -24,13 +24,14 @@ from torch.utils.data import BatchSampler, SequentialSampler
 
 from ..distributed import sampling
 from ..distributed.data import DistributedDL
+from ..distributed.data_rebuild import LOADER_SETTINGS
 from .utils import synchronize_rng_states
 
 __all__ = ["PreparedDataLoader", "BatchSamplerShard", "PreparedOptimizer", "PreparedScheduler", "EngineScheduler"]
 
-# what Accelerate's prepared loader takes over from the loader given to `prepare`
-_LOADER_SETTINGS = ("collate_fn", "num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-                    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
+# what Accelerate's prepared loader takes over from the loader given to `prepare`: the settings any rebuilt loader
+# keeps, its generator and `in_order`
+_LOADER_SETTINGS = (*LOADER_SETTINGS, "generator", "in_order")
 
 
 class PreparedDataLoader:
@@ -74,7 +75,7 @@ class PreparedDataLoader:
         if not self._rebuilt:
             return self.base.dl.sampler
         if sampling.sampler_yields_batches(self.base.dl):
-            return self.batch_sampler_shard() if self.base.world_size > 1 else self.base.dl.sampler
+            return BatchSamplerShard(self.base) if self.base.world_size > 1 else self.base.dl.sampler
         return SequentialSampler(self.base.dl.dataset)
 
     @property
@@ -83,10 +84,7 @@ class PreparedDataLoader:
             return self.base.dl.batch_sampler
         if sampling.sampler_yields_batches(self.base.dl):
             return None
-        return self.batch_sampler_shard() if self.base.world_size > 1 else self.base.dl.batch_sampler
-
-    def batch_sampler_shard(self) -> BatchSamplerShard:
-        return BatchSamplerShard(self.base)
+        return BatchSamplerShard(self.base) if self.base.world_size > 1 else self.base.dl.batch_sampler
 
     @property
     def total_batch_size(self) -> int:

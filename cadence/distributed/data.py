@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, IterableDataset
 
 from . import env, sampling, sharding
+from .data_rebuild import PlannedBatches, loader_settings
 from .data_resume import Resumable
 from .ops import broadcast
 from .streams import Collate, InterleavedStream, PlannedStream, SplitStream
@@ -63,25 +64,6 @@ def send_to_device(batch: Any, device: torch.device | str | int, non_blocking: b
     return move(batch)
 
 
-class _Batches(Sampler[list[int]]):
-    """Yields the batches DistributedDL sets before each epoch (lives in the main process)."""
-
-    def __init__(self, flat: bool) -> None:
-        self.batches: list[list[int]] = []
-        self.flat = flat  # an unbatched loader takes one index at a time
-        self.prepare: Any = None  # set: called (once) when iteration starts, to fill `batches` then
-
-    def __iter__(self) -> Iterator[Any]:  # a generator: its body runs when the loader asks for the first index
-        if self.prepare is not None:
-            prepare, self.prepare = self.prepare, None
-            prepare()
-        for b in self.batches:
-            yield b[0] if self.flat else b
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-
 def _has_len(dataset: Any) -> bool:
     """Whether `len(dataset)` works (some streams define a __len__ that raises TypeError)."""
     try:
@@ -89,19 +71,6 @@ def _has_len(dataset: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-def loader_settings(dl: DataLoader) -> dict[str, Any]:
-    """The settings of `dl` a rebuilt loader keeps: workers, collation, memory pinning (its batching is the rebuilder's).
-
-    >>> DataLoader(dl.dataset, batch_size=8, sampler=dl.sampler, **loader_settings(dl))
-    """
-    kw = dict(collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory, timeout=dl.timeout,
-              worker_init_fn=dl.worker_init_fn, multiprocessing_context=dl.multiprocessing_context,
-              persistent_workers=dl.persistent_workers, pin_memory_device=dl.pin_memory_device)
-    if dl.num_workers > 0:
-        kw["prefetch_factor"] = dl.prefetch_factor
-    return kw
 
 
 class DistributedDL(Resumable):
@@ -192,7 +161,7 @@ class DistributedDL(Resumable):
         kw = loader_settings(self.dl)
         unbatched = self.dl.batch_size is None and self.kind != "batch_sampler"
         if sampling.sampler_yields_batches(self.dl):  # dataset[indices], one batch of indices at a time
-            self._batches = _Batches(flat=False)
+            self._batches = PlannedBatches(flat=False)
             return DataLoader(self.dl.dataset, sampler=self._batches, batch_size=None, generator=self._generator, **kw)
         if self.iterable:
             bs, args = self.dl.batch_size or 1, (self.dl.dataset, self.rank, self.world_size)
@@ -201,7 +170,7 @@ class DistributedDL(Resumable):
                             InterleavedStream(*args, bs, self.dl.drop_last))
             kw.update(collate_fn=Collate(self.dl.collate_fn, unbatched), batch_size=None, persistent_workers=False)
             return DataLoader(self._stream, generator=self._generator, **kw)  # a worker keeps the stream it got
-        self._batches = _Batches(flat=unbatched)
+        self._batches = PlannedBatches(flat=unbatched)
         if unbatched:
             return DataLoader(self.dl.dataset, sampler=self._batches, batch_size=None, generator=self._generator, **kw)
         return DataLoader(self.dl.dataset, batch_sampler=self._batches, generator=self._generator, **kw)
@@ -360,6 +329,17 @@ class DistributedDL(Resumable):
         order, plan = self._with_epoch(epoch)
         pos = torch.cat([s[s < plan.length] for s in plan.shards])
         return pos if self.iterable else order[pos]
+
+    def gathered_order(self) -> torch.Tensor | None:
+        """The permutation that puts the rows `gather_for_metrics` returns for whole shards (rank by rank) in the
+        stream's order: a stream is dealt to the ranks item by item (or in slices of each step), so its gathered rows
+        are interleaved. None where rows stay in rank order: one process, or a map-style data set.
+
+        >>> preds = preds.index_select(0, ddl.gathered_order())     # a stream's predictions in its order
+        """
+        if not self.iterable or self.world_size == 1:
+            return None
+        return torch.argsort(self.sample_order())
 
     def last_batch_idxs(self) -> torch.Tensor:
         """Dataset indices of the batch yielded last (padding included); gather them like the predictions.

@@ -115,12 +115,11 @@ class GatherPreds(Callback):
                 setattr(self, name, [joined])
 
     def _stream_order(self) -> torch.Tensor | None:
-        """A stream is dealt to the processes item by item: the gathered rows (rank by rank) in the stream's order.
-        None where rank order is the data's order (a map-style data set's contiguous shards)."""
-        dl = self.learn.dl
-        if not getattr(dl, "iterable", False) or getattr(dl, "world_size", 1) == 1:
-            return None
-        return torch.argsort(dl.sample_order())
+        """The permutation that puts the gathered rows (rank by rank) in the order the loader dealt them from
+        (`DistributedDL.gathered_order`: a stream's); None where rank order is the data's order, or the loader is
+        not sharded."""
+        gathered_order = getattr(self.learn.dl, "gathered_order", None)
+        return gathered_order() if gathered_order is not None else None
 
     def result(self, act: Callable | None = None) -> tuple:
         """(inputs?, preds, targs, losses?) concatenated over all batches."""
