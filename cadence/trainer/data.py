@@ -1,6 +1,7 @@
 """DataLoaders: the train and valid loaders of a Learner, and moving batches to a device.
 
 >>> dls = DataLoaders.from_dsets(train_ds, valid_ds, bs=64)
+>>> dls.train.bs, dls.train.shuffle, dls.train.n      # fastai's loader attributes: 64, True, len(train_ds)
 >>> dls = DataLoaders(train_dl, valid_dl, device="cpu")
 >>> xb, yb = dls.one_batch()                 # the train loader's first batch, on dls.device
 """
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 
 
 _CPU = torch.device("cpu")
@@ -106,6 +107,48 @@ def _dataset(dl: Iterable, name: str) -> Any:
     return ds
 
 
+def _batch_size(dl: Any) -> int | None:
+    """The loader's batch size: `batch_size`, else its batch sampler's; None for a loader that has none."""
+    bs = getattr(dl, "batch_size", None)
+    return getattr(getattr(dl, "batch_sampler", None), "batch_size", None) if bs is None else bs
+
+
+def _n_items(dl: Any) -> int | None:
+    """fastai's `dl.n`: the items of the loader's data set; None for a stream without a length."""
+    try:
+        return len(dl.dataset)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _shuffles(dl: Any) -> bool:
+    """fastai's `dl.shuffle` for a torch loader: its sampler, or its batch sampler's, is a `RandomSampler`."""
+    samplers = (getattr(dl, "sampler", None), getattr(getattr(dl, "batch_sampler", None), "sampler", None))
+    return any(isinstance(s, RandomSampler) for s in samplers)
+
+
+def with_fastai_attrs(dl: Any) -> Any:
+    """`dl` with fastai's DataLoader attributes `bs`, `shuffle` and `n` (those it lacks), read off a torch DataLoader:
+    its batch size, whether it draws a random order (fastai's rule for a torch loader: a `RandomSampler`, here also
+    inside a batch sampler) and the items of its data set. A torch loader fixes batch size and sampler when built, so
+    the values stay right; a list of batches gets none. Returns `dl`.
+
+    >>> dl = with_fastai_attrs(DataLoader(range(10), batch_size=4, shuffle=True))
+    >>> dl.bs, dl.shuffle, dl.n
+    (4, True, 10)
+    """
+    if dl is None or isinstance(dl, (list, tuple)):
+        return dl
+    found = {"bs": lambda: _batch_size(dl), "shuffle": lambda: _shuffles(dl), "n": lambda: _n_items(dl)}
+    for name, value in found.items():
+        if not hasattr(dl, name):
+            try:
+                setattr(dl, name, value())
+            except AttributeError:  # a loader that takes no new attributes (slots): it goes without
+                pass
+    return dl
+
+
 def _default_device() -> torch.device:
     from ..distributed.env import default_device
 
@@ -120,8 +163,12 @@ class DataLoaders:
     by default all but the last. A batch may also be a dict (Hugging Face style): the model gets
     it as keyword arguments, and `target_keys` (default "labels") name the targets.
 
+    A torch loader gets fastai's attributes `bs`, `shuffle` and `n` (`dls.train.bs`, `dls.valid.n`), read off it
+    (`with_fastai_attrs`); to change them, build a new loader (torch fixes batch size and sampler).
+
     >>> dls = DataLoaders(train_dl, valid_dl)
     >>> dls.train, dls.valid, dls.device, dls.train_ds, dls.valid_ds
+    >>> dls.train.bs, dls.train.shuffle, dls.train.n, dls.valid.shuffle
     """
 
     def __init__(self, train: Iterable, valid: Iterable | None = None, device: torch.device | str | None = None,
@@ -162,6 +209,24 @@ class DataLoaders:
         return cls(train, valid, device=device, n_inp=n_inp, target_keys=target_keys)
 
     @property
+    def train(self) -> Iterable:
+        """The training loader (a torch DataLoader with fastai's `bs`, `shuffle`, `n`; any iterable of batches)."""
+        return self._train
+
+    @train.setter
+    def train(self, dl: Iterable) -> None:  # a loader swapped in later (a DistributedDL) gets the attributes too
+        self._train = with_fastai_attrs(dl)
+
+    @property
+    def valid(self) -> Iterable | None:
+        """The validation loader, or None (with fastai's `bs`, `shuffle`, `n` as `train`)."""
+        return self._valid
+
+    @valid.setter
+    def valid(self, dl: Iterable | None) -> None:
+        self._valid = with_fastai_attrs(dl)
+
+    @property
     def train_ds(self) -> Any:
         """The training loader's data set (fastai's `dls.train_ds`).
 
@@ -184,9 +249,7 @@ class DataLoaders:
         >>> DataLoaders.from_dsets(train_ds, valid_ds, bs=64).bs
         64
         """
-        dl = self.train
-        bs = getattr(dl, "batch_size", None)
-        return getattr(getattr(dl, "batch_sampler", None), "batch_size", None) if bs is None else bs
+        return _batch_size(self.train)
 
     def one_batch(self) -> Any:
         """The training loader's first batch, on `self.device` (fastai's `dls.one_batch()`: with shuffling,

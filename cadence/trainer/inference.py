@@ -20,9 +20,10 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
-from .callback import Callback, Order
-from .data import apply_to_tensors, to_device
+from .callback import Callback, Order, event_methods
+from .data import apply_to_tensors, to_device, with_fastai_attrs
 from .epoch_record import EpochRecord
+from .events import CancelException
 from .model_output import call_model, model_loss
 
 # a loader's in-order copy lives as long as the loader: a distributed fit shards it once (it is keyed by id)
@@ -41,7 +42,7 @@ def in_dataset_order(dl: Iterable) -> Iterable:
     if not isinstance(dl, DataLoader):
         return dl
     if dl not in _ORDERED:
-        _ORDERED[dl] = _ordered_copy(dl)
+        _ORDERED[dl] = with_fastai_attrs(_ordered_copy(dl))
     return _ORDERED[dl]
 
 
@@ -90,6 +91,22 @@ class _BatchTransform(Callback):
         self.learn.xb = (self.tfm(xb[0]), *xb[1:])
 
 
+def _fire_on(cbs: list[Callback], events: tuple[str, ...]) -> None:
+    """Each event to the callbacks `cbs` alone, in their order (an error names the callback and the event)."""
+    for event in events:
+        for cb in sorted(cbs, key=lambda c: c.order):
+            handler = event_methods(cb).get(event)
+            if handler is None:
+                continue
+            try:
+                handler()
+            except CancelException:
+                raise
+            except Exception as e:
+                e.add_note(f"(raised in callback {type(cb).__name__} during event {event})")
+                raise
+
+
 class InferenceMethods:
     """Mixed into `Learner`: passes over a loader without training."""
 
@@ -114,9 +131,8 @@ class InferenceMethods:
         >>> learn.validate()["accuracy"]
         """
         dl = self._pick_dl(ds_idx, dl, "validate")
-        with self.added_cbs(cbs):
+        with self.validation_context(cbs=cbs):
             self._do_epoch_validate(dl)
-            self._end_cleanup()
         self.final_record = EpochRecord(self.recorder.pass_values())
         return self.final_record
 
@@ -161,11 +177,8 @@ class InferenceMethods:
         given = dl is not None or not isinstance(ds_idx, int)
         dl = in_dataset_order(picked) if reorder or not given else picked
         gatherer = GatherPreds(with_input, with_loss, concat_dim, pad_index)
-        kept = self._kept_loop_state() if inner else contextlib.nullcontext()
-        with kept, self.no_bar(), self.added_cbs([*_as_list(cbs), gatherer]):
+        with self.no_bar(), self.validation_context(cbs=[*_as_list(cbs), gatherer], inner=inner):
             self._do_epoch_validate(dl)
-            if not inner:
-                self._end_cleanup()
         act = act if act is not None else getattr(self.loss_func, "activation", None)
         out = list(gatherer.result(act))
         if with_decoded:
@@ -173,6 +186,36 @@ class InferenceMethods:
             pred_i = 1 if with_input else 0
             out.insert(pred_i + 2, decodes(out[pred_i]) if decodes is not None else out[pred_i])
         return tuple(out)
+
+    @contextlib.contextmanager
+    def validation_context(self, cbs: Any = None, inner: bool = False):
+        """fastai's context of a validation pass, which `validate` and `get_preds` run in: no epoch results printed
+        and no epoch-level display (`no_logging`, `no_mbar`), the callbacks `cbs` attached for the block.
+
+        Unless `inner`, the callbacks in `cbs` get `before_fit` and `before_epoch` as the block starts and `after_epoch`
+        and `after_fit` as it ends (an error inside included), as fastai's `with learn:`, and the batch state is
+        cleared after. The Learner's own callbacks see only the pass's events, as in `validate`: the Recorder keeps
+        its history (fastai's replaces `recorder.values` with the pass's row). `inner=True`, for a callback during
+        `fit`, fires neither and leaves the fit's state (loader, batch, train or eval mode) as it was; the Recorder
+        sits the pass out.
+
+        >>> with learn.validation_context(cbs=[Timer()]):       # Timer: before_fit ... after_fit around the block
+        ...     loss, acc = learn.validate()
+        >>> with learn.validation_context(cbs=cbs, inner=True):  # in a callback: fastai's own use, in get_preds
+        ...     learn._do_epoch_validate(dl=dl)
+        """
+        cbs = [cb() if isinstance(cb, type) else cb for cb in _as_list(cbs)]
+        kept = self._kept_loop_state() if inner else contextlib.nullcontext()
+        with kept, self.no_logging(), self.no_mbar(), self.added_cbs(cbs):
+            if inner:
+                yield
+                return
+            _fire_on(cbs, ("before_fit", "before_epoch"))
+            try:
+                yield
+            finally:
+                _fire_on(cbs, ("after_epoch", "after_fit"))
+                self._end_cleanup()
 
     @contextlib.contextmanager
     def _kept_loop_state(self):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .callback import Callback, Order
+from .epoch_record import EpochRecord
 from .lr_find import LRFinder, Suggestion, show_or_explain, valley
 from .schedule import ParamScheduler, SchedCos, combine_scheds, combined_cos, n_groups
 
@@ -112,7 +113,12 @@ class FitPolicies:
 
 class SkipToEpoch(Callback):
     """`fit(start_epoch=k)`: after every callback's before_fit (GradAccum fixes the steps per epoch), start at
-    epoch k with the counters of a run that did epochs 0..k-1."""
+    epoch k with the counters of a run that did epochs 0..k-1.
+
+    The Recorder gets fastai's row for each skipped epoch: an empty one (`[]`, its `epoch` by name) in `values`,
+    and 0 batches in `iters`. No callback sees an event of a skipped epoch (fastai runs before_epoch and after_epoch
+    for each, and its SaveModelCallback and EarlyStoppingCallback then fail on the empty row).
+    """
 
     order = Order.DEFAULT
 
@@ -124,3 +130,9 @@ class SkipToEpoch(Callback):
         learn.epoch = k
         learn.step = k * (learn.steps_per_epoch or 0)
         learn.train_iter = k * (learn._batches_per_epoch or 0)
+
+    def before_epoch(self):  # ordered before the Recorder, whose before_fit emptied its history
+        recorder = getattr(self.learn, "recorder", None)
+        if self.learn.epoch == self.start_epoch and recorder is not None and not recorder.values:
+            recorder.values[:0] = [EpochRecord({"epoch": e}) for e in range(self.start_epoch)]
+            recorder.iters[:0] = [0] * self.start_epoch

@@ -37,7 +37,8 @@ def test_fit_one_cycle_start_epoch_continues_the_schedule_of_the_whole_fit():
     later = learner(cbs=Log())
     later.fit_one_cycle(4, 1e-2, start_epoch=2)
     assert later.recorder.lrs == pytest.approx(full.recorder.lrs[8:])            # 4 batches per epoch: the last 8
-    assert [r["epoch"] for r in later.recorder.values] == [2, 3] and later.step == full.step == 16
+    assert [r["epoch"] for r in later.recorder.values] == [0, 1, 2, 3] and later.step == full.step == 16
+    assert later.recorder.values[:2] == [[], []]                                  # fastai's rows of skipped epochs
     assert later.log.epochs == [2] * 4 + [3] * 4
     assert full.log.pct == pytest.approx([i / 16 for i in range(16)])             # fastai's pct_train
     assert later.log.pct == pytest.approx([i / 16 for i in range(8, 16)])
@@ -48,7 +49,7 @@ def test_fit_one_cycle_start_epoch_continues_the_schedule_of_the_whole_fit():
     accum_later.fit_one_cycle(3, 1e-2, cbs=GradAccum(steps=2), start_epoch=1)   # 2 optimizer steps per epoch
     assert accum_later.step == accum_full.step == 6 and accum_later.recorder.lrs == pytest.approx(accum_full.recorder.lrs[4:])
     later.fit(3, lr=1e-3, start_epoch=1)
-    assert [r["epoch"] for r in later.recorder.values] == [1, 2]
+    assert [r["epoch"] for r in later.recorder.values] == [0, 1, 2]
     with pytest.raises(ValueError, match=r"start_epoch must be an int in \[0, n_epoch=2\), got 2"):
         later.fit(2, start_epoch=2)
     with pytest.raises(ValueError, match="pass only one"):
