@@ -2,7 +2,10 @@
 
 Each micro-batch's loss is scaled by its share of the window's samples, so a window gives the
 gradient of one step on the concatenated batch; a partial window at the end of an epoch is
-scaled by its true size and stepped. Under DDP the micro-batches before the last run without
+scaled by its true size and stepped. A model that computes its loss from `labels` (Hugging Face:
+the mean over the labels that are not -100) is weighed by its share of the window's labels instead,
+the window's batches read ahead to count them (`label_weights`), as transformers' Trainer does: the
+big batch's mean over tokens, however each micro-batch was padded (each process its own window). Under DDP the micro-batches before the last run without
 gradient synchronisation, forward included (one all-reduce per window). An engine that
 accumulates itself (the OwnsAccumulation ability: DeepSpeed) is configured instead and steps every
 micro-batch; GradAccum still marks each window's end (`sync_gradients`) and scales the losses. `learn.step` counts optimizer steps, so schedules and trackers do
@@ -20,6 +23,7 @@ from ..distributed.strategy import OwnsAccumulation
 from ..trainer.callback import Callback, Order
 from ..trainer.data import n_batches
 from ..trainer.events import CancelBatchException
+from .label_weights import WindowAhead, label_items, shifts_labels
 
 
 def batch_sizes(dl: Any) -> list[int] | None:
@@ -76,6 +80,7 @@ class GradAccum(Callback):
                 raise ValueError(f"GradAccum {name} must be a positive int, got {v!r}")
         self.steps, self.samples = steps, samples
         self.engine_owned = False  # the strategy accumulates itself (DeepSpeed): configured, and stepped every batch
+        self._shifted = False  # the model is a causal LM: its loss skips each row's first label
 
     def before_fit(self):
         strategy = self.learn.strategy
@@ -88,7 +93,18 @@ class GradAccum(Callback):
         self.learn.steps_per_epoch = sum(self.ends)
 
     def before_train(self):
-        self._plan(self.learn.dl)
+        learn = self.learn
+        self._plan(learn.dl)
+        if learn.loss_func is None:  # the model's own loss: weigh each micro-batch by the labels it averages over
+            self._shifted = shifts_labels(learn.strategy.unwrap(learn.model))
+            learn.dl = WindowAhead(learn.dl, self.ends, self._weigh_by_labels)
+
+    def _weigh_by_labels(self, first: int, window: list) -> None:
+        """The loss scales of the window starting at batch `first`: each batch's share of the window's labels
+        (the planned share of its samples where a batch has no labels, or the window none)."""
+        counts = [label_items(batch, self._shifted) for batch in window]
+        if None not in counts and sum(counts):
+            self.scales[first:first + len(window)] = [c / sum(counts) for c in counts]
 
     def _plan(self, dl: Any) -> None:
         if n_batches(dl) is None:
@@ -118,6 +134,8 @@ class GradAccum(Callback):
 
     def after_train(self):
         self.learn.sync_gradients = True
+        if isinstance(self.learn.dl, WindowAhead):
+            self.learn.dl = self.learn.dl.inner
 
     def after_fit(self):
         self.learn.sync_gradients = True
