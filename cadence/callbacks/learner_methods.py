@@ -151,7 +151,8 @@ def save_model(self, directory: str | Path, max_shard_size: int | str = "2GB", m
                safe_serialization: bool = True) -> Path:
     """Write the weights only, as `model.safetensors` or shards with an index (the Hugging Face layout);
     a peft model its adapter, or with `merge_adapter=True` the model with the adapter merged in;
-    `safe_serialization=False`: `pytorch_model.bin` (or its shards) instead.
+    `safe_serialization=False`: `pytorch_model.bin` (or its shards) instead. Call it on every process, not under
+    `if is_main_process:`: under FSDP and ZeRO-3 the weights are gathered from all of them (the main process writes).
 
     >>> learn.save_model("models/final")
     """
