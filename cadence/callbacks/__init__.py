@@ -10,7 +10,7 @@ from .clip import GradClip
 from .distributed import DistributedTrainer
 from .early_stop import EarlyStopping, MonitorCallback, ReduceLROnPlateau, SaveModel, TerminateOnNaN
 from .fastai_names import (CSVLogger, EarlyStoppingCallback, GradientAccumulation, GradientClip, SaveModelCallback,
-                           TensorBoardCallback, TerminateOnNaNCallback)
+                           TensorBoardCallback, TerminateOnNaNCallback, WandbCallback)
 from .precision import MixedPrecision
 from .progress import ProgressCallback
 from .tracking import CSVTracker, GeneralTracker, TensorBoardTracker, Tracker, WandbTracker
@@ -21,4 +21,4 @@ __all__ = ["GradAccum", "Checkpoint", "GradClip", "DistributedTrainer", "EarlySt
            "Tracker", "WandbTracker",
            # fastai's names (fastai_names.py)
            "SaveModelCallback", "EarlyStoppingCallback", "GradientAccumulation", "GradientClip", "CSVLogger",
-           "TensorBoardCallback", "TerminateOnNaNCallback"]
+           "TensorBoardCallback", "WandbCallback", "TerminateOnNaNCallback"]

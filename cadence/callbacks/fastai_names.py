@@ -3,7 +3,8 @@
 Each is the cadence callback of the same feature, taking fastai's arguments:
 
 >>> learn.fit(5, cbs=[SaveModelCallback(fname="best"), EarlyStoppingCallback(patience=2), CSVLogger(),
-...                   GradientAccumulation(n_acc=64), GradientClip(1.0), TensorBoardCallback("runs/tb")])
+...                   GradientAccumulation(n_acc=64), GradientClip(1.0), TensorBoardCallback("runs/tb"),
+...                   WandbCallback()])
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from ..trainer.callback import Callback, Order
 from .accumulate import GradAccum
 from .clip import GradClip
 from .early_stop import EarlyStopping, SaveModel, TerminateOnNaN
-from .tracking import TensorBoardTracker, Tracker
+from .tracking import TensorBoardTracker, Tracker, WandbTracker
 
 __all__ = ["SaveModelCallback", "EarlyStoppingCallback", "GradientAccumulation", "GradientClip", "CSVLogger",
-           "TensorBoardCallback", "TerminateOnNaNCallback"]
+           "TensorBoardCallback", "WandbCallback", "TerminateOnNaNCallback"]
 
 
 class EarlyStoppingCallback(EarlyStopping):
@@ -97,6 +98,84 @@ class TensorBoardCallback(Tracker):
         if log_dir is not None:
             tracker.run_dir = Path(log_dir)
         super().__init__(tracker)
+
+
+class _RunTracker(WandbTracker):
+    """`WandbCallback`'s W&B tracker: logs into the run `wandb.init()` opened, as fastai's does; else opens its own
+    (`wandb.init(dir=$WANDB_DIR)` by W&B's defaults) and finishes it with the fit. A run it did not open stays open."""
+
+    def start(self, step: int) -> None:
+        import wandb
+
+        self.owned = wandb.run is None
+        if self.owned:
+            super().start(step)
+        else:
+            self._take_resume()   # the user's run is the run: nothing of a checkpoint's to reopen
+            self.run, self.run_id = wandb.run, wandb.run.id
+
+    def finish(self) -> None:
+        if getattr(self, "owned", True):
+            super().finish()
+        self.run = None
+
+
+_WATCH = ("gradients", "parameters", "all", None)
+
+
+class WandbCallback(Tracker):
+    """fastai's `WandbCallback(log=None, ...)`: losses, learning rate and metrics to a W&B run (`Tracker("wandb")`).
+
+    As fastai's, it logs into the run `wandb.init(project=...)` opened (and leaves it open); without one it
+    opens a run with W&B's defaults (files under `$WANDB_DIR`, else `./wandb`) and finishes it at the end of
+    fit. The keys are cadence's tracker's (`train/loss`, `train/lr`, `valid/loss`, `valid/<metric>`, counted
+    in optimizer steps), the learner's hyperparameters go to `run.config`; main process only, `lr_find` not
+    logged. `log="gradients"`, `"parameters"` or `"all"` is `run.watch(learn.model, log=log)` for the fit.
+    Prediction samples, model and dataset artifacts are not logged: `log_preds`, `log_preds_every_epoch`,
+    `log_model`, `log_dataset`, `model_name`, `dataset_name` and `valid_dl` are refused (`n_preds`, `seed` and
+    `reorder` only tune those samples, and are ignored).
+
+    >>> import wandb
+    >>> run = wandb.init(project="digits", mode="offline")   # as in fastai: open the run (offline: no account)
+    >>> learn.fit(1, cbs=WandbCallback())
+    >>> wandb.run is run                                      # logged into it, and left it open
+    True
+    >>> run.finish()
+    """
+
+    def __init__(self, log: str | None = None, log_preds: bool = False, log_preds_every_epoch: bool = False,
+                 log_model: bool = False, model_name: str | None = None, log_dataset: bool | str | os.PathLike = False,
+                 dataset_name: str | None = None, valid_dl: Any = None, n_preds: int = 36, seed: int = 12345,
+                 reorder: bool = True):
+        if log not in _WATCH:
+            raise ValueError(f"WandbCallback(log={log!r}): use one of {_WATCH} (what run.watch logs of the model)")
+        asked = [n for n, v in (("log_preds", log_preds), ("log_preds_every_epoch", log_preds_every_epoch),
+                                ("log_model", log_model), ("model_name", model_name), ("log_dataset", log_dataset),
+                                ("dataset_name", dataset_name), ("valid_dl", valid_dl))
+                 if v is not None and v is not False]
+        if asked:
+            raise ValueError(f"WandbCallback({asked[0]}=...): cadence's W&B logging writes the losses, learning rate "
+                             f"and metrics only, no prediction samples, model or dataset artifacts; drop "
+                             f"{', '.join(asked)} (log artifacts yourself with wandb.Artifact and run.log_artifact)")
+        super().__init__(_RunTracker())
+        self.watch_log, self.n_preds, self.seed, self.reorder = log, n_preds, seed, reorder
+        self._watched: Any = None
+
+    def before_fit(self):
+        super().before_fit()
+        if self.active and self.watch_log is not None:
+            self._watched = self.learn.model
+            self.trackers[0].run.watch(self._watched, log=self.watch_log)
+
+    def after_fit(self):
+        run = self.trackers[0].run
+        if self._watched is not None and run is not None:
+            run.unwatch(self._watched)   # no hooks left on the model, logging into a run that may be finished
+        self._watched = None
+        super().after_fit()
+
+    def __repr__(self) -> str:
+        return f"WandbCallback(log={self.watch_log!r})"
 
 
 class CSVLogger(Callback):

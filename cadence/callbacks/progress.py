@@ -34,8 +34,12 @@ def format_value(name: str, value) -> str:
 def _plain_output() -> bool:
     """True when rich would find no terminal either (its checks, in its order), so rich need not be imported.
 
-    Logs, CI and launched workers then print plain lines without importing rich (~60 ms).
+    Logs, CI and launched workers then print plain lines without importing rich (~60 ms). Workers that
+    `notebook_launcher` started from a Jupyter kernel (`CADENCE_NOTEBOOK_OUTPUT=1`) write into a cell: plain
+    lines too, though the kernel's `FORCE_COLOR=1` would make rich draw a terminal's bar there.
     """
+    if os.environ.get("CADENCE_NOTEBOOK_OUTPUT") == "1":   # set by cadence.distributed.notebook
+        return True
     tty_compatible = os.environ.get("TTY_COMPATIBLE", "")
     if tty_compatible in ("0", "1"):
         return tty_compatible == "0"

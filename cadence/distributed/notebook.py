@@ -2,7 +2,9 @@
 
 Workers start with spawn and receive the function by cloudpickle, with the same variables
 `cadence launch` gives a script; rank 0's return value comes back, a worker's exception is
-re-raised here with its traceback.
+re-raised here with its traceback. Launched from a Jupyter kernel, the workers also get
+`CADENCE_NOTEBOOK_OUTPUT=1`: their output lands in a cell, so the progress callback prints plain lines
+there (the kernel's `FORCE_COLOR` / `TERM` would otherwise make it draw a terminal's live bar).
 
 >>> notebook_launcher(train, args=(8, 1e-2), num_processes=2)          # doctest: +SKIP
 """
@@ -10,6 +12,7 @@ re-raised here with its traceback.
 from __future__ import annotations
 
 import os
+import sys
 from typing import NoReturn
 
 from cadence.distributed import launch_xla
@@ -17,6 +20,10 @@ from cadence.distributed.config import Config
 from cadence.distributed.lifecycle import SELF_EXITING_VAR, die_with_parent, exit_now
 from cadence.distributed.launch import free_port, is_peer_failure, launch_env, user_traceback
 from cadence.distributed.loopback import loopback_store
+
+
+# read by cadence.callbacks.progress: "1" when the process's output goes to a notebook cell, not a terminal
+NOTEBOOK_OUTPUT_VAR = "CADENCE_NOTEBOOK_OUTPUT"
 
 
 class WorkerError(RuntimeError):
@@ -30,7 +37,8 @@ def notebook_launcher(function, args: tuple = (), num_processes: int | None = No
     Workers start with spawn and receive `function` by cloudpickle, so a function defined in a
     notebook cell works. Each gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and the
     CADENCE_* variables `cadence launch` sets. A worker's exception is re-raised here, chained to
-    a WorkerError holding the worker's traceback; the other workers are stopped.
+    a WorkerError holding the worker's traceback; the other workers are stopped. From a Jupyter
+    kernel, the workers print plain progress lines into the cell (no live bar, no terminal codes).
 
     >>> def train(lr): ...; return "done"
     >>> notebook_launcher(train, (1e-3,), num_processes=2)          # doctest: +SKIP
@@ -78,6 +86,8 @@ def _spawn(function, args: tuple, config: Config, use_port: int | None):
     env = {k: v for k, v in launch_env(config).items() if v is not None}
     env.update(WORLD_SIZE=str(config.num_processes), LOCAL_WORLD_SIZE=str(config.num_processes),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="True")
+    if in_jupyter_kernel():
+        env[NOTEBOOK_OUTPUT_VAR] = "1"   # the workers write into the cell: plain lines, whatever FORCE_COLOR says
     ctx = multiprocessing.get_context("spawn")
     procs, conns = [], []
     with loopback_store(int(port), config.timeout, flag="use_port"):   # the workers' store, on 127.0.0.1 only
@@ -92,6 +102,21 @@ def _spawn(function, args: tuple, config: Config, use_port: int | None):
             return _collect(procs, conns)
         finally:
             _stop(procs)
+
+
+def in_jupyter_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (its output goes to notebook cells), without importing IPython.
+
+    >>> in_jupyter_kernel()          # in a script or a terminal IPython
+    False
+    """
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    try:
+        shell = get_ipython() if get_ipython is not None else None
+    except Exception:
+        return False
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def _worker_main(rank: int, payload: bytes, env: dict[str, str], conn, parent_pid: int) -> NoReturn:

@@ -82,9 +82,10 @@ class Tracker(Callback):
             is stored with what the learner knows: n_epoch, lr, batch_size, optimizer, world_size.
 
     The trackers built from names write into one directory per run, `dir/project/run_name`
-    (`run_name` defaults to the start time): event files, `metrics.csv`, `hparams.yaml` and W&B's
-    `wandb/` side by side. `lr` in the stored hyperparameters is the peak rate of the fit's
-    schedule (`lr_max` of `fit_one_cycle`).
+    (`dir` defaults to `runs`, `run_name` to the start time): event files, `metrics.csv`,
+    `hparams.yaml` and W&B's `wandb/` side by side. W&B's files go under `$WANDB_DIR` instead when
+    that is set and `dir` is not (as `wandb.init` and Accelerate do). `lr` in the stored
+    hyperparameters is the peak rate of the fit's schedule (`lr_max` of `fit_one_cycle`).
 
     Logged per optimizer step: `train/loss` (mean loss of the step's micro-batches on the main
     process), `train/lr` (last parameter group), `train/grad_norm` (when a callback sets
