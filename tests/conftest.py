@@ -23,7 +23,11 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):  # the last three would make output a terminal
         monkeypatch.delenv(var, raising=False)
+    from cadence.accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()  # each test starts as a new process: the first Accelerator fixes the precision
     yield
+    AcceleratorState._reset_state()
 
 
 from fixtures import dls, dsets, model  # noqa: E402,F401  shared fixtures

@@ -9,6 +9,7 @@ Accelerate's modules have their cadence counterparts: `cadence.utils` (`accelera
 """
 
 from .accelerator import Accelerator
+from .dynamo import DynamoBackend, TorchDynamoPlugin
 from .enums import LoggerType, PrecisionType, RNGType
 from .handlers import (AutocastKwargs, DDPCommunicationHookType, DistributedDataParallelKwargs, DummyOptim,
                        DummyScheduler, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs, ProjectConfiguration)
@@ -29,4 +30,4 @@ __all__ = ["Accelerator", "PartialState", "AcceleratorState", "GradientState", "
            "DistributedType", "DataLoaderConfiguration", "GradientAccumulationPlugin", "FullyShardedDataParallelPlugin",
            "DeepSpeedPlugin", "DDPCommunicationHookType", "ProfileKwargs", "LocalSGD", "synchronize_rng_states",
            "gather_object", "patch_environment", "tqdm", "release_memory", "ParallelismConfig", "AutocastKwargs",
-           "LoggerType", "PrecisionType", "RNGType", *_IMPORTS]
+           "LoggerType", "PrecisionType", "RNGType", "TorchDynamoPlugin", "DynamoBackend", *_IMPORTS]

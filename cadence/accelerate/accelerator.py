@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..compile import check_compile_options, options_from_env, unwrap_compiled
+from ..compile import unwrap_compiled
 from ..distributed.precision import make_precision
 from . import sync
 from .accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
@@ -39,6 +39,7 @@ from .checkpointing import (automatic_checkpoint_dir, latest_checkpoint_dir, loa
                             save_accelerator_state)
 from .clipping import clip_grad_norm, clip_part, refuse_part_under_own_clipping
 from .collectives import ProcessHelpers
+from .dynamo import TorchDynamoPlugin, compile_options, dynamo_plugin_for
 from .handlers import (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs,
                        ProfileKwargs, ProjectConfiguration)
 from .optional_features import OptionalFeatures
@@ -52,7 +53,7 @@ from .preparation import (check_rng_types, choose_engine, covers_trainable, make
 from .properties import RunProperties
 from .saving import save_object
 from .skip_batches import skip_first_batches
-from .state import GradientState, PartialState
+from .state import GradientState, PartialState, remember_precision, shared_precision
 from .state_hooks import StateHooks
 from .trackers import TrackerSet
 
@@ -63,7 +64,8 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
     """Accelerate's `Accelerator`: prepare your objects, then write the training loop yourself.
 
     Args:
-        mixed_precision: "no", "fp16" or "bf16" (default: `cadence launch --mixed_precision`, else "no").
+        mixed_precision: "no", "fp16" or "bf16" (default: the process's first Accelerator's, else `cadence launch
+            --mixed_precision`, else "no"). As in Accelerate, a later Accelerator cannot change it (ValueError).
         gradient_accumulation_steps: micro-batches per optimizer step inside `accumulate` (default: the launcher's).
         cpu: train on the CPU even when a GPU is there.
         strategy: "ddp", "fsdp", ... or a Strategy (default: the launcher's, else DDP).
@@ -80,14 +82,17 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         device_placement: prepared loaders put batches on `accelerator.device`.
         dynamo_backend: torch.compile backend for prepared models ("inductor", "aot_eager", ...; "no": none);
             by default what `cadence launch --dynamo_backend` set. Compiled in place: saved weights keep their names.
+        dynamo_plugin: a `TorchDynamoPlugin` (backend, mode, fullgraph, dynamic, ...) instead of `dynamo_backend`.
         parallelism_config: a `ParallelismConfig` (tp_size, dp_shard_size): tensor parallelism inside FSDP2
             (`cadence.accelerate.parallelism`); default the launcher's `--use_parallelism_config` sizes.
         rng_types: random states prepared loaders copy from the main process at each iteration ("torch", "cuda";
             "generator", the default, is the sampler's, given at `prepare`).
         deepspeed_plugins: one DeepSpeedPlugin (or a dict holding one): the same as deepspeed_plugin.
-        torch_tp_plugin, megatron_lm_plugin, dynamo_plugin: refused, naming what to use instead.
+        torch_tp_plugin, megatron_lm_plugin: refused, naming what to use instead.
 
-    >>> accelerator = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024)])
+    >>> accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2)
+    >>> accelerator.mixed_precision, accelerator.gradient_accumulation_steps
+    ('bf16', 2)
     """
 
     def __init__(self, device_placement: bool = True, split_batches: bool = False, mixed_precision: str | None = None,
@@ -99,9 +104,11 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
                  gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
                  fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
                  deepspeed_plugin: DeepSpeedPlugin | None = None, torch_tp_plugin: Any = None,
-                 megatron_lm_plugin: Any = None, rng_types: list | None = None, dynamo_plugin: Any = None,
+                 megatron_lm_plugin: Any = None, rng_types: list | None = None,
+                 dynamo_plugin: TorchDynamoPlugin | None = None,
                  deepspeed_plugins: Any = None, parallelism_config: ParallelismConfig | None = None):
-        refuse_unsupported(torch_tp_plugin, megatron_lm_plugin, dynamo_plugin)
+        refuse_unsupported(torch_tp_plugin, megatron_lm_plugin)
+        dynamo_plugin = dynamo_plugin_for(dynamo_backend, dynamo_plugin)
         deepspeed_plugin = one_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins)
         self.rng_types = check_rng_types(rng_types)
         self._handlers = handlers = sort_handlers(kwargs_handlers)
@@ -109,19 +116,18 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(split_batches=split_batches)
         if split_batches and not self.dataloader_config.split_batches:
             raise ValueError("split_batches=True and a dataloader_config with split_batches=False: set it in one place")
-        self.mixed_precision = mixed_precision or os.environ.get("CADENCE_MIXED_PRECISION", "no")
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.project_dir = str(project_dir)
             self.project_configuration.logging_dir = self.project_configuration.logging_dir or str(project_dir)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.compile_options = _compile_options(dynamo_backend)
+        self.compile_options = compile_options(dynamo_plugin)
         self.dynamo_backend = (self.compile_options or {}).get("backend", "no")
         pg = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         self.profile_handler = handlers.get(ProfileKwargs)
         self.state = PartialState(cpu=cpu, backend=pg.backend, timeout=pg.timeout)
-        self.state.mixed_precision = self.mixed_precision
+        self.state.dynamo_plugin = dynamo_plugin
         engine, options = choose_engine(strategy, fsdp_plugin, deepspeed_plugin)
         self.parallelism_config = parallelism_config or launched_parallelism_config()
         self.state.parallelism_config = self.parallelism_config
@@ -130,6 +136,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         self.strategy = make_strategy(engine, cpu, handlers.get(DistributedDataParallelKwargs), options)
         self.strategy.setup_environment()
         self.state.distributed_type = self.distributed_type
+        self.mixed_precision = self.state.mixed_precision = shared_precision(mixed_precision, self.distributed_type)
         self.state.fsdp_plugin = fsdp_plugin if self.distributed_type == DistributedType.FSDP else None
         self.state.deepspeed_plugin = None
         if self.distributed_type == DistributedType.DEEPSPEED:
@@ -157,6 +164,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         self._save_state_pre_hooks: OrderedDict[int, Any] = OrderedDict()   # weakly referenced by their handles
         self._load_state_pre_hooks: OrderedDict[int, Any] = OrderedDict()
         self._trigger = False
+        remember_precision(self.mixed_precision, self.distributed_type)
 
     # ------------------------------------------------------------------ the step
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -479,12 +487,3 @@ def _accumulation_plugin(steps: int | None, plugin: GradientAccumulationPlugin |
     if not isinstance(plugin.num_steps, int) or isinstance(plugin.num_steps, bool) or plugin.num_steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be a positive int, got {steps!r}")
     return plugin
-
-
-def _compile_options(dynamo_backend: str | None) -> dict[str, Any] | None:
-    """torch.compile options from `dynamo_backend`, else from the launcher's `CADENCE_DYNAMO_*`; None: no compile."""
-    if dynamo_backend is None:
-        return options_from_env()
-    if str(dynamo_backend).lower() == "no":
-        return None
-    return check_compile_options({"backend": str(dynamo_backend).lower()})

@@ -201,15 +201,12 @@ _MODEL_PARALLEL = ("tensor and sequence parallelism are cadence's model_parallel
                    "--use_parallelism_config --parallelism_config_tp_size N`")
 
 
-def refuse_unsupported(torch_tp_plugin: Any, megatron_lm_plugin: Any, dynamo_plugin: Any) -> None:
+def refuse_unsupported(torch_tp_plugin: Any, megatron_lm_plugin: Any) -> None:
     """Accelerate's constructor arguments cadence has no engine for: a clear error, never ignored."""
     if megatron_lm_plugin is not None:
         raise ValueError(f"megatron_lm_plugin: Megatron-LM is not part of cadence; {_MODEL_PARALLEL}")
     if torch_tp_plugin is not None:
         raise ValueError(f"torch_tp_plugin: {_MODEL_PARALLEL}")
-    if dynamo_plugin is not None:
-        raise ValueError("dynamo_plugin: cadence compiles prepared models from dynamo_backend=\"inductor\" (or "
-                         "`cadence launch --dynamo_backend ... --dynamo_mode ...`); pass that instead")
 
 
 def one_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:

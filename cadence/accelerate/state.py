@@ -16,14 +16,15 @@ import math
 import os
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, ClassVar, Iterator, TypeVar
 
 import torch
 
 from ..distributed import env, ops
+from ..distributed.precision import PRECISIONS
 from .plugins import DeepSpeedPlugin, distributed_type_of
 
-__all__ = ["PartialState", "AcceleratorState", "GradientState"]
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "shared_precision", "remember_precision"]
 
 T = TypeVar("T")
 _UNSET = object()
@@ -37,12 +38,17 @@ class PartialState:
     (0, 1, device(type='cpu'))
     """
 
+    # Accelerate's AcceleratorState is one per process: its first Accelerator fixes the mixed precision. cadence
+    # keeps a state per Accelerator and this one value per process (see `shared_precision`).
+    _first_precision: ClassVar[str | None] = None
+
     def __init__(self, cpu: bool = False, backend: str | None = None, timeout: timedelta | None = None):
         env.setup_distrib(backend, timeout.total_seconds() if timeout is not None else None)
         self.device = torch.device("cpu") if cpu else env.default_device()
         self._launched = (os.environ.get("CADENCE_STRATEGY") or "ddp").lower()
         self.distributed_type = distributed_type_of(self._launched, self.device, self.num_processes)
         self.fsdp_plugin: Any = None
+        self.dynamo_plugin: Any = None        # an Accelerator's state holds its TorchDynamoPlugin
         self.parallelism_config: Any = None   # an Accelerator's state holds its ParallelismConfig
         self.torch_tp_plugin: Any = None      # as Accelerate's without one: cadence's TP is the ParallelismConfig's
         self._deepspeed_plugin: Any = _UNSET
@@ -50,6 +56,15 @@ class PartialState:
         self.debug = os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes")
         self.initialized = True
         self.fork_launched = False   # cadence's notebook launcher starts fresh processes, never forks
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        """Forget the mixed precision this process's first Accelerator fixed, so that the next Accelerator may set
+        another (Accelerate's `AcceleratorState._reset_state()`, for tests and notebooks).
+
+        >>> AcceleratorState._reset_state(True)
+        """
+        PartialState._first_precision = None
 
     @property
     def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
@@ -201,8 +216,36 @@ class PartialState:
 
 
 # Accelerate's `AcceleratorState`: cadence keeps one state class, an Accelerator's being `accelerator.state`
-# (with `mixed_precision`, `distributed_type`, `fsdp_plugin`, `deepspeed_plugin`, `parallelism_config`, ...)
+# (with `mixed_precision`, `distributed_type`, `fsdp_plugin`, `deepspeed_plugin`, `dynamo_plugin`, ...)
 AcceleratorState = PartialState
+
+
+def shared_precision(requested: str | None, distributed_type: str) -> str:
+    """An Accelerator's mixed precision, as Accelerate's one AcceleratorState per process decides it.
+
+    The process's first Accelerator takes `requested` (None: `cadence launch --mixed_precision`, else "no"); a
+    later one without `mixed_precision` shares that first one's, and one with another is refused (ValueError,
+    Accelerate's words). Under DeepSpeed the engine's config decides and nothing is checked, as in Accelerate.
+
+    >>> Accelerator(mixed_precision="bf16"); Accelerator().mixed_precision
+    'bf16'
+    """
+    first = PartialState._first_precision
+    if first is None or distributed_type == "DEEPSPEED":
+        return requested or os.environ.get("CADENCE_MIXED_PRECISION", "no")
+    if requested is not None and requested != first and requested in PRECISIONS:
+        raise ValueError(
+            f"AcceleratorState has already been initialized and cannot be changed, restart your runtime completely and "
+            f"pass `mixed_precision='{requested}'` to `Accelerator()`. (This process's first Accelerator set "
+            f"mixed_precision='{first}', and as in Accelerate every later one shares it: leave mixed_precision out, "
+            f"or pass '{first}'. A test or notebook may call AcceleratorState._reset_state() to start over.)")
+    return requested or first
+
+
+def remember_precision(precision: str, distributed_type: str) -> None:
+    """Record the first Accelerator's `precision` (once it is built) for `shared_precision`."""
+    if PartialState._first_precision is None and distributed_type != "DEEPSPEED":
+        PartialState._first_precision = precision
 
 
 def _split(inputs: Any, index: int, n: int, pad: bool) -> Any:

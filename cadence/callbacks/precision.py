@@ -18,6 +18,7 @@ import torch
 
 from ..distributed.ops import map_tensors
 from ..distributed.precision import FullPrecision, make_precision
+from ..distributed.strategy import OwnsPrecision
 from ..trainer.callback import Callback, Order
 
 
@@ -25,6 +26,7 @@ class MixedPrecision(Callback):
     """Run forward and loss under autocast in `precision` ("bf16" or "fp16"); fp16 scales the loss.
 
     `scaler_kwargs` go to `torch.amp.GradScaler` (e.g. `init_scale=2.**16`, `growth_interval=2000`).
+    Removed (`learn.remove_cb`, or after `fit(cbs=...)`), it takes its precision off the strategy: fp32 again.
 
     >>> with learn.no_bar(): learn.fit(1, cbs=MixedPrecision("bf16"))   # or learn.to_bf16()
     """
@@ -36,7 +38,6 @@ class MixedPrecision(Callback):
             raise ValueError(f"MixedPrecision takes 'bf16' or 'fp16', got {precision!r}; use learn.to_fp32() for fp32")
         self.precision, self.scaler_kwargs = precision, scaler_kwargs
         self.plugin: FullPrecision | None = None
-        self._set_on: Any = None   # the strategy this callback's precision was last set on
 
     def plugin_for(self, device) -> FullPrecision:
         """The plugin for `device` (made once; a new device type gets a new one)."""
@@ -49,18 +50,30 @@ class MixedPrecision(Callback):
 
     def before_fit(self):
         self.learn.strategy.set_precision(self._plugin())
-        self._set_on = self.learn.strategy
 
     def forward_context(self) -> ContextManager:
         """The strategy's autocast, with this callback's precision set on it: in `fit` and outside it (`validate`,
         `get_preds`, `predict`, `summary`), before the first fit as after it."""
         strategy = self.learn.strategy
-        if self._set_on is not strategy:   # once per strategy: the check is not paid at every batch
+        if strategy.precision is not self.plugin:   # a new strategy (distrib_ctx), or not set yet
             plugin = self._plugin()
             if strategy.precision is not plugin:
                 strategy.set_precision(plugin)
-            self._set_on = strategy
         return strategy.forward_context()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """`learn.remove_cb` sets `learn` to None: the learner's strategy goes back to full precision then."""
+        learn = self.__dict__.get("learn")
+        if name == "learn" and learn is not None and value is not learn:
+            self._release(learn.strategy)
+        super().__setattr__(name, value)
+
+    def _release(self, strategy: Any) -> None:
+        """Full precision on `strategy` again if it runs this callback's precision (a later fit without this callback
+        neither scales the loss nor autocasts). An engine that fixed its precision when it wrapped the model (FSDP,
+        DeepSpeed) keeps it until `distrib_ctx` ends."""
+        if self.plugin is not None and strategy.precision is self.plugin and not isinstance(strategy, OwnsPrecision):
+            strategy.set_precision(FullPrecision())
 
     def after_pred(self):
         """Outside training, predictions in fp32 (fastai's): what validation's loss and metrics and `get_preds` see."""
@@ -88,7 +101,7 @@ def _to_float(t: torch.Tensor) -> torch.Tensor:
 
 def set_precision(learn: Any, precision: str, **scaler_kwargs) -> Any:
     """Switch `learn` to "bf16", "fp16" or "no" (fp32): replaces any MixedPrecision callback."""
-    learn.remove_cb(MixedPrecision)
+    learn.remove_cb(MixedPrecision)   # its precision leaves the strategy with it
     if precision == "no":
         learn.strategy.set_precision(FullPrecision())
         return learn

@@ -5,6 +5,9 @@ The names are implemented in `cadence.accelerate` (plugins, kwargs handlers, hel
 
 >>> from cadence.utils import DistributedDataParallelKwargs, DDPCommunicationHookType, ProfileKwargs, set_seed
 >>> from cadence.utils import broadcast, gather, reduce, send_to_device, find_batch_size, is_torch_version
+
+Accelerate's names without a cadence counterpart (fp8, Megatron-LM, ...) raise ImportError saying what to use
+instead (`cadence.utils.unavailable`).
 """
 
 from ..accelerate import __all__ as _ACCELERATE
@@ -22,6 +25,7 @@ from .modeling import (convert_file_size_to_int, extract_model_from_parallel, ge
                        is_peft_model)
 from .operations import *  # noqa: F403 (Accelerate's operations: the collectives and nested-tensor helpers)
 from .operations import __all__ as _OPERATIONS
+from .unavailable import module_getattr
 from .versions import compare_versions, is_torch_version
 
 __all__ = [*_ACCELERATE, *_OPERATIONS, *_CONSTANTS, "KwargsHandler", "wait_for_everyone", "extract_model_from_parallel",
@@ -29,3 +33,5 @@ __all__ = [*_ACCELERATE, *_OPERATIONS, *_CONSTANTS, "KwargsHandler", "wait_for_e
            "is_torch_version", "write_basic_config", "infer_auto_device_map", "load_checkpoint_in_model",
            "compute_module_sizes", "dtype_byte_size", "find_tied_parameters", "get_balanced_memory", "load_state_dict",
            "set_module_tensor_to_device"]
+
+__getattr__ = module_getattr(__name__)   # Accelerate's names cadence has no counterpart for: what to use instead

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 import cadence
 from cadence import Accelerator, AutocastKwargs, cpu_offload, disk_offload, init_empty_weights, skip_first_batches
+from cadence.accelerate.state import AcceleratorState
 from cadence.utils import (LoggerType, PrecisionType, RNGType, broadcast_object_list, is_compiled_module,
                            is_peft_model, load_checkpoint_in_model, write_basic_config)
 
@@ -92,6 +93,7 @@ def test_logger_precision_and_rng_types_are_accelerates_enums(tmp_path):
     acc.init_trackers("proj")
     assert acc.trackers[0].name == "tensorboard"
     acc.end_training()
+    AcceleratorState._reset_state()  # one mixed precision per process, as Accelerate's AcceleratorState keeps
     assert Accelerator(cpu=True, mixed_precision=PrecisionType.BF16).mixed_precision == "bf16"
     assert Accelerator(cpu=True, rng_types=[RNGType.TORCH]).rng_types == ["torch"]
 

@@ -111,8 +111,10 @@ def test_reduce_lr_on_plateau_and_mixed_precision_keep_fastais_names(tmp_path):
     learn.fit(3, cbs=[Script([1.0, 1.0, 1.0]), ReduceLROnPlateau(patience=1, factor=10)])
     assert learn.opt.param_groups[0]["lr"] == pytest.approx(0.1 / 100)
     learn = _learner(tmp_path)
-    learn.fit(1, cbs=MixedPrecision("bf16"))
-    assert learn.strategy.precision.name == "bf16"
+    seen = []
+    learn.fit(1, cbs=[MixedPrecision("bf16"), Callback(after_batch=lambda cb: seen.append(learn.strategy.precision.name))])
+    assert set(seen) == {"bf16"} and hasattr(learn, "mixed_precision") is False   # a fit's callback, gone after it
+    assert learn.strategy.precision.name == "no"   # as fastai's MixedPrecision.after_fit drops its autocast
 
 
 def test_a_tracker_in_cbs_says_to_wrap_it_in_tracker(tmp_path):
