@@ -49,15 +49,19 @@ from .trainer.lr_find import LRFinder, SuggestedLRs, minimum, slide, steep, vall
 from .trainer.schedule import (ParamScheduler, SchedCos, SchedExp, SchedLin, SchedNo, SchedPoly, combine_scheds,
                                combined_cos)
 from .trainer.transfer import BnFreeze, FitStage
-# fastai names (issue 21)
+# fastai names
 from .callbacks.mixup import CutMix, MixUp
 from .callbacks.short_epoch import ShortEpochCallback
 from .callbacks.fastai_names import (CSVLogger, EarlyStoppingCallback, GradientAccumulation, GradientClip,
-                                     SaveModelCallback, TensorBoardCallback, TerminateOnNaNCallback)
+                                     SaveModelCallback, TensorBoardCallback, TerminateOnNaNCallback, WandbCallback)
 from .trainer.callback import before_batch_cb
 from .trainer.data import to_detach
 from .trainer.metrics import ValueMetric
 from .trainer.recorder import SmoothLoss
+from .trainer.losses import (BaseLoss, BCEWithLogitsLossFlat, CrossEntropyLossFlat, LabelSmoothingCrossEntropy,
+                             LabelSmoothingCrossEntropyFlat, MSELossFlat)
+from .trainer.metrics_classification import FBeta
+from .trainer.metrics_regression import R2Score
 
 __all__ = [
     "__version__", "Learner", "load_learner", "DataLoaders", "to_device", "Callback", "Order", "Event", "Recorder", "ProgressCallback",
@@ -85,5 +89,7 @@ __all__ = [
     "cpu_offload_with_hook",
     # fastai names (issue 21)
     "CutMix", "MixUp", "ShortEpochCallback", "SaveModelCallback", "EarlyStoppingCallback", "GradientAccumulation",
-    "GradientClip", "CSVLogger", "TensorBoardCallback", "TerminateOnNaNCallback", "before_batch_cb", "to_detach", "ValueMetric", "SmoothLoss", "EpochRecord",
+    "GradientClip", "CSVLogger", "TensorBoardCallback", "WandbCallback", "TerminateOnNaNCallback", "before_batch_cb", "to_detach", "ValueMetric", "SmoothLoss", "EpochRecord",
+    "BaseLoss", "CrossEntropyLossFlat", "BCEWithLogitsLossFlat", "MSELossFlat", "LabelSmoothingCrossEntropy",
+    "LabelSmoothingCrossEntropyFlat", "FBeta", "R2Score",
 ]

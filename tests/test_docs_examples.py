@@ -57,7 +57,7 @@ def test_training_page(tmp_path):
     assert len(kept) == 3 and (tmp_path / "checkpoints" / "latest").read_text().strip() == kept[-1]   # keep_last=3
     assert list(tmp_path.rglob("*.csv")), "the csv tracker wrote nothing"
     assert "load_learner: predictions equal the trained model's: True" in out
-    assert (tmp_path / "export" / "model.safetensors").is_file()
+    assert (tmp_path / "export.pkl" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow

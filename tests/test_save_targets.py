@@ -44,7 +44,7 @@ def test_a_linked_directory_is_written_where_it_points_and_the_link_stays(dls, t
     (disk / "tokenizer.json").write_text("{}")                      # the user's file, which save_model keeps
     learn = make_learner(dls, tmp_path / "project")
     link = {"save": learn.path / learn.model_dir / "m", "save_model": learn.path / "hf",
-            "export": learn.path / "export"}[how]
+            "export": learn.path / "export.pkl"}[how]
     link.parent.mkdir(parents=True)
     link.symlink_to(disk, target_is_directory=True)
     write = {"save": lambda: learn.save("m"), "save_model": lambda: learn.save_model(link), "export": learn.export}[how]
@@ -107,13 +107,13 @@ def test_an_export_killed_at_any_point_leaves_one_under_its_name(tmp_path, op, l
     torch.manual_seed(2)
     second = torch.nn.Linear(4, 3).state_dict()
     if then == "load_learner":                                   # reading finishes an interrupted swap
-        model = load_learner(tmp_path / "export", model=torch.nn.Linear(4, 3)).model
+        model = load_learner(tmp_path / "export.pkl", model=torch.nn.Linear(4, 3)).model
         assert same(model.state_dict(), {1: first, 2: second}[left])
         if op == "rename:2":
             assert hidden(tmp_path) == []
     third = exported(3, tmp_path)                                # the next export cleans what the kill left
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
-    assert same(load_learner(tmp_path / "export", model=torch.nn.Linear(4, 3)).model.state_dict(), third)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export.pkl"]
+    assert same(load_learner(tmp_path / "export.pkl", model=torch.nn.Linear(4, 3)).model.state_dict(), third)
 
 
 # the child is SIGKILLed while it writes `weights.pt`, its temporary half written

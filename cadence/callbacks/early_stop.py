@@ -70,7 +70,7 @@ class MonitorCallback(Callback):
     def before_fit(self):
         self.new_best = False
         available = self.available_names()
-        if self.monitor not in available:
+        if self.learn.recorder.column(self.monitor) not in available:   # fastai's `_rmse` is the column `rmse`
             raise ValueError(f"{type(self).__name__} monitors {self.monitor!r}, which is not recorded; "
                              f"choose one of {available}")
         if self._restored:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, TensorDataset
 
 
 _CPU = torch.device("cpu")
@@ -149,6 +149,40 @@ def with_fastai_attrs(dl: Any) -> Any:
     return dl
 
 
+_LOADER_SETTINGS = ("collate_fn", "num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+                    "prefetch_factor", "persistent_workers", "pin_memory_device")
+
+
+def _as_dataset(items: Any) -> Any:
+    """A map-style data set of `items`: a Dataset as it is, a tensor or array by rows, any other sequence by items."""
+    if isinstance(items, Dataset):
+        return items
+    if isinstance(items, torch.Tensor) or type(items).__module__ == "numpy":
+        return TensorDataset(torch.as_tensor(items))
+    if not hasattr(items, "__len__") or not hasattr(items, "__getitem__"):
+        raise TypeError(f"dls.test_dl takes a Dataset, a tensor or array, or a list of items; got "
+                        f"{type(items).__name__}")
+    return items
+
+
+class _Inputs(Dataset):
+    """The items of `ds` without their targets: a tuple item keeps its first `n_inp` elements (all but the last by
+    default), as the training loop splits a batch; one input is given alone."""
+
+    def __init__(self, ds: Any, n_inp: int | None):
+        self.ds, self.n_inp = ds, n_inp
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> Any:
+        item = self.ds[i]
+        if not isinstance(item, (tuple, list)):
+            return item
+        n = self.n_inp or len(item) - 1 or 1
+        return item[0] if n == 1 else tuple(item[:n])
+
+
 def _default_device() -> torch.device:
     from ..distributed.env import default_device
 
@@ -260,6 +294,34 @@ class DataLoaders:
         for batch in self.train:
             return to_device(batch, self.device)
         raise ValueError("dls.one_batch(): the training loader yields no batch")
+
+    def test_dl(self, test_items: Any, with_labels: bool = False, bs: int | None = None, **kwargs: Any) -> DataLoader:
+        """A loader over new items for `get_preds(dl=...)` / `validate(dl=...)`, with the validation loader's
+        settings (its batch size, collate_fn, workers, pin_memory; the training loader's without one), in order and
+        whole (fastai's `dls.test_dl`).
+
+        `test_items` is a Dataset, a tensor or array (one item per row), or a list of items. Without labels
+        (`with_labels=False`, the default) each batch is the inputs alone: items that are tuples keep their first
+        `n_inp` elements (all but the last by default, as the training loop splits a batch), so the validation set
+        itself gives a loader without its targets; a tensor's rows are inputs. `bs` and other keyword arguments
+        (torch DataLoader's) override the validation loader's.
+
+        >>> preds, _ = learn.get_preds(dl=learn.dls.test_dl(torch.randn(10, 4)))   # 10 new items, no labels
+        """
+        ds = _as_dataset(test_items)
+        if not with_labels:
+            ds = _Inputs(ds, self.n_inp)
+        like = self.valid if self.valid is not None else self.train
+        settings = {k: getattr(like, k) for k in _LOADER_SETTINGS if hasattr(like, k)} if isinstance(
+            like, DataLoader) else {}
+        if settings.get("num_workers", 0) == 0:   # torch refuses these without workers
+            settings = {k: v for k, v in settings.items() if k not in ("prefetch_factor", "persistent_workers")}
+        bs = bs or _batch_size(like)
+        if bs is None:
+            raise ValueError(f"dls.test_dl: the validation loader, a {type(like).__name__}, has no batch size; "
+                             f"pass one: dls.test_dl(items, bs=64)")
+        loader = DataLoader(ds, batch_size=bs, shuffle=False, drop_last=False, **{**settings, **kwargs})
+        return with_fastai_attrs(loader)
 
     def __getitem__(self, i: int) -> Iterable:
         return (self.train, self.valid)[i]

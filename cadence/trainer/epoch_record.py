@@ -15,6 +15,25 @@ from collections.abc import Mapping
 from typing import Any
 
 _OUTSIDE = ("epoch", "time")  # columns fastai's list leaves out: read by name only
+# fastai's column names that differ from cadence's: its `rmse` and `exp_rmspe` are AccumMetrics of `_rmse` and
+# `_exp_rmspe`, named after those functions. cadence keeps its names and reads fastai's as the same columns.
+FASTAI_COLUMNS = {"_rmse": "rmse", "_exp_rmspe": "exp_rmspe"}
+
+
+def column(name: str, names: list[str]) -> str | None:
+    """The column of `names` that `name` designates: `name` itself, or cadence's name for fastai's (`_rmse` is
+    `rmse`, `valid__rmse` is `valid_rmse` with `train_metrics`); None when neither is there.
+
+    >>> column("_rmse", ["train_loss", "valid_loss", "rmse"]), column("rmse", ["train_loss", "valid_loss", "rmse"])
+    ('rmse', 'rmse')
+    """
+    if name in names:
+        return name
+    for prefix in ("", "train_", "valid_"):
+        ours = FASTAI_COLUMNS.get(name[len(prefix):]) if name.startswith(prefix) else None
+        if ours is not None and prefix + ours in names:
+            return prefix + ours
+    return None
 
 
 class EpochRecord(list):
@@ -23,7 +42,8 @@ class EpochRecord(list):
     The list holds the Recorder's columns but `epoch` and `time`, in order (with `train_metrics`, fastai's
     `train_loss, train_<metric>..., valid_loss, valid_<metric>...`): positions, `len`, iteration, `==` with a
     list, `np.array(values)` work as on fastai's. Every column, `epoch` and `time` included, is also read and
-    written by name (`row["accuracy"]`, `row["epoch"]`); `keys()`, `items()`, `get()` and `as_dict()` work as
+    written by name (`row["accuracy"]`, `row["epoch"]`; fastai's names `_rmse` and `_exp_rmspe` read cadence's `rmse`
+    and `exp_rmspe`); `keys()`, `items()`, `get()` and `as_dict()` work as
     on the dict rows cadence had, and `name in row` checks the column names.
 
     >>> row = EpochRecord({"epoch": 2, "train_loss": 0.5, "valid_loss": 0.4})
@@ -85,10 +105,11 @@ class EpochRecord(list):
 
         >>> learn.recorder.values[-1].get("accuracy", float("nan"))
         """
-        return self[name] if name in self.keys() else default
+        return self[name] if name in self else default
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
+            key = column(key, self.names) or key   # fastai's `_rmse` reads `rmse`
             if key in self.outside:
                 return self.outside[key]
             if key not in self.names:
@@ -110,6 +131,6 @@ class EpochRecord(list):
             super().append(value)
 
     def __contains__(self, item: Any) -> bool:
-        if isinstance(item, str):  # a column name (the values are numbers or None)
-            return item in self.keys()
+        if isinstance(item, str):  # a column name (the values are numbers or None); fastai's `_rmse` too
+            return column(item, self.keys()) is not None
         return super().__contains__(item)

@@ -1,6 +1,8 @@
 """`learn.export()`: a trained Learner for inference, weights as safetensors (`load_learner` reads it back: load.py).
 
-An export is a directory:
+An export is a directory, `learn.path/"export.pkl"` by default (fastai's name, so fastbook's
+`learn.export(); load_learner(learn.path/"export.pkl")` works; exports from before cadence named the
+default `export/` and load the same way):
 
     model.safetensors   the weights (loading them runs no code)
     learner.pkl         the model's structure (on the meta device: no weights), the loss function, n_inp, and
@@ -15,9 +17,9 @@ run arbitrary code; cadence never unpickles silently.
 The directory is written staged and swapped in whole (`serialization.replacing_dir`, as `save_model`):
 a kill at any moment leaves the previous export or the new one under its name.
 
->>> learn.export("export")                                   # path/export/
->>> learn = load_learner("path/export", trust_pickle=True)   # a file you made or trust
->>> learn = load_learner("path/export", model=get_model(), loss_func=nn.CrossEntropyLoss())   # no unpickling
+>>> learn.export()                                               # path/export.pkl/
+>>> learn = load_learner("path/export.pkl", trust_pickle=True)   # a file you made or trust
+>>> learn = load_learner("path/export.pkl", model=get_model(), loss_func=nn.CrossEntropyLoss())   # no unpickling
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..serialization import replacing_dir, save_weights
 
 FORMAT = 1
 WEIGHTS, PICKLE, MANIFEST = "model.safetensors", "learner.pkl", "export.json"
+DEFAULT_NAME, FORMER_NAME = "export.pkl", "export"   # fastai's name (a directory here); the default before it
 
 
 def _skeleton(model: nn.Module) -> nn.Module:
@@ -111,7 +114,7 @@ def _picklable(value: Any, name: str) -> bool:
     return True
 
 
-def export(learn, fname: str | os.PathLike = "export") -> Path:
+def export(learn, fname: str | os.PathLike = DEFAULT_NAME) -> Path:
     """Write `learn.path / fname` (see the module docstring); every process calls it, the main one writes."""
     strategy = learn.strategy
     target = Path(fname) if Path(fname).is_absolute() else learn.path / fname
@@ -119,6 +122,7 @@ def export(learn, fname: str | os.PathLike = "export") -> Path:
     state = strategy.model_state_dict(learn.model)   # a collective for sharded engines: every rank
     failure = None
     if strategy.is_main:
+        _warn_former_default(fname, target)
         try:
             _write(learn, module, state, target)
         except Exception as e:
@@ -131,6 +135,17 @@ def export(learn, fname: str | os.PathLike = "export") -> Path:
     if said is not None:
         raise RuntimeError(f"export failed on the main process ({said.splitlines()[0][:300]})")
     return target
+
+
+def _warn_former_default(fname: str | os.PathLike, target: Path) -> None:
+    """Say so when the default name is written beside an export under the former default name, which a script
+    loading `load_learner("export")` would read, older than this one."""
+    former = target.parent / FORMER_NAME
+    if str(fname) == DEFAULT_NAME and (former / WEIGHTS).is_file():
+        warnings.warn(f"learn.export() writes {target} (fastai's name {DEFAULT_NAME!r}; the default was "
+                      f"{FORMER_NAME!r} before): {former} is an older export, left as it was. Load the new one with "
+                      f"load_learner({str(target)!r}), or pass learn.export({FORMER_NAME!r}) to keep the former name",
+                      stacklevel=4)
 
 
 def _write(learn, module: nn.Module, state: dict[str, torch.Tensor], target: Path) -> None:

@@ -5,7 +5,7 @@ Compilation, export and the summary live here; the methods for features built in
 `Learner` by `cadence/callbacks/learner_methods.py`, so the trainer package imports no callback.
 
 >>> learn.compile(backend="inductor")
->>> learn.export("export")
+>>> learn.export()
 >>> print(learn.summary())
 """
 
@@ -48,10 +48,11 @@ class FeatureMethods:
         if options is not None:
             self.compile(**options)
 
-    def export(self, fname: str | Path = "export") -> Path:
-        """Write the Learner for inference to `path/fname/`: weights as safetensors, the structure pickled.
+    def export(self, fname: str | Path = "export.pkl") -> Path:
+        """Write the Learner for inference to the directory `path/fname` (fastai's `export.pkl` by default):
+        weights as safetensors, the structure pickled.
 
-        >>> learn.export(); learn = load_learner("export", trust_pickle=True)
+        >>> learn.export(); learn = load_learner(learn.path/"export.pkl", trust_pickle=True)
         """
         from .export import export
 

@@ -1,7 +1,7 @@
 """`load_learner()`: a Learner for inference from a directory that `learn.export()` wrote (the format: export.py).
 
->>> learn = load_learner("path/export", trust_pickle=True)   # a file you made or trust
->>> learn = load_learner("path/export", model=get_model(), loss_func=nn.CrossEntropyLoss())   # no unpickling
+>>> learn = load_learner("path/export.pkl", trust_pickle=True)   # a file you made or trust
+>>> learn = load_learner("path/export.pkl", model=get_model(), loss_func=nn.CrossEntropyLoss())   # no unpickling
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import nn
 from ..serialization import REPLACED, check_state_dict, load_weights, recover_dir, sibling
 from ..tied_weights import retie, tied_names
 from .data import DataLoaders
-from .export import MANIFEST, PICKLE, WEIGHTS
+from .export import DEFAULT_NAME, FORMER_NAME, MANIFEST, PICKLE, WEIGHTS
 from .learner import Learner
 
 
@@ -35,15 +35,14 @@ def load_learner(path: str | os.PathLike, trust_pickle: bool = False, model: nn.
     Without it the model is rebuilt from `learner.pkl`, which needs `trust_pickle=True`. `cpu`
     puts the model on the CPU (else the default device).
 
-    >>> learn = load_learner("models/export", trust_pickle=True)
+    >>> learn = load_learner(learn.path/"export.pkl", trust_pickle=True)
     >>> learn.predict(x)
     """
     path = Path(path)
     if not path.exists() and sibling(path, REPLACED).is_dir():
         with contextlib.suppress(FileNotFoundError):  # another process finished it first
             recover_dir(path)  # an export killed between its two renames: the new one, complete, moves in
-    if not (path / WEIGHTS).is_file():
-        raise FileNotFoundError(f"no {WEIGHTS} in {path}: pass the directory written by learn.export()")
+    _check_exported(path)
     state = load_weights(path / WEIGHTS)
     extra: dict[str, Any] = {}
     if model is None or (loss_func is None and trust_pickle):
@@ -62,6 +61,23 @@ def load_learner(path: str | os.PathLike, trust_pickle: bool = False, model: nn.
     dls = DataLoaders([], None, device="cpu" if cpu else None, n_inp=extra.get("n_inp"))
     settings = {k: extra[k] for k in _SETTINGS if k in extra}  # an export before they were kept: the defaults
     return Learner(dls, model, loss_func=loss_func, **settings)
+
+
+def _check_exported(path: Path) -> None:
+    """Refuse, saying what is there instead, a path that is not a directory `learn.export()` wrote."""
+    if not path.exists():
+        other = path.parent / {DEFAULT_NAME: FORMER_NAME, FORMER_NAME: DEFAULT_NAME}.get(path.name, path.name)
+        hint = ""
+        if other != path and (other / WEIGHTS).is_file():
+            hint = (f"; {other} is an export (learn.export() wrote its default name {FORMER_NAME!r} before "
+                    f"{DEFAULT_NAME!r}, fastai's): load_learner({str(other)!r}, ...)")
+        raise FileNotFoundError(f"{path} does not exist: pass the directory learn.export() wrote "
+                                f"(learn.path/{DEFAULT_NAME!r} by default){hint}")
+    if path.is_file():
+        raise FileNotFoundError(f"{path} is a file, not the directory learn.export() writes (model.safetensors, "
+                                f"learner.pkl, export.json): a file fastai's export wrote cannot be loaded by cadence")
+    if not (path / WEIGHTS).is_file():
+        raise FileNotFoundError(f"no {WEIGHTS} in the directory {path}: pass the directory learn.export() wrote")
 
 
 _SETTINGS = ("metrics", "opt_func", "splitter", "lr", "wd", "wd_bn_bias", "train_bn", "moms")

@@ -20,6 +20,8 @@ from typing import Any, Callable
 import torch
 
 from .callback import class2attr
+from .events import CancelException
+from .model_output import describe
 
 Tensor = torch.Tensor
 Reducer = Callable[[Tensor], Tensor]
@@ -116,9 +118,13 @@ class AvgMetric(SumMetric):
         else:
             value = self.func(pred, *learn.yb)
         if isinstance(value, Tensor) and value.numel() != 1:
-            raise TypeError(f"metric {self.name} returned a tensor of shape {tuple(value.shape)}; a plain function in "
-                            f"metrics= must return one number per batch (fastai's AvgMetric): wrap it as "
-                            f"AccumMetric({self.name}) to compute it over the whole set")
+            raise _about_metric(TypeError(
+                f"metric {self.name} returned a tensor of shape {tuple(value.shape)}; a plain function in metrics= "
+                f"must return one number per batch (fastai's AvgMetric): wrap it as AccumMetric({self.name}) to "
+                f"compute it over the whole set"))
+        if isinstance(value, Metric):
+            raise _about_metric(TypeError(f"metric {self.name} returned a metric ({value!r}): it builds one, pass it "
+                                          f"called, metrics={self.name}()"))
         value = value.detach().double().reshape(()).to(pred.device) if isinstance(value, Tensor) else torch.tensor(
             float(value), dtype=torch.float64, device=pred.device)
         sums = torch.stack([value * bs, value.new_tensor(float(bs))])
@@ -183,8 +189,9 @@ class AccumMetric(Metric):
         if self.flatten:
             pred, targ = pred.reshape(-1), targ.reshape(-1)
             if len(pred) != len(targ):
-                raise ValueError(f"metric {self.name}: {len(pred)} predictions but {len(targ)} targets after "
-                                 f"flattening; check dim_argmax / activation against the model's output")
+                raise _about_metric(ValueError(f"metric {self.name}: {len(pred)} predictions but {len(targ)} targets "
+                                               f"after flattening; check dim_argmax / activation against the model's "
+                                               f"output"))
         return pred, targ
 
     def accumulate(self, learn: Any) -> None:
@@ -312,6 +319,60 @@ def check_syncable(metrics: list[Metric]) -> None:
             raise unsyncable(m)
 
 
+def makes_metric(fn: Callable) -> Callable:
+    """Mark `fn` as a function that builds a metric (`F1Score(average="macro")`): `metrics=fn` uncalled is refused
+    with a message saying to call it."""
+    fn.makes_metric = True
+    return fn
+
+
+def _about_metric(e: Exception) -> Exception:
+    """Mark an error cadence raises about a metric itself: `accumulate` and `value_of` pass it on as it is."""
+    e.about_metric = True
+    return e
+
+
+def accumulate(m: Metric, learn: Any) -> None:
+    """`m.accumulate(learn)`; a failure is raised again naming the metric and the batch's pred and targets."""
+    try:
+        m.accumulate(learn)
+    except Exception as e:
+        if getattr(e, "about_metric", False) or isinstance(e, CancelException):
+            raise
+        raise metric_failure(m, e, "on a batch", learn.pred, learn.yb) from e
+
+
+def value_of(m: Metric) -> float | None:
+    """`m.value`; a failure is raised again naming the metric (and for `AccumMetric`, what it kept of the pass)."""
+    try:
+        return m.value
+    except Exception as e:
+        if getattr(e, "about_metric", False) or isinstance(e, CancelException):
+            raise
+        kept = (_joined(m.preds), (_joined(m.targs),)) if isinstance(m, AccumMetric) else (None, None)
+        raise metric_failure(m, e, "computing its value over the pass", *kept) from e
+
+
+def _joined(chunks: list[Tensor]) -> Any:
+    try:
+        return torch.cat(chunks)
+    except Exception:  # batches of different shapes: each as it is
+        return tuple(chunks)
+
+
+def metric_failure(m: Metric, e: Exception, when: str, pred: Any, yb: Any) -> ValueError:
+    """The error for metric `m` failing: its name, the shapes and dtypes of what it got, the error it raised."""
+    got = "" if pred is None else f" with pred {describe(pred)} and targets {describe(yb)}"
+    hint = ""
+    targ = yb[0] if isinstance(yb, tuple) and yb else None
+    if isinstance(pred, Tensor) and isinstance(targ, Tensor) and pred.ndim > 1 and targ.shape == pred.shape \
+            and targ.is_floating_point():
+        hint = (" The targets have the predictions' shape (one-hot or multi-label): accuracy and error_rate "
+                "take class indices (targets.argmax(-1)); multi-label targets take accuracy_multi.")
+    return ValueError(f"metric {m.name!r} failed {when}:{got} it raised {type(e).__name__}: {e}. Check that the "
+                      f"metric fits the model's output and the targets.{hint}")
+
+
 def _func_name(func: Callable) -> str:
     inner = func.func if isinstance(func, functools.partial) else func
     return getattr(inner, "__name__", type(inner).__name__)
@@ -385,13 +446,19 @@ def top_k_accuracy(pred: Tensor, targ: Tensor, k: int = 5, axis: int = -1) -> Te
 
 
 def as_metric(m: Any) -> Metric:
-    """Turn what a user passed in `metrics=` into a fresh Metric; TypeError if it cannot be one."""
+    """Turn what a user passed in `metrics=` into a fresh Metric; TypeError if it cannot be one (a metric's class,
+    or a function that builds a metric such as `F1Score`, passed uncalled: it says to call it)."""
     if isinstance(m, Metric):
         return m
     if not callable(m):
         raise TypeError(f"metrics must be callables fn(preds, targs) or Metric objects; got {m!r} "
                         f"({type(m).__name__}). Pass e.g. metrics=[accuracy] or metrics=AccumMetric(my_fn).")
     inner, kwargs = (m.func, m.keywords) if isinstance(m, functools.partial) else (m, {})
+    if isinstance(inner, type) or getattr(inner, "makes_metric", False):
+        name = getattr(inner, "__name__", repr(inner))
+        call = f"{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+        what = "the class" if isinstance(inner, type) else "the function that builds the metric"
+        raise TypeError(f"metrics={name} passes {what}, not a metric: call it, metrics={call}")
     if hasattr(inner, "as_metric"):
         return inner.as_metric(**kwargs)
     return AvgMetric(m)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from .metrics import AccumMetric, SumMetric, _ratio, _with_count, sum_metric
+from .metrics import AccumMetric, SumMetric, _ratio, _with_count, makes_metric, sum_metric
 
 Tensor = torch.Tensor
 
@@ -49,6 +49,7 @@ def _sklearn(name: str, wrapper: str, **kwargs: Any) -> AccumMetric:
     return skm_to_cadence(_sklearn_metric(name, wrapper), **kwargs)
 
 
+@makes_metric
 def F1Score(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str = "binary",
             sample_weight: Any = None) -> AccumMetric:
     """scikit-learn's `f1_score` of the arg-max predictions. `F1Score(average="macro")` for several classes.
@@ -59,6 +60,18 @@ def F1Score(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str
                     sample_weight=sample_weight)
 
 
+@makes_metric
+def FBeta(beta: float, axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str = "binary",
+          sample_weight: Any = None) -> AccumMetric:
+    """scikit-learn's `fbeta_score` of the arg-max predictions (fastai's `FBeta`): `beta` > 1 weighs recall more.
+
+    >>> learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=FBeta(beta=2, average="macro"))
+    """
+    return _sklearn("fbeta_score", "FBeta", axis=axis, beta=beta, labels=labels, pos_label=pos_label,
+                    average=average, sample_weight=sample_weight)
+
+
+@makes_metric
 def Precision(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str = "binary",
               sample_weight: Any = None) -> AccumMetric:
     """scikit-learn's `precision_score` of the arg-max predictions.
@@ -69,6 +82,7 @@ def Precision(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: s
                     sample_weight=sample_weight)
 
 
+@makes_metric
 def Recall(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str = "binary",
            sample_weight: Any = None) -> AccumMetric:
     """scikit-learn's `recall_score` of the arg-max predictions.
@@ -79,6 +93,7 @@ def Recall(axis: int = -1, labels: Any = None, pos_label: Any = 1, average: str 
                     sample_weight=sample_weight)
 
 
+@makes_metric
 def MatthewsCorrCoef(axis: int = -1, sample_weight: Any = None, **kwargs: Any) -> AccumMetric:
     """scikit-learn's `matthews_corrcoef` of the arg-max predictions.
 
@@ -87,6 +102,7 @@ def MatthewsCorrCoef(axis: int = -1, sample_weight: Any = None, **kwargs: Any) -
     return _sklearn("matthews_corrcoef", "MatthewsCorrCoef", axis=axis, sample_weight=sample_weight, **kwargs)
 
 
+@makes_metric
 def BalancedAccuracy(axis: int = -1, sample_weight: Any = None, adjusted: bool = False) -> AccumMetric:
     """scikit-learn's `balanced_accuracy_score` (mean recall over classes) of the arg-max predictions.
 
@@ -96,6 +112,7 @@ def BalancedAccuracy(axis: int = -1, sample_weight: Any = None, adjusted: bool =
                     adjusted=adjusted)
 
 
+@makes_metric
 def RocAuc(axis: int = -1, average: str = "macro", sample_weight: Any = None, max_fpr: float | None = None,
            multi_class: str = "ovr") -> AccumMetric:
     """Area under the ROC curve for single-label classification with several classes (softmax of the output).
@@ -107,6 +124,7 @@ def RocAuc(axis: int = -1, average: str = "macro", sample_weight: Any = None, ma
                        multi_class=multi_class)
 
 
+@makes_metric
 def RocAucBinary(axis: int = -1, average: str = "macro", sample_weight: Any = None, max_fpr: float | None = None,
                  multi_class: str = "raise") -> AccumMetric:
     """Area under the ROC curve for two classes: the model outputs two logits per item (the positive one last).
@@ -118,6 +136,7 @@ def RocAucBinary(axis: int = -1, average: str = "macro", sample_weight: Any = No
                        max_fpr=max_fpr, multi_class=multi_class)
 
 
+@makes_metric
 def RocAucMulti(average: str = "macro", sample_weight: Any = None, max_fpr: float | None = None) -> AccumMetric:
     """Area under the ROC curve for multi-label targets (one logit per label, sigmoid).
 

@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .metrics import AccumMetric, AvgLoss, SumMetric, _ratio, _with_count, sum_metric
+from .metrics import AccumMetric, AvgLoss, SumMetric, _ratio, _with_count, makes_metric, sum_metric
 
 Tensor = torch.Tensor
 
@@ -60,7 +62,7 @@ def mse(pred: Tensor, targ: Tensor) -> Tensor:
 
 @sum_metric(_sq_err, _sqrt_ratio)
 def rmse(pred: Tensor, targ: Tensor) -> Tensor:
-    """Root mean squared error.
+    """Root mean squared error (column `rmse`; a row reads fastai's name `_rmse` as the same column).
 
     >>> rmse(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))
     tensor(1.4142)
@@ -92,6 +94,8 @@ def msle(pred: Tensor, targ: Tensor) -> Tensor:
 def exp_rmspe(pred: Tensor, targ: Tensor) -> Tensor:
     """Root mean squared percentage error of exp(pred) against exp(targ) (targets trained in log space).
 
+    Its column is `exp_rmspe`; a row reads fastai's name `_exp_rmspe` as the same column.
+
     >>> exp_rmspe(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.1]))
     tensor(0.0673)
     """
@@ -118,6 +122,7 @@ class PearsonCorrCoef(SumMetric):
         super().__init__("pearsonr", _pearson_sums, _pearson)
 
 
+@makes_metric
 def SpearmanCorrCoef(**kwargs) -> AccumMetric:
     """Spearman's rank correlation (scipy's `spearmanr`) over every prediction of the set.
 
@@ -130,6 +135,19 @@ def SpearmanCorrCoef(**kwargs) -> AccumMetric:
                                   "pip install scipy") from e
 
     return AccumMetric(_spearman, "spearmanr", flatten=True, to_np=True, **kwargs)
+
+
+@makes_metric
+def R2Score(sample_weight: Any = None) -> AccumMetric:
+    """scikit-learn's `r2_score` (coefficient of determination) over every prediction of the set, flattened.
+
+    fastai's `R2Score`; its column is `r2_score`.
+
+    >>> learn = Learner(dls, model, loss_func=nn.MSELoss(), metrics=R2Score())
+    """
+    from .metrics_classification import _sklearn
+
+    return _sklearn("r2_score", "R2Score", is_class=False, sample_weight=sample_weight)
 
 
 def _spearman(pred, targ, **kwargs) -> float:

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from .callback import Callback, Order
-from .epoch_record import EpochRecord
-from .metrics import AvgLoss, Metric, as_metric, check_syncable
+from .epoch_record import EpochRecord, column
+from .metrics import AvgLoss, Metric, accumulate, as_metric, check_syncable, value_of
 
 
 class SmoothLoss:
@@ -128,6 +128,15 @@ class Recorder(Callback):
         else:
             cols = ["train_loss", "valid_loss", *names]
         return ["epoch", *cols, *(["time"] if self.add_time else [])]
+
+    def column(self, name: str) -> str | None:
+        """The column of `metric_names` that `name` designates, fastai's names included (`"_rmse"` -> `"rmse"`,
+        `"_exp_rmspe"` -> `"exp_rmspe"`); None when it is not recorded. Monitoring callbacks look names up so.
+
+        >>> Learner(dls, model, loss_func=nn.MSELoss(), metrics=rmse).recorder.column("_rmse")
+        'rmse'
+        """
+        return column(name, self.metric_names)
 
     @property
     def smooth_loss(self) -> float | None:
@@ -254,11 +263,11 @@ class Recorder(Callback):
             self.lrs.append(learn.opt.param_groups[-1]["lr"])
             if self.train_metrics and learn.yb:
                 for m in self.metrics:
-                    m.accumulate(learn)
+                    accumulate(m, learn)
         elif learn.yb and not learn.inner_pass:
             self.valid_loss.accumulate(learn)
             for m in self.metrics:
-                m.accumulate(learn)
+                accumulate(m, learn)
 
     def after_train(self):
         """Smooth the epoch's batch losses into `losses`; `train_loss` is the smoothed value (mean over processes)."""
@@ -274,7 +283,7 @@ class Recorder(Callback):
         self._train_values = {"train_loss": self.train_loss.value}
         if self.train_metrics:
             self._sync(self.metrics)
-            self._train_values.update({f"train_{key}": m.value for key, m in zip(self.metric_keys, self.metrics)})
+            self._train_values.update({f"train_{key}": value_of(m) for key, m in zip(self.metric_keys, self.metrics)})
         self.log += self._train_values.values()
         self._log_valid = True
 
@@ -324,7 +333,7 @@ class Recorder(Callback):
         """valid_loss and every metric of the last validation pass, over whatever loader it read."""
         prefix = "valid_" if self.train_metrics else ""
         return {"valid_loss": self.valid_loss.value,
-                **{prefix + key: m.value for key, m in zip(self.metric_keys, self.metrics)}}
+                **{prefix + key: value_of(m) for key, m in zip(self.metric_keys, self.metrics)}}
 
     def plot_loss(self, skip_start: int = 5, with_valid: bool = True):
         """Training loss per batch and validation loss per epoch (needs matplotlib).

@@ -77,8 +77,8 @@ learn.fine_tune(3, base_lr=2e-3)                   # 1 epoch with the body froze
 learn.freeze_to(-2); learn.fit_flat_cos(2, lr=slice(1e-5, 1e-3)); learn.unfreeze()
 learn.fit_sgdr(3, cycle_len=1, lr_max=1e-2)        # warm restarts: 1 + 2 + 4 epochs
 learn.recorder.plot_loss(); learn.recorder.plot_sched()
-learn.export("export")                             # export/model.safetensors + the pickled structure
-learn = load_learner("export", trust_pickle=True)  # or load_learner("export", model=MyModel()): no unpickling
+learn.export()                                     # export.pkl/: model.safetensors + the pickled structure
+learn = load_learner(learn.path/"export.pkl", trust_pickle=True)  # or (..., model=MyModel()): no unpickling
 # --8<-- [end:fastai]
 x = valid_ds.tensors[0]
 same = torch.equal(learn.model(x), model(x))

@@ -44,7 +44,7 @@ def trained(dls, tmp_path):
 
 def test_export_then_load_with_trust_predicts_the_same(trained, tmp_path):
     out = trained.export()
-    assert out == tmp_path / "export"
+    assert out == tmp_path / "export.pkl"   # fastai's name, a directory
     assert sorted(p.name for p in out.iterdir()) == ["export.json", "learner.pkl", "model.safetensors"]
     weights = load_file(str(out / "model.safetensors"))
     assert sorted(weights) == sorted(trained.model.state_dict())
@@ -93,8 +93,8 @@ def test_a_new_export_replaces_the_old_one_whole(trained, tmp_path):
     with trained.no_bar():
         trained.fit(1, lr=1e-2)
     trained.export()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]   # no temporary or old directory left
-    weights = load_file(str(tmp_path / "export" / "model.safetensors"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export.pkl"]   # no temporary or old directory left
+    weights = load_file(str(tmp_path / "export.pkl" / "model.safetensors"))
     assert torch.equal(weights["body.0.weight"], trained.model.body[0].weight)
 
 

@@ -211,7 +211,7 @@ class Checkpoint(Callback):
             check_checkpoint_state(own, file, f"callbacks.{self.name}")
 
     def before_fit(self):
-        if self.monitor is not None and self.monitor not in self.learn.recorder.metric_names:
+        if self.monitor is not None and self.learn.recorder.column(self.monitor) is None:   # fastai's names too
             raise ValueError(f"Checkpoint(monitor={self.monitor!r}): not a recorded value; "
                              f"choose one of {self.learn.recorder.metric_names[1:-1]}")
         self.prepare()
