@@ -150,13 +150,30 @@ class ParallelismConfig:
         return False
 
     def check_processes(self, num_processes: int) -> None:
-        """The sizes must multiply to the number of processes; the message shows the arithmetic."""
-        if self.total_size != num_processes:
-            raise ValueError(f"ParallelismConfig: dp_replicate_size={self.dp_replicate_size} x dp_shard_size="
-                             f"{self.dp_shard_size} x tp_size={self.tp_size} x cp_size={self.cp_size} = "
-                             f"{self.total_size}, not the {num_processes} processes launched: make the product "
-                             f"{num_processes} (e.g. dp_shard_size={max(1, num_processes // self.tp_size)} for "
-                             f"tp_size={self.tp_size})")
+        """The sizes must multiply to the number of processes; the message shows the arithmetic and a fix that
+        exists: a tp_size (then dp_replicate_size) that divides the processes, else the dp_shard_size filling them."""
+        if self.total_size == num_processes:
+            return
+        n = num_processes
+        product = (f"ParallelismConfig: dp_replicate_size={self.dp_replicate_size} x dp_shard_size={self.dp_shard_size}"
+                   f" x tp_size={self.tp_size} x cp_size={self.cp_size} = {self.total_size}, not the {n} processes "
+                   f"launched")
+        fixed = self.dp_replicate_size * self.tp_size * self.cp_size  # what dp_shard_size multiplies
+        if n % self.tp_size:
+            fix = (f"tp_size={self.tp_size} does not divide the {n} processes, and tp_size must divide the number of "
+                   f"processes: pick tp_size from {_divisors(n)} (dp_shard_size left out is the rest of the processes)")
+        elif n % fixed:
+            rest = n // (self.tp_size * self.cp_size)
+            fix = (f"dp_replicate_size={self.dp_replicate_size} must divide the {rest} processes left by tp_size="
+                   f"{self.tp_size}: one of {_divisors(rest)}")
+        else:
+            fix = (f"make dp_shard_size {n // fixed} (or leave it out: the rest of the processes) for "
+                   f"dp_replicate_size={self.dp_replicate_size} x tp_size={self.tp_size}")
+        raise ValueError(f"{product}: {fix}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def parallel_engine(config: ParallelismConfig, engine: Any, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:

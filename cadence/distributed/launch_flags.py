@@ -200,12 +200,39 @@ def _parallelism_changes(args: argparse.Namespace, base: Config) -> dict:
     return changes
 
 
+def refuse_engine_conflicts(args: argparse.Namespace) -> None:
+    """ValueError naming the flags when they choose more than one engine (`--tpu`, `--use_fsdp` or an `--fsdp_*`
+    flag, `--use_deepspeed` or a DeepSpeed flag): the workers run one, and the others' flags would do nothing.
+
+    >>> refuse_engine_conflicts(argparse.Namespace(tpu=True, use_deepspeed=True))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: --tpu (XLA) and --use_deepspeed (DeepSpeed) each choose the engine the workers train with...
+    """
+    chosen = {engine: flags for engine, flags in (
+        ("XLA", ["--tpu"] if getattr(args, "tpu", False) else []),
+        ("FSDP", _given(args, "use_fsdp", [f"fsdp_{k}" for k in FSDP_FLAGS])),
+        ("DeepSpeed", _given(args, "use_deepspeed", list(DEEPSPEED_FLAGS)))) if flags}
+    if len(chosen) > 1:
+        named = [f"{' '.join(flags)} ({engine})" for engine, flags in chosen.items()]
+        xla = (" (on XLA, weights are sharded by the xla strategy's own FSDP: learn.distrib_ctx(strategy='xla', "
+               "spmd=True, fsdp=True))") if "XLA" in chosen else ""
+        raise ValueError(f"{', '.join(named[:-1])} and {named[-1]} each choose the engine the workers train with, and "
+                         f"a launch trains with one: keep one engine's flags{xla}")
+
+
+def _given(args: argparse.Namespace, use: str, flags: list[str]) -> list[str]:
+    """The flags of `args` given among `--<use>` and `--<flags>` (None: not given), as typed."""
+    given = [f"--{k}" for k in flags if getattr(args, k, None) is not None]
+    return [f"--{use}"] * bool(getattr(args, use, False)) + given
+
+
 def resolve_config(args: argparse.Namespace) -> Config:
     """The config file (`--config_file` or the default one) with the flags in `args` applied on top.
 
     >>> resolve_config(argparse.Namespace(config_file=None, num_processes=2, use_cpu=True)).num_processes
     2
     """
+    refuse_engine_conflicts(args)
     base = cfg_mod.load_config(args.config_file)
     changes = cfg_mod.flag_values(args)
     if getattr(args, "multi_gpu", False) and base.distributed_type == "NO":

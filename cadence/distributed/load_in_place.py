@@ -18,6 +18,8 @@ copies the live tensors onto themselves (skipped by torch's `copy_`) or keeps th
 
 from __future__ import annotations
 
+import struct
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
@@ -131,9 +133,7 @@ def file_offsets(path: str, mapped: Sequence[torch.Tensor]) -> dict[int, int]:
     mapped = [t for t in mapped if t.is_contiguous()]
     if not mapped:
         return {}
-    reader = torch._C.PyTorchFileReader(str(path))
-    records = {reader.get_record_offset(name): reader.get_record_size(name)
-               for name in reader.get_all_records() if name.startswith("data/")}
+    records = data_records(path)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in mapped}
     first, size = next(iter(storages.items()))
     bases = [first - offset for offset, n in records.items() if n == size
@@ -141,6 +141,33 @@ def file_offsets(path: str, mapped: Sequence[torch.Tensor]) -> dict[int, int]:
     if len(bases) != 1:
         return {}
     return {id(t): t.untyped_storage().data_ptr() - bases[0] + t.storage_offset() * t.element_size() for t in mapped}
+
+
+def data_records(path: str) -> dict[int, int]:
+    """The tensor data records of the torch file `path` (a zip archive, its members stored uncompressed): the file
+    offset of each record's bytes -> its size. Read with Python's `zipfile`, not torch's file reader, whose record
+    sizes and offsets are not there on every torch this supports (`get_record_size`: torch 2.10 on); {} for a file
+    that is not such an archive, or a record compressed or not where its header says (its layout cannot be told)."""
+    records = {}
+    try:
+        with open(path, "rb") as f, zipfile.ZipFile(f) as archive:
+            for info in archive.infolist():
+                if not info.filename.partition("/")[2].startswith("data/"):  # "<archive name>/data/<key>"
+                    continue
+                f.seek(info.header_offset)
+                header = f.read(_LOCAL_HEADER.size)
+                if info.compress_type != zipfile.ZIP_STORED or len(header) < _LOCAL_HEADER.size:
+                    return {}
+                signature, *_, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+                if signature != zipfile.stringFileHeader:
+                    return {}
+                records[info.header_offset + _LOCAL_HEADER.size + name_length + extra_length] = info.file_size
+    except (OSError, zipfile.BadZipFile):
+        return {}
+    return records
+
+
+_LOCAL_HEADER = struct.Struct(zipfile.structFileHeader)  # a zip member's local header (its name and extra follow)
 
 
 def load_optimizer_in_place(opt: torch.optim.Optimizer, state: dict, path: str) -> None:

@@ -174,6 +174,8 @@ class Pipeline(OwnsStep, ModelParallel):
             for _, stage in self._stages:
                 stage.register_forward_hook(_full_precision_between_stages)
         held = self._holder([m for _, m in self._stages])
+        if callable(getattr(model, "generate", None)) and not hasattr(held, "generate"):
+            held.generate = _generate_refused  # not "'Stage' object has no attribute 'generate'"
         self._names = _model_names(held, model)  # before slicing and sharding replace the tensors
         if self.tp_size > 1:  # each stage sliced over tp, then sharded over dp
             ties = tied_names(model)
@@ -441,6 +443,13 @@ def _model_names(held: nn.Module, model: nn.Module) -> dict[str, str]:
     in_model = names(model)
     return {mine: theirs for key, ours in names(held).items() for mine, theirs in zip(ours, in_model.get(key, ()))
             if mine != theirs}
+
+
+def _generate_refused(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("learn.model.generate(...) under pipeline parallelism: inside distrib_ctx each rank holds only "
+                       "its pipeline stages, and generation is not a pipeline operation; call learn.model.generate(...) "
+                       "after the distrib_ctx block, where learn.model is the whole model again on every rank (or "
+                       "learn.save_model(dir) inside it and from_pretrained(dir))")
 
 
 def _full_precision_between_stages(module: nn.Module, args: Any, out: Any) -> Any:

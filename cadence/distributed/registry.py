@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 
 from .strategy import Strategy
@@ -70,7 +71,50 @@ def get_strategy(name: str | Strategy | None = None, **kwargs) -> Strategy:
             raise ValueError(f"got a Strategy instance and options {sorted(kwargs)}: give the options to its constructor")
         return name
     cls = strategy_class(name, kwargs)
+    refuse_unknown_options(_name(name), cls, kwargs)
     try:
         return cls(**kwargs)
     except TypeError as e:
         raise TypeError(f"strategy {_name(name)!r} ({cls.__name__}) does not take these options: {e}") from None
+
+
+def refuse_unknown_options(name: str, cls: type[Strategy], options: dict) -> None:
+    """TypeError naming the strategy, the options it takes and, for each it does not, the strategies that do, when
+    `cls` (strategy `name`) names its options (no `**kwargs`: an engine that takes more checks them itself).
+
+    >>> refuse_unknown_options("dp", _load(STRATEGIES["dp"]), {"zero_stage": 2})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: strategy 'dp' (DataParallel) does not take zero_stage: it takes device, device_ids; zero_stage is an option of strategy 'deepspeed'; DeepSpeed options do not apply to strategy 'dp'
+    """
+    taken = _options(cls)
+    if taken is None or not (unknown := [k for k in options if k not in taken]):
+        return
+    named = {other: _options(_loaded(other), named_only=True) or [] for other in STRATEGIES if other != name}
+    owners = {k: [other for other, taken_there in named.items() if k in taken_there] for k in unknown}
+    hints = [f"{k} is an option of strategy {' / '.join(repr(o) for o in found)}; "
+             f"{' / '.join(_loaded(o).__name__ for o in found)} options do not apply to strategy {name!r}"
+             for k, found in owners.items() if found]
+    raise TypeError(f"strategy {name!r} ({cls.__name__}) does not take {', '.join(unknown)}: it takes "
+                    f"{', '.join(taken) or 'no options'}" + "".join(f"; {h}" for h in hints))
+
+
+def _options(cls: type | None, named_only: bool = False) -> list[str] | None:
+    """The keyword options `cls(...)` names; None when it takes any (`**kwargs`, unless `named_only`) or cannot be
+    told."""
+    if cls is None:
+        return None
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if not named_only and any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _loaded(name: str) -> type | None:
+    """Strategy `name`'s class, or None where its module cannot be imported here (a missing optional engine)."""
+    try:
+        return _load(STRATEGIES[name])
+    except Exception:
+        return None

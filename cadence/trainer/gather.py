@@ -9,6 +9,7 @@ import torch
 
 from .callback import Callback, Order
 from .data import apply_to_tensors, to_detach
+from .model_output import prediction
 
 
 def _pad_to(t: torch.Tensor, shape: list[int], pad_index: Any) -> torch.Tensor:
@@ -20,6 +21,22 @@ def _pad_to(t: torch.Tensor, shape: list[int], pad_index: Any) -> torch.Tensor:
     out = t.new_full(shape, 0 if t.dtype == torch.bool or (unsigned and pad_index < 0) else pad_index)
     out[tuple(slice(0, n) for n in t.shape)] = t
     return out
+
+
+def _tensors_only(b: Any) -> Any:
+    """`b` with its leaves that are not tensors (a model's key/value cache, a None) dropped from dicts and left as
+    None in tuples and lists: what cannot be joined across batches or gathered across processes."""
+    if isinstance(b, torch.Tensor):
+        return b
+    if isinstance(b, Mapping):
+        kept = {k: _tensors_only(v) for k, v in b.items()}
+        return {k: v for k, v in kept.items() if v is not None}
+    if isinstance(b, (tuple, list)):
+        parts = [_tensors_only(v) for v in b]
+        if all(p is None for p in parts):   # a batch's list of strings: nothing to join
+            return None
+        return type(b)(*parts) if hasattr(b, "_fields") else type(b)(parts)
+    return None
 
 
 def _cat(chunks: list[Any], dim: int = 0, pad_index: Any = -100) -> Any:
@@ -35,6 +52,8 @@ def _cat(chunks: list[Any], dim: int = 0, pad_index: Any = -100) -> Any:
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)   # namedtuples too
     if isinstance(first, Mapping):
         return {k: _cat([c[k] for c in chunks], dim, pad_index) for k in first}
+    if first is None:   # a leaf `_tensors_only` emptied
+        return None
     if first.ndim > dim and len({c.shape[:dim] + c.shape[dim + 1:] for c in chunks}) > 1:
         shape = [max(c.shape[i] for c in chunks) for i in range(first.ndim)]
         chunks = [_pad_to(c, shape[:dim] + [c.shape[dim]] + shape[dim + 1:], pad_index) for c in chunks]
@@ -92,11 +111,13 @@ class GatherPreds(Callback):
 
     def after_batch(self):
         learn = self.learn
-        self.preds.append(to_detach(learn.pred, cpu=False))
+        # a ModelOutput's logits, as under loss_func=None; no cache or other non-tensor leaf is kept or gathered
+        self.preds.append(_tensors_only(to_detach(prediction(learn.pred), cpu=False)))
         if learn.yb:
-            self.targs.append(learn.yb[0] if len(learn.yb) == 1 else learn.yb)
+            self.targs.append(_tensors_only(learn.yb[0] if len(learn.yb) == 1 else learn.yb))
         if self.with_input:
-            self.inputs.append(learn.xb[0] if type(learn.xb) is tuple and len(learn.xb) == 1 else learn.xb)
+            xb = learn.xb[0] if type(learn.xb) is tuple and len(learn.xb) == 1 else learn.xb
+            self.inputs.append(_tensors_only(xb))
         if self.with_loss:
             self.losses.append(per_item_loss(learn.loss_func, learn.pred, learn.yb).detach())
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["call_model", "model_loss", "describe"]
+__all__ = ["call_model", "model_loss", "prediction", "describe"]
 
 
 def call_model(model: Any, xb: tuple | Mapping) -> Any:
@@ -37,6 +37,21 @@ def model_loss(out: Any, training: bool) -> tuple[Any, torch.Tensor | None]:
                          f"no `loss`: give a loss_func, e.g. Learner(dls, model, loss_func=nn.CrossEntropyLoss()), "
                          f"or pass the labels in the batch (Hugging Face models need them)")
     return (out if logits is None else logits), loss
+
+
+def prediction(out: Any) -> Any:
+    """What `get_preds` keeps of a model's output: a Hugging Face `ModelOutput`'s `logits` (what `model_loss` gives
+    under loss_func=None, so a causal LM's predictions are its logits whichever way its loss is computed); any other
+    output (a tensor, a tuple, a dict, a ModelOutput without logits) as it is.
+
+    >>> prediction(gpt2(ids)).shape          # CausalLMOutputWithPast(logits, past_key_values) -> the logits
+    torch.Size([2, 16, 50257])
+    """
+    if any(c.__name__ == "ModelOutput" for c in type(out).__mro__):   # transformers, never imported here
+        logits = out.get("logits")
+        if logits is not None:
+            return logits
+    return out
 
 
 def describe(x: Any) -> str:

@@ -57,7 +57,8 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
     directory = Path(directory)
     limit = parse_size(max_shard_size, "max_shard_size")
     _check_target(directory)
-    module = learn.strategy.unwrap(learn.model)
+    # the whole user's model (a pipeline rank holds stages of it): its config, ties and peft-ness name the export
+    module = learn.strategy.state_template(learn.model)
     is_peft = _is_peft_model(module)
     if merge_adapter and not is_peft:
         raise ValueError(f"save_model(merge_adapter=True) merges a peft adapter, and this model "

@@ -223,6 +223,7 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
     """
     directory = Path(directory)
     state = read_state(directory)
+    _check_engine_reads(learn.strategy, directory, state)
     rng = _read_rng(directory, state)
     own = (rng or {}).get("callbacks", {})  # what differs per process (the Recorder's smoothed loss): this rank's
     for states in (state["callbacks"], own):
@@ -240,6 +241,26 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
         set_rng_state(rng, learn.strategy)
     _restore_position(learn, state)
     return state
+
+
+def _check_engine_reads(strategy: Any, directory: Path, state: dict[str, Any]) -> None:
+    """ValueError naming the format and what to do, for a sharded checkpoint (FSDP, `model_parallel`: TP, 2-D, PP)
+    resumed by an engine that reads only the plain files (a Learner outside `distrib_ctx`, DDP), which would report
+    a missing model.safetensors."""
+    from ...distributed.distcp_read import is_sharded
+    from ...distributed.fsdp import SHARDED_DIR
+    from ...distributed.strategy import SingleDevice, Strategy
+
+    if type(strategy).load_checkpoint is not Strategy.load_checkpoint or not is_sharded(directory, SHARDED_DIR):
+        return
+    inside = ("a Learner outside distrib_ctx" if isinstance(strategy, SingleDevice) else
+              f"this engine ({type(strategy).__name__})")
+    raise ValueError(f"{directory} is a sharded checkpoint (torch.distributed.checkpoint's format in {SHARDED_DIR}/, "
+                     f"written by {state['world_size']} processes under strategy=\"model_parallel\" (TP, 2-D, PP) or "
+                     f"\"fsdp\"), which {inside} cannot read: resume it inside the engine that wrote it, e.g. "
+                     f"`with learn.distrib_ctx(strategy=\"model_parallel\", tp_size=..., pp_size=...):` (the sizes "
+                     f"and split of the run) or strategy=\"fsdp\"; it resumes in one process too (a script run "
+                     f"without the launcher trains the plain model)")
 
 
 def _adopt_legacy_names(states: dict[str, Any], cbs: list[Any]) -> None:

@@ -1,0 +1,60 @@
+"""A Hugging Face model under pipeline parallelism: `save_model` writes what `from_pretrained` reads (the whole
+model's config, not a stage's), `learn.model.generate` inside `distrib_ctx` says to generate after the block, and
+its sharded checkpoint resumed outside `distrib_ctx` says to resume inside it."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from helpers import SCRIPTS, run_launch
+
+transformers = pytest.importorskip("transformers")
+
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")   # the one-process resume reads the shards
+def test_save_model_under_a_pipeline_writes_the_config_and_from_pretrained_gives_the_trained_models_logits(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    out = run_launch("pipeline_hf_qa4.py", str(tmp_path), nproc=2, timeout=300).stdout
+    assert "CHECK generate_refused ok" in out, out
+    assert "CHECK generate_after ok" in out, out
+    assert "CHECK get_preds_ddp ok" in out, out      # a ModelOutput with a DynamicCache: its logits, over DDP
+    export = tmp_path / "export"
+    assert {"config.json", "generation_config.json", "model.safetensors"} <= {p.name for p in export.iterdir()}
+    config = json.loads((export / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (32, 2, 128)
+
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from pipeline_hf_qa4 import Stage, learner, make_model, motifs
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    loaded = LlamaForCausalLM.from_pretrained(export)
+    trained = make_model()
+    trained.load_state_dict(torch.load(tmp_path / "weights.pt"))  # the pipeline's weights, whole after the block
+    ids = motifs(4, 3).tensors[0]
+    assert torch.equal(_logits(loaded, ids), _logits(trained, ids))
+    single = learner()                                             # the same fit on one process, no pipeline
+    single.fit(1)
+    torch.testing.assert_close(_logits(loaded, ids), _logits(single.model, ids), atol=1e-4, rtol=1e-4)
+
+    # the pipeline's checkpoint (sharded) in a Learner outside distrib_ctx: refused, saying where it resumes ...
+    checkpoint = max((tmp_path / "ckpt").glob("step-*"))
+    plain = learner()
+    with pytest.raises(ValueError, match=r"is a sharded checkpoint .*written by 2 processes.*distrib_ctx\(strategy="
+                                         r"\"model_parallel\", tp_size=\.\.\., pp_size=\.\.\.\)"):
+        plain.load_state(checkpoint)
+    # ... and there, on this one process, it loads the trained weights
+    inside = learner()
+    with inside.distrib_ctx(strategy="model_parallel", pp_size=2, split=Stage):
+        inside.load_state(checkpoint)
+    assert torch.equal(_logits(inside.model, ids), _logits(trained, ids))
