@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..distributed.strategy import OwnsAccumulation
 from ..trainer.callback import Callback, Order
 from ..trainer.data import n_batches
@@ -103,8 +105,10 @@ class GradAccum(Callback):
         """The loss scales of the window starting at batch `first`: each batch's share of the window's labels
         (the planned share of its samples where a batch has no labels, or the window none)."""
         counts = [label_items(batch, self._shifted) for batch in window]
-        if None not in counts and sum(counts):
-            self.scales[first:first + len(window)] = [c / sum(counts) for c in counts]
+        if any(c is None for c in counts):
+            return
+        total = sum(counts).clamp(min=1)  # tensors where the batches are: no host sync per micro-batch
+        self.scales[first:first + len(window)] = [c / total for c in counts]
 
     def _plan(self, dl: Any) -> None:
         if n_batches(dl) is None:
@@ -125,7 +129,7 @@ class GradAccum(Callback):
 
     def after_loss(self):
         scale = self.scales[self.learn.iter]
-        if scale != 1.0:
+        if isinstance(scale, torch.Tensor) or scale != 1.0:
             self.learn.loss_grad = self.learn.loss_grad * scale
 
     def before_step(self):

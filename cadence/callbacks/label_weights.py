@@ -7,7 +7,7 @@ ahead (`WindowAhead`), counts each one's labels (`label_items`) and weighs it by
 transformers' Trainer does with `num_items_in_batch`.
 
 >>> label_items({"input_ids": ids, "labels": torch.tensor([[5, 6, -100]])}, shifted=True)
-1
+tensor(1)
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ __all__ = ["label_items", "shifts_labels", "WindowAhead"]
 IGNORE_INDEX = -100  # what transformers' losses skip
 
 
-def label_items(batch: Any, shifted: bool) -> int | None:
+def label_items(batch: Any, shifted: bool) -> torch.Tensor | None:
     """How many labels of `batch` a Hugging Face model's loss averages over: its `shift_labels` (a padding-free
     collator's), else its `labels` (without each row's first, `shifted`: a causal LM predicts the next token), not
-    counting -100; None for a batch without labels.
+    counting -100; None for a batch without labels. A tensor where the labels are (no host sync on a device).
 
     >>> label_items({"labels": torch.tensor([1, 0, 1])}, shifted=False)
-    3
+    tensor(3)
     """
     if not isinstance(batch, Mapping):
         return None
@@ -40,7 +40,7 @@ def label_items(batch: Any, shifted: bool) -> int | None:
             labels = labels[..., 1:]
     if not isinstance(labels, torch.Tensor) or labels.is_floating_point():  # regression targets: one per sample
         return None
-    return int((labels != IGNORE_INDEX).sum())
+    return (labels != IGNORE_INDEX).sum()
 
 
 def shifts_labels(model: Any) -> bool:
@@ -74,6 +74,8 @@ class WindowAhead:
         self.inner, self._ends, self._weigh = dl, ends, weigh
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner" or name.startswith("__"):  # not set yet (a copy or an unpickling): not the loader's
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __len__(self) -> int:

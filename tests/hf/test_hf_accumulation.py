@@ -72,3 +72,14 @@ def test_labels_counted_as_transformers_counts_them():
     assert label_items((batch["input_ids"],), shifted=True) is None
     assert shifts_labels(tiny_model("gpt2")) and shifts_labels(tiny_model("llama"))
     assert not shifts_labels(torch.nn.Linear(2, 2))
+
+
+def test_a_window_read_ahead_copies_and_pickles_as_its_loader():
+    import copy
+    import pickle
+
+    from cadence.callbacks.label_weights import WindowAhead
+
+    ahead = WindowAhead([1, 2, 3], ends=[False, True, True], weigh=print)
+    assert list(copy.copy(ahead)) == [1, 2, 3]                            # a copy recursed forever
+    assert pickle.loads(pickle.dumps(WindowAhead([4, 5], ends=[False, True], weigh=len))).inner == [4, 5]
