@@ -296,8 +296,12 @@ def commit_dir(staged: str | os.PathLike, target: str | os.PathLike) -> Path:
     replace that was killed between them, and the pair of files inside never mixes two saves.
     """
     staged, real = Path(staged), _real_path(target)
+    if real.is_file():
+        raise FileExistsError(f"{target} is a file, not a directory written by cadence: left as it is; pass another "
+                              f"name or move it")
     if real.exists():
         old = sibling(real, REPLACED)
+        _refuse_foreign_file(old)
         shutil.rmtree(old, ignore_errors=True)
         os.rename(real, old)
         os.rename(staged, real)
@@ -323,11 +327,26 @@ def replacing_dir(target: str | os.PathLike, what: str) -> Iterator[Path]:
         commit_dir(staged, target)
 
 
+def _refuse_foreign_file(old: Path) -> None:
+    """Refuse to replace through `old` (the ".old" name) when a file is there: commit_dir moves only directories
+    there, so it is someone's file (a fastai `export.pkl` an earlier cadence hid while exporting over it), never
+    deleted here."""
+    if old.is_file() or old.is_symlink():
+        raise FileExistsError(f"{old} is a file, not a directory cadence moved aside (perhaps a fastai export.pkl an "
+                              f"earlier cadence version hid there while exporting over it): left as it is. Move or "
+                              f"rename it, then write {old.parent / old.name[1:].removesuffix('.old')} again")
+
+
 def recover_dir(target: str | os.PathLike) -> None:
     """Finish a replace of `target` that was killed half-way; drop what a killed write or delete left."""
     target = _real_path(target)
     old, staged = sibling(target, REPLACED), sibling(target, STAGED)
-    if old.exists():
+    if old.is_file() or old.is_symlink():
+        # not a replace of ours (commit_dir moves only directories there): a file an earlier version moved aside
+        # is given back its name when that is free, else left as it is (commit_dir then refuses, naming it)
+        if not target.exists() and not target.is_symlink():
+            os.rename(old, target)
+    elif old.exists():
         if not target.exists():
             os.rename(staged, target)  # staged was complete: the old directory moves away only then
         shutil.rmtree(old)

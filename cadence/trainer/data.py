@@ -114,10 +114,11 @@ def _batch_size(dl: Any) -> int | None:
 
 
 def _n_items(dl: Any) -> int | None:
-    """fastai's `dl.n`: the items of the loader's data set; None for a stream without a length."""
+    """fastai's `dl.n`: the items of the loader's data set; None for a stream without a length (whatever its
+    `__len__` raises: TypeError, NotImplementedError, ...)."""
     try:
         return len(dl.dataset)
-    except (AttributeError, TypeError):
+    except Exception:
         return None
 
 
@@ -127,25 +128,42 @@ def _shuffles(dl: Any) -> bool:
     return any(isinstance(s, RandomSampler) for s in samplers)
 
 
+_FASTAI_ATTRS = {"bs": _batch_size, "shuffle": _shuffles, "n": _n_items}
+_SET = "_cadence_fastai_attrs"   # on a tagged loader: the names with_fastai_attrs set (the user's own are kept)
+
+
+def _tagged_kind(dl: Any) -> bool:
+    """A torch DataLoader or cadence's DistributedDL: loaders whose batch size, sampler and data set are known."""
+    from ..distributed.data import DistributedDL
+
+    return isinstance(dl, (DataLoader, DistributedDL))
+
+
 def with_fastai_attrs(dl: Any) -> Any:
-    """`dl` with fastai's DataLoader attributes `bs`, `shuffle` and `n` (those it lacks), read off a torch DataLoader:
-    its batch size, whether it draws a random order (fastai's rule for a torch loader: a `RandomSampler`, here also
-    inside a batch sampler) and the items of its data set. A torch loader fixes batch size and sampler when built, so
-    the values stay right; a list of batches gets none. Returns `dl`.
+    """`dl` with fastai's DataLoader attributes `bs`, `shuffle` and `n` (those it lacks), read off a torch DataLoader
+    (or cadence's DistributedDL): its batch size, whether it draws a random order (fastai's rule for a torch loader: a
+    `RandomSampler`, here also inside a batch sampler) and the items of its data set (None for a stream without a
+    length). A torch loader fixes batch size and sampler when built; `n` is read again at each call (`dls.train`
+    calls it), so a data set that grows is seen. Any other iterable (a list of batches, a custom loader that may
+    shuffle by itself) gets none. Returns `dl`.
 
     >>> dl = with_fastai_attrs(DataLoader(range(10), batch_size=4, shuffle=True))
     >>> dl.bs, dl.shuffle, dl.n
     (4, True, 10)
     """
-    if dl is None or isinstance(dl, (list, tuple)):
+    if dl is None or not _tagged_kind(dl):
         return dl
-    found = {"bs": lambda: _batch_size(dl), "shuffle": lambda: _shuffles(dl), "n": lambda: _n_items(dl)}
-    for name, value in found.items():
-        if not hasattr(dl, name):
-            try:
-                setattr(dl, name, value())
-            except AttributeError:  # a loader that takes no new attributes (slots): it goes without
-                pass
+    ours = getattr(dl, _SET, None)
+    if ours is None:
+        ours = tuple(name for name in _FASTAI_ATTRS if not hasattr(dl, name))
+        try:
+            setattr(dl, _SET, ours)
+        except AttributeError:  # a loader that takes no new attributes (slots): it goes without
+            return dl
+        for name in ours:
+            setattr(dl, name, _FASTAI_ATTRS[name](dl))
+    elif "n" in ours:
+        dl.n = _n_items(dl)
     return dl
 
 
@@ -167,16 +185,19 @@ def _as_dataset(items: Any) -> Any:
 
 class _Inputs(Dataset):
     """The items of `ds` without their targets: a tuple item keeps its first `n_inp` elements (all but the last by
-    default), as the training loop splits a batch; one input is given alone."""
+    default), as the training loop splits a batch; one input is given alone. A dict item (Hugging Face style) goes
+    without its `target_keys`, as the loop gives the model a dict batch."""
 
-    def __init__(self, ds: Any, n_inp: int | None):
-        self.ds, self.n_inp = ds, n_inp
+    def __init__(self, ds: Any, n_inp: int | None, target_keys: tuple[str, ...] = ("labels",)):
+        self.ds, self.n_inp, self.target_keys = ds, n_inp, target_keys
 
     def __len__(self) -> int:
         return len(self.ds)
 
     def __getitem__(self, i: int) -> Any:
         item = self.ds[i]
+        if isinstance(item, Mapping):
+            return type(item)({k: v for k, v in item.items() if k not in self.target_keys})
         if not isinstance(item, (tuple, list)):
             return item
         n = self.n_inp or len(item) - 1 or 1
@@ -245,7 +266,7 @@ class DataLoaders:
     @property
     def train(self) -> Iterable:
         """The training loader (a torch DataLoader with fastai's `bs`, `shuffle`, `n`; any iterable of batches)."""
-        return self._train
+        return with_fastai_attrs(self._train)   # `n` read now: a data set that grew is seen
 
     @train.setter
     def train(self, dl: Iterable) -> None:  # a loader swapped in later (a DistributedDL) gets the attributes too
@@ -254,7 +275,7 @@ class DataLoaders:
     @property
     def valid(self) -> Iterable | None:
         """The validation loader, or None (with fastai's `bs`, `shuffle`, `n` as `train`)."""
-        return self._valid
+        return with_fastai_attrs(self._valid)
 
     @valid.setter
     def valid(self, dl: Iterable | None) -> None:
@@ -302,15 +323,16 @@ class DataLoaders:
 
         `test_items` is a Dataset, a tensor or array (one item per row), or a list of items. Without labels
         (`with_labels=False`, the default) each batch is the inputs alone: items that are tuples keep their first
-        `n_inp` elements (all but the last by default, as the training loop splits a batch), so the validation set
-        itself gives a loader without its targets; a tensor's rows are inputs. `bs` and other keyword arguments
+        `n_inp` elements (all but the last by default, as the training loop splits a batch), dict items go without
+        the `target_keys` (Hugging Face's "labels"), so the validation set itself gives a loader without its targets;
+        a tensor's rows are inputs. `bs` and other keyword arguments
         (torch DataLoader's) override the validation loader's.
 
         >>> preds, _ = learn.get_preds(dl=learn.dls.test_dl(torch.randn(10, 4)))   # 10 new items, no labels
         """
         ds = _as_dataset(test_items)
         if not with_labels:
-            ds = _Inputs(ds, self.n_inp)
+            ds = _Inputs(ds, self.n_inp, self.target_keys)
         like = self.valid if self.valid is not None else self.train
         settings = {k: getattr(like, k) for k in _LOADER_SETTINGS if hasattr(like, k)} if isinstance(
             like, DataLoader) else {}

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..serialization import replacing_dir, save_weights
+from ..serialization import REPLACED, recover_dir, replacing_dir, save_weights, sibling
 
 FORMAT = 1
 WEIGHTS, PICKLE, MANIFEST = "model.safetensors", "learner.pkl", "export.json"
@@ -124,6 +124,7 @@ def export(learn, fname: str | os.PathLike = DEFAULT_NAME) -> Path:
     if strategy.is_main:
         _warn_former_default(fname, target)
         try:
+            _refuse_file(target)
             _write(learn, module, state, target)
         except Exception as e:
             failure = e
@@ -135,6 +136,21 @@ def export(learn, fname: str | os.PathLike = DEFAULT_NAME) -> Path:
     if said is not None:
         raise RuntimeError(f"export failed on the main process ({said.splitlines()[0][:300]})")
     return target
+
+
+def _refuse_file(target: Path) -> None:
+    """Refuse to export over a file (an export is a directory): at fastai's default name it is most likely
+    fastai's own pickle, which cadence neither replaces nor hides. A file an earlier cadence hid at the ".old" name
+    while exporting over it is given back its name when that is free (`recover_dir`), else named here."""
+    recover_dir(target)
+    if target.is_file():
+        raise FileExistsError(f"export: {target} is a file, not a cadence export (a directory): probably a fastai "
+                              f"export pickle, left as it is. Pass another name, learn.export('name'), or move the file")
+    hidden = sibling(target, REPLACED)
+    if hidden.is_file():
+        raise FileExistsError(f"export: {hidden} is a file, not an export cadence moved aside: probably a fastai "
+                              f"export pickle an earlier cadence version hid there while exporting over it, left as "
+                              f"it is. Move or rename it, then export again")
 
 
 def _warn_former_default(fname: str | os.PathLike, target: Path) -> None:

@@ -24,19 +24,33 @@ def _pad_to(t: torch.Tensor, shape: list[int], pad_index: Any) -> torch.Tensor:
 
 
 def _tensors_only(b: Any) -> Any:
-    """`b` with its leaves that are not tensors (a model's key/value cache, a None) dropped from dicts and left as
-    None in tuples and lists: what cannot be joined across batches or gathered across processes."""
+    """`b` with its leaves that are not tensors (a model's key/value cache, a None) made None, in dicts (the key
+    kept, so every batch and every process has the same structure) as in tuples and lists: what cannot be joined
+    across batches or gathered across processes."""
     if isinstance(b, torch.Tensor):
         return b
     if isinstance(b, Mapping):
-        kept = {k: _tensors_only(v) for k, v in b.items()}
-        return {k: v for k, v in kept.items() if v is not None}
+        return {k: _tensors_only(v) for k, v in b.items()}
     if isinstance(b, (tuple, list)):
         parts = [_tensors_only(v) for v in b]
         if all(p is None for p in parts):   # a batch's list of strings: nothing to join
             return None
         return type(b)(*parts) if hasattr(b, "_fields") else type(b)(parts)
     return None
+
+
+def _leaves(b: Any) -> list[Any]:
+    """The tensors and None leaves of `b`, in the order `apply_to_tensors` visits them."""
+    if isinstance(b, Mapping):
+        return [leaf for v in b.values() for leaf in _leaves(v)]
+    if isinstance(b, (tuple, list)):
+        return [leaf for v in b for leaf in _leaves(v)]
+    return [b]
+
+
+def _mixed(where: str) -> ValueError:
+    return ValueError(f"get_preds: an output (a model output's field, a target or an input) is None {where} and a "
+                      f"tensor elsewhere: it cannot be joined; return a tensor every time, or None every time")
 
 
 def _cat(chunks: list[Any], dim: int = 0, pad_index: Any = -100) -> Any:
@@ -52,8 +66,10 @@ def _cat(chunks: list[Any], dim: int = 0, pad_index: Any = -100) -> Any:
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)   # namedtuples too
     if isinstance(first, Mapping):
         return {k: _cat([c[k] for c in chunks], dim, pad_index) for k in first}
-    if first is None:   # a leaf `_tensors_only` emptied
-        return None
+    if first is None or any(c is None for c in chunks):   # a leaf `_tensors_only` emptied
+        if all(c is None for c in chunks):
+            return None
+        raise _mixed("in some batches")
     if first.ndim > dim and len({c.shape[:dim] + c.shape[dim + 1:] for c in chunks}) > 1:
         shape = [max(c.shape[i] for c in chunks) for i in range(first.ndim)]
         chunks = [_pad_to(c, shape[:dim] + [c.shape[dim]] + shape[dim + 1:], pad_index) for c in chunks]
@@ -129,11 +145,22 @@ class GatherPreds(Callback):
         for name in ("inputs", "preds", "targs", "losses"):
             chunks = getattr(self, name)
             if chunks:
-                joined = apply_to_tensors(lambda t: gather(_pad_across(strategy_gather, t, dim, pad)),
-                                          _cat(chunks, dim, pad))
+                joined = _cat(chunks, dim, pad)
+                self._check_none_everywhere_or_nowhere(joined)
+                joined = apply_to_tensors(lambda t: gather(_pad_across(strategy_gather, t, dim, pad)), joined)
                 if order is not None:
                     joined = apply_to_tensors(lambda t: t.index_select(dim, order.to(t.device)), joined)
                 setattr(self, name, [joined])
+
+    def _check_none_everywhere_or_nowhere(self, joined: Any) -> None:
+        """Every process gathers the same tensors: a leaf None on every process stays None (nothing gathered), one
+        None on some processes only is refused on all of them alike (gathering it on the others would hang)."""
+        leaves = _leaves(joined)
+        strategy = self.learn.strategy
+        device = getattr(strategy, "device", None) or torch.device("cpu")
+        nones = strategy.gather(torch.tensor([[leaf is None for leaf in leaves]], dtype=torch.long, device=device))
+        if nones.shape[1:] != (len(leaves),) or bool((nones.any(0) & ~nones.all(0)).any()):
+            raise _mixed("on some processes")   # or structures that differ: every process sees the same nones
 
     def _stream_order(self) -> torch.Tensor | None:
         """The permutation that puts the gathered rows (rank by rank) in the order the loader dealt them from

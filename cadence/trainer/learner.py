@@ -38,6 +38,9 @@ from .schedule import n_groups, set_hyper
 from .transfer import TransferMethods
 
 _NO_CONTEXT = contextlib.nullcontext()
+# errors a loss function raises that say nothing about its fit to the model's output: kept as raised
+_NOT_A_MISFIT = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
+                 getattr(torch.distributed, "DistError", torch.cuda.OutOfMemoryError))
 _LEVEL_EVENTS = {level: (f"before_{level}", f"after_cancel_{level}", f"after_{level}")
                  for level in ("fit", "epoch", "train", "validate", "batch", "backward", "step")}
 
@@ -335,6 +338,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
                              "or set DataLoaders(n_inp=...) to say how many elements are inputs")
         try:
             loss = self.loss_func(self.pred, *self.yb)
+        except _NOT_A_MISFIT:  # out of memory, a lost process: as raised (a batch-size finder catches the first)
+            raise
         except Exception as e:
             raise ValueError(f"loss_func could not use the model's output: loss_func(pred, *yb) with pred "
                              f"{describe(self.pred)} and yb {describe(self.yb)} raised {type(e).__name__}: {e}. "

@@ -333,24 +333,28 @@ def _about_metric(e: Exception) -> Exception:
 
 
 def accumulate(m: Metric, learn: Any) -> None:
-    """`m.accumulate(learn)`; a failure is raised again naming the metric and the batch's pred and targets."""
+    """`m.accumulate(learn)`; a failure is raised as it is (its type kept: an out-of-memory or distributed error stays
+    one), with a note naming the metric and the batch's pred and targets."""
     try:
         m.accumulate(learn)
     except Exception as e:
         if getattr(e, "about_metric", False) or isinstance(e, CancelException):
             raise
-        raise metric_failure(m, e, "on a batch", learn.pred, learn.yb) from e
+        _note(e, metric_failure(m, "on a batch", learn.pred, learn.yb))
+        raise
 
 
 def value_of(m: Metric) -> float | None:
-    """`m.value`; a failure is raised again naming the metric (and for `AccumMetric`, what it kept of the pass)."""
+    """`m.value`; a failure is raised as it is, with a note naming the metric (and for `AccumMetric`, what it kept of
+    the pass)."""
     try:
         return m.value
     except Exception as e:
         if getattr(e, "about_metric", False) or isinstance(e, CancelException):
             raise
         kept = (_joined(m.preds), (_joined(m.targs),)) if isinstance(m, AccumMetric) else (None, None)
-        raise metric_failure(m, e, "computing its value over the pass", *kept) from e
+        _note(e, metric_failure(m, "computing its value over the pass", *kept))
+        raise
 
 
 def _joined(chunks: list[Tensor]) -> Any:
@@ -360,17 +364,26 @@ def _joined(chunks: list[Tensor]) -> Any:
         return tuple(chunks)
 
 
-def metric_failure(m: Metric, e: Exception, when: str, pred: Any, yb: Any) -> ValueError:
-    """The error for metric `m` failing: its name, the shapes and dtypes of what it got, the error it raised."""
-    got = "" if pred is None else f" with pred {describe(pred)} and targets {describe(yb)}"
+def _note(e: BaseException, note: str) -> None:
+    if note not in getattr(e, "__notes__", ()):   # a metric inside a metric: said once
+        e.add_note(note)
+
+
+def metric_failure(m: Metric, when: str, pred: Any, yb: Any) -> str:
+    """The note added to the error metric `m` raised: its name, the shapes and dtypes of what it got, and a hint.
+
+    >>> metric_failure(accuracy_metric, "on a batch", pred, (targ,))
+    "(in metric 'accuracy', failed on a batch: with pred tensor of shape (32, 2) ... Check that the metric fits ...)"
+    """
+    got = "" if pred is None else f": with pred {describe(pred)} and targets {describe(yb)}"
     hint = ""
     targ = yb[0] if isinstance(yb, tuple) and yb else None
     if isinstance(pred, Tensor) and isinstance(targ, Tensor) and pred.ndim > 1 and targ.shape == pred.shape \
             and targ.is_floating_point():
         hint = (" The targets have the predictions' shape (one-hot or multi-label): accuracy and error_rate "
                 "take class indices (targets.argmax(-1)); multi-label targets take accuracy_multi.")
-    return ValueError(f"metric {m.name!r} failed {when}:{got} it raised {type(e).__name__}: {e}. Check that the "
-                      f"metric fits the model's output and the targets.{hint}")
+    return (f"(in metric {m.name!r}, failed {when}{got}. Check that the metric fits the model's output and the "
+            f"targets.{hint})")
 
 
 def _func_name(func: Callable) -> str:
