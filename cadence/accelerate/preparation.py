@@ -196,17 +196,18 @@ def fit_scheduler_to_groups(scheduler: Any, sizes: list[int], groups: list[dict]
                 setattr(sched, name, [values[i] for i in kept])
 
 
-_MODEL_PARALLEL = ("tensor and sequence parallelism are cadence's model_parallel strategy: "
-                   "Accelerator(parallelism_config=ParallelismConfig(tp_size=N)), or `cadence launch "
-                   "--use_parallelism_config --parallelism_config_tp_size N`")
+# What to use instead of Accelerate's tensor-parallel / Megatron-LM plugins (also cadence.utils.unavailable's wording)
+MODEL_PARALLEL_HINT = ("tensor and sequence parallelism are cadence's model_parallel strategy: "
+                       "Accelerator(parallelism_config=ParallelismConfig(tp_size=N)), or `cadence launch "
+                       "--use_parallelism_config --parallelism_config_tp_size N`")
 
 
 def refuse_unsupported(torch_tp_plugin: Any, megatron_lm_plugin: Any) -> None:
     """Accelerate's constructor arguments cadence has no engine for: a clear error, never ignored."""
     if megatron_lm_plugin is not None:
-        raise ValueError(f"megatron_lm_plugin: Megatron-LM is not part of cadence; {_MODEL_PARALLEL}")
+        raise ValueError(f"megatron_lm_plugin: Megatron-LM is not part of cadence; {MODEL_PARALLEL_HINT}")
     if torch_tp_plugin is not None:
-        raise ValueError(f"torch_tp_plugin: {_MODEL_PARALLEL}")
+        raise ValueError(f"torch_tp_plugin: {MODEL_PARALLEL_HINT}")
 
 
 def one_deepspeed_plugin(deepspeed_plugin: Any, deepspeed_plugins: Any) -> Any:

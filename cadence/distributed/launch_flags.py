@@ -192,32 +192,80 @@ def _deepspeed_changes(args: argparse.Namespace, base: Config) -> dict:
 
 
 def _parallelism_changes(args: argparse.Namespace, base: Config) -> dict:
-    """Config changes from `--use_parallelism_config` / `--parallelism_config_*`: the parallelism_config block."""
+    """Config changes from `--use_parallelism_config` / `--parallelism_config_*`: the parallelism_config block (the
+    distributed_type stays the file's or `--use_fsdp`'s)."""
     changes = _engine_changes(args, base, "use_parallelism_config", base.distributed_type, "parallelism_config",
                               {f"parallelism_config_{k}": f"parallelism_config_{k}" for k in PARALLELISM_FLAGS})
+    changes.pop("distributed_type", None)
     if changes and not changes["parallelism_config"]:
         changes["parallelism_config"] = {"parallelism_config_tp_size": 1}
     return changes
 
 
+# Engines a launch can choose, and the pairs that train together: tensor parallelism runs inside FSDP2
+# (ModelParallel takes the fsdp_config's options); every other pair would leave one engine's settings unused.
+_TOGETHER = {frozenset({"FSDP", "model parallel"})}
+# The config file's engine blocks: distributed_type -> (engine, block)
+_FILE_BLOCKS = {"FSDP": ("FSDP", "fsdp_config"), "DEEPSPEED": ("DeepSpeed", "deepspeed_config")}
+
+
+def _chosen_engines(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The engines the flags of `args` choose, each with its flags as typed."""
+    return {engine: flags for engine, flags in (
+        ("XLA", ["--tpu"] if getattr(args, "tpu", False) else []),
+        ("FSDP", _given(args, "use_fsdp", [f"fsdp_{k}" for k in FSDP_FLAGS])),
+        ("DeepSpeed", _given(args, "use_deepspeed", list(DEEPSPEED_FLAGS))),
+        ("model parallel", _given(args, "use_parallelism_config",
+                                  [f"parallelism_config_{k}" for k in PARALLELISM_FLAGS]))) if flags}
+
+
+def _apart(a: str, b: str) -> bool:
+    return a != b and frozenset({a, b}) not in _TOGETHER
+
+
 def refuse_engine_conflicts(args: argparse.Namespace) -> None:
-    """ValueError naming the flags when they choose more than one engine (`--tpu`, `--use_fsdp` or an `--fsdp_*`
-    flag, `--use_deepspeed` or a DeepSpeed flag): the workers run one, and the others' flags would do nothing.
+    """ValueError naming the flags when they choose engines that do not train together (`--tpu`, `--use_fsdp` or an
+    `--fsdp_*` flag, `--use_deepspeed` or a DeepSpeed flag, `--use_parallelism_config` or a `--parallelism_config_*`
+    flag; the last two with FSDP's are 2-D parallelism): the workers run one, and the others' flags would do nothing.
 
     >>> refuse_engine_conflicts(argparse.Namespace(tpu=True, use_deepspeed=True))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ValueError: --tpu (XLA) and --use_deepspeed (DeepSpeed) each choose the engine the workers train with...
     """
-    chosen = {engine: flags for engine, flags in (
-        ("XLA", ["--tpu"] if getattr(args, "tpu", False) else []),
-        ("FSDP", _given(args, "use_fsdp", [f"fsdp_{k}" for k in FSDP_FLAGS])),
-        ("DeepSpeed", _given(args, "use_deepspeed", list(DEEPSPEED_FLAGS)))) if flags}
-    if len(chosen) > 1:
+    chosen = _chosen_engines(args)
+    if any(_apart(a, b) for a in chosen for b in chosen):
         named = [f"{' '.join(flags)} ({engine})" for engine, flags in chosen.items()]
         xla = (" (on XLA, weights are sharded by the xla strategy's own FSDP: learn.distrib_ctx(strategy='xla', "
                "spmd=True, fsdp=True))") if "XLA" in chosen else ""
+        tp = (" (tensor parallelism trains inside FSDP2: --use_fsdp with --parallelism_config_tp_size)"
+              if "model parallel" in chosen and "XLA" not in chosen else "")
         raise ValueError(f"{', '.join(named[:-1])} and {named[-1]} each choose the engine the workers train with, and "
-                         f"a launch trains with one: keep one engine's flags{xla}")
+                         f"a launch trains with one: keep one engine's flags{xla}{tp}")
+
+
+def refuse_overriding_the_files_engine(args: argparse.Namespace, base: Config) -> None:
+    """ValueError when a flag chooses another engine than the config file's while the file holds settings for its
+    own (a non-empty deepspeed_config / fsdp_config of its distributed_type, or a parallelism_config): they would be
+    dropped unsaid. An empty block (`fsdp_config: {}`, as `accelerate config` writes) is no setting.
+
+    >>> base = Config(distributed_type="DEEPSPEED", deepspeed_config={"zero_stage": 2})
+    >>> refuse_overriding_the_files_engine(argparse.Namespace(tpu=True, config_file="ds.yaml"), base)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: --tpu (XLA) would replace the engine of the config file ds.yaml (distributed_type: DEEPSPEED, ...
+    """
+    held = {}
+    if base.distributed_type in _FILE_BLOCKS and getattr(base, _FILE_BLOCKS[base.distributed_type][1]):
+        engine, block = _FILE_BLOCKS[base.distributed_type]
+        held[engine] = f"distributed_type: {base.distributed_type}, {block}: {getattr(base, block)}"
+    if base.parallelism_config:
+        held["model parallel"] = f"parallelism_config: {base.parallelism_config}"
+    for engine, flags in _chosen_engines(args).items():
+        for own, setting in held.items():
+            if _apart(engine, own):
+                path = getattr(args, "config_file", None) or cfg_mod.default_config_path()
+                raise ValueError(f"{' '.join(flags)} ({engine}) would replace the engine of the config file {path} "
+                                 f"({setting}) and leave its settings unused: drop the flag, or give --config_file a "
+                                 f"file for {engine} (or remove that block from the file)")
 
 
 def _given(args: argparse.Namespace, use: str, flags: list[str]) -> list[str]:
@@ -234,6 +282,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
     """
     refuse_engine_conflicts(args)
     base = cfg_mod.load_config(args.config_file)
+    refuse_overriding_the_files_engine(args, base)
     changes = cfg_mod.flag_values(args)
     if getattr(args, "multi_gpu", False) and base.distributed_type == "NO":
         changes["distributed_type"] = "MULTI_GPU"

@@ -1,23 +1,31 @@
 """`accelerate.utils` names cadence has no counterpart for: importing one says so, and what to use instead.
 
 `from cadence.utils import FP8RecipeKwargs` raises ImportError naming the name and the replacement, instead
-of Python's bare "cannot import name". Names that are not Accelerate's get Python's usual AttributeError.
+of Python's bare "cannot import name". Any other lookup of such a name (`getattr`, `hasattr`, `monkeypatch.setattr`)
+gets an AttributeError (PEP 562), its message naming the replacement, so `hasattr(cadence.utils, name)` is False
+and `getattr(cadence.utils, name, None)` is None. Which of the two is told apart by the instruction the caller is
+at (IMPORT_FROM: a `from ... import`). Generic names a library may probe for (`save`, `load`, ...) are not listed:
+they get Python's usual AttributeError, as does any name that is not Accelerate's.
 
 >>> from cadence.utils import MegatronLMPlugin
 Traceback (most recent call last):
 ImportError: cadence.utils has no MegatronLMPlugin (accelerate.utils.MegatronLMPlugin): Megatron-LM is not part ...
+>>> import cadence.utils; hasattr(cadence.utils, "MegatronLMPlugin")
+False
 """
 
 from __future__ import annotations
 
+import dis
+import sys
 from typing import Any, Callable
 
-from ..accelerate.preparation import _MODEL_PARALLEL
+from ..accelerate.preparation import MODEL_PARALLEL_HINT
 
 __all__ = ["REPLACEMENTS", "module_getattr"]
 
 _FP8 = "fp8 training is not in cadence; train in bf16: Accelerator(mixed_precision='bf16')"
-_MEGATRON = f"Megatron-LM is not part of cadence; {_MODEL_PARALLEL}"
+_MEGATRON = f"Megatron-LM is not part of cadence; {MODEL_PARALLEL_HINT}"
 _LAUNCH = ("cadence's launchers start fresh processes themselves: `cadence launch`, or from Python "
            "notebook_launcher(fn, args, num_processes) / debug_launcher(fn)")
 _REGIONAL = ("cadence compiles each prepared model whole, in place: Accelerator(dynamo_backend='inductor') or "
@@ -30,7 +38,7 @@ _QUANTIZE = ("bitsandbytes quantization is not in cadence; load the model quanti
              "BitsAndBytesConfig in from_pretrained) and prepare it")
 
 REPLACEMENTS: dict[str, str] = {
-    **dict.fromkeys(["FP8RecipeKwargs", "AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "convert_model",
+    **dict.fromkeys(["FP8RecipeKwargs", "AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs",
                      "convert_model_to_fp8_ao", "apply_fp8_autowrap", "contextual_fp8_autocast",
                      "has_transformer_engine_layers", "has_ao_layers", "filter_first_and_last_linear_layers",
                      "check_cuda_fp8_capability"], _FP8),
@@ -53,24 +61,34 @@ REPLACEMENTS: dict[str, str] = {
     **dict.fromkeys(["DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
                      "HfDeepSpeedConfig", "get_active_deepspeed_plugin", "map_pytorch_optim_to_deepspeed"], _DEEPSPEED),
     **dict.fromkeys(["BnbQuantizationConfig", "load_and_quantize_model"], _QUANTIZE),
-    "get_grad_scaler": ("the Accelerator makes its own with mixed_precision='fp16' (accelerator.scaler; options in "
-                        "GradScalerKwargs); by hand, torch.amp.GradScaler(device_type)"),
-    "save": "accelerator.save(obj, f, safe_serialization=...) (the main process writes)",
-    "load": "torch.load(f, weights_only=True), or safetensors.torch.load_file for a .safetensors file",
     "synchronize_rng_state": "synchronize_rng_states(['torch', 'cuda'])",
     "get_mixed_precision_context_manager": "accelerator.autocast() (AutocastKwargs for its options)",
 }
 
 
-def module_getattr(module: str) -> Callable[[str], Any]:
-    """A module `__getattr__` (PEP 562) for `module`: ImportError naming an Accelerate name and its replacement.
+_IMPORT_FROM = dis.opmap["IMPORT_FROM"]
 
-    An ImportError, not an AttributeError: `from module import name` would replace an AttributeError's message with
-    its own "cannot import name".
+
+def module_getattr(module: str) -> Callable[[str], Any]:
+    """A module `__getattr__` (PEP 562) for `module`: a listed Accelerate name raises an error naming its replacement.
+
+    ImportError under `from module import name` (whose "cannot import name" would replace an AttributeError's
+    message), AttributeError otherwise, so that `hasattr` and `getattr(module, name, None)` work.
     """
     def __getattr__(name: str) -> Any:
-        if name in REPLACEMENTS:
-            raise ImportError(f"{module} has no {name} (accelerate.utils.{name}): {REPLACEMENTS[name]}")
-        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        if name not in REPLACEMENTS:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        message = f"{module} has no {name} (accelerate.utils.{name}): {REPLACEMENTS[name]}"
+        if _importing_from(sys._getframe(1)):
+            raise ImportError(message, name=module)
+        raise AttributeError(message, name=name, obj=sys.modules.get(module))
 
     return __getattr__
+
+
+def _importing_from(frame: Any) -> bool:
+    """Whether `frame` is at an IMPORT_FROM instruction (`from m import name` looks `name` up on `m`)."""
+    try:
+        return frame.f_code.co_code[frame.f_lasti] == _IMPORT_FROM
+    except (AttributeError, IndexError, TypeError):   # no frame, or an interpreter without these: the plain case
+        return False

@@ -118,8 +118,7 @@ def test_accelerates_example_imports_that_were_missing_are_found_or_refused_with
     expected = {
         "FP8RecipeKwargs": "fp8 training is not in cadence; train in bf16",
         "AORecipeKwargs": "fp8 training is not in cadence",
-        "convert_model": "fp8 training is not in cadence",
-        "get_grad_scaler": "the Accelerator makes its own .*accelerator.scaler",
+        "convert_model_to_fp8_ao": "fp8 training is not in cadence",
         "PrepareForLaunch": "cadence's launchers .*notebook_launcher",
         "DeepSpeedSequenceParallelConfig": "Accelerate's sequence parallelism .* is not in cadence",
         "MegatronLMDummyScheduler": "Megatron-LM is not part of cadence; .*ParallelismConfig",
