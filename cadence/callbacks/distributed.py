@@ -175,15 +175,21 @@ def _launcher_cbs(learn: Any) -> list[Callback]:
     return cbs
 
 
-def detach_distributed(learn: Any) -> Any:
-    """Undo `to_distributed`: original loaders, the user's module and an optimizer over it, single-device strategy."""
+def detach_distributed(learn: Any, gather: bool = True) -> Any:
+    """Undo `to_distributed`: original loaders, the user's module and an optimizer over it, single-device strategy.
+
+    `gather=False` (a block that failed on several processes): the user's module as the engine left it, its
+    weights not gathered, since a gather is a collective and the other processes may be anywhere else."""
     bridges = [cb for cb in learn.cbs if isinstance(cb, DistributedTrainer)]
     if not bridges:
         return learn
     bridge = bridges[0]
     learn.remove_cbs([bridge, *bridge.launcher_cbs])
     learn.sync_gradients = True
-    learn.model, learn.opt = bridge.strategy.release(learn.model, learn.opt, learn._make_opt)
+    if gather:
+        learn.model, learn.opt = bridge.strategy.release(learn.model, learn.opt, learn._make_opt)
+    else:
+        learn.model = bridge.strategy.unwrap(learn.model)
     learn.dls.train, learn.dls.valid = bridge.old_loaders
     learn.strategy = bridge.old_strategy
     _recompile(learn)
@@ -198,8 +204,12 @@ def distrib_ctx(learn: Any, sync_bn: bool = True, in_notebook: bool = False, str
     to_distributed(learn, strategy=strategy, sync_bn=sync_bn, **strategy_kwargs)
     try:
         yield learn
-    finally:
-        detach_distributed(learn)
+    except BaseException:
+        # on several processes the others may be in another collective (a rank that refused its checkpoint file
+        # while the rest load theirs): gathering the weights would wait for them until the collective timeout
+        detach_distributed(learn, gather=world_size() == 1)
+        raise
+    detach_distributed(learn)
 
 
 __all__ = ["DistributedTrainer", "distrib_ctx", "to_distributed", "detach_distributed"]

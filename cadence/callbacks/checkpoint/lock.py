@@ -67,11 +67,17 @@ class DirectoryLock:
         self._fd = fd
 
     def release(self) -> None:
+        """Unlock, whatever happens to the lock file: a directory that became read-only (the reason a save
+        failed, most likely) keeps the file, which the next `acquire` locks and takes over."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            (self.root / LOCK_FILE).unlink(missing_ok=True)  # before unlocking: see acquire
-            fcntl.flock(fd, fcntl.LOCK_UN)  # also for DataLoader workers forked meanwhile, which share the file
-            os.close(fd)
+            try:
+                (self.root / LOCK_FILE).unlink(missing_ok=True)  # before unlocking: see acquire
+            except OSError:
+                pass
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)  # also for DataLoader workers forked meanwhile, which share the file
+                os.close(fd)
 
     def __enter__(self) -> "DirectoryLock":
         self.acquire()
