@@ -1,6 +1,6 @@
 """`get_preds` of a Hugging Face model trained with a loss_func: its predictions are the logits (as under
 loss_func=None), and outputs or batches holding leaves that are not tensors (a key/value cache, strings) are
-gathered without them."""
+come back as None, their keys kept (every process gathers the same structure)."""
 
 import pytest
 import torch
@@ -70,6 +70,8 @@ def test_gathering_leaves_out_leaves_that_are_not_tensors_in_outputs_and_batches
     inputs, preds, targs = learn.get_preds(with_input=True)
     with torch.no_grad():
         expected = learn.model.lin(x)
-    assert set(preds) == {"out", "pair"} and preds["pair"][1] is None
+    # what is not a tensor comes back as None, its key kept: every process gathers the same structure
+    assert set(preds) == {"out", "cache", "note", "pair"} and preds["pair"][1] is None
+    assert preds["cache"] is None and preds["note"] is None
     assert torch.allclose(preds["out"], expected) and torch.allclose(preds["pair"][0], expected * 2)
-    assert set(inputs) == {"x"} and torch.equal(inputs["x"], x) and torch.equal(targs, torch.arange(10))
+    assert set(inputs) == {"x", "text"} and inputs["text"] is None and torch.equal(inputs["x"], x) and torch.equal(targs, torch.arange(10))
