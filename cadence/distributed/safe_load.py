@@ -68,10 +68,22 @@ def load_deepspeed_file(path: str | Path, map_location: Any = None, mmap: bool =
 
     >>> state = load_deepspeed_file(optim_file, map_location="cpu", mmap=True)
     """
-    with _deepspeed_file(path):
+    with _deepspeed_file(path), _damaged_names(path):
         if mmap:
             return load_mapped(str(path), map_location)
         return torch.load(path, map_location=map_location, weights_only=True)
+
+
+@contextlib.contextmanager
+def _damaged_names(path: str | Path) -> Iterator[None]:
+    """torch's reader failing on a truncated or damaged zip (its message names no file): a ValueError naming it."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "PytorchStreamReader" not in str(e):
+            raise
+        raise ValueError(f"{path} is damaged ({str(e).splitlines()[0]}): it was cut short or changed after it was "
+                         f"written; resume from another checkpoint") from e
 
 
 def check_deepspeed_files(directory: Path) -> None:

@@ -62,3 +62,17 @@ def test_a_lock_whose_file_cannot_be_removed_is_still_released(tmp_path, monkeyp
     with DirectoryLock(tmp_path):  # taken again, the file left behind taken over
         pass
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_truncated_deepspeed_file_is_refused_naming_it(tmp_path):
+    """torch's reader says only "failed finding central directory": the refusal names the file."""
+    import torch
+
+    from cadence.distributed.safe_load import load_deepspeed_file
+
+    path = tmp_path / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    torch.save({"optimizer_state_dict": {"fp32_flat_groups": [torch.zeros(1000)]}}, path)
+    path.write_bytes(path.read_bytes()[:900])
+    assert load_deepspeed_file(path, "cpu", mmap=True) is None   # not a zip to map: its callers read it plainly
+    with pytest.raises(ValueError, match=rf"{path} is damaged \(.*\): it was cut short"):
+        load_deepspeed_file(path, "cpu")
