@@ -61,17 +61,11 @@ class MixedPrecision(Callback):
                 strategy.set_precision(plugin)
         return strategy.forward_context()
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        """`learn.remove_cb` sets `learn` to None: the learner's strategy goes back to full precision then."""
-        learn = self.__dict__.get("learn")
-        if name == "learn" and learn is not None and value is not learn:
-            self._release(learn.strategy)
-        super().__setattr__(name, value)
-
-    def _release(self, strategy: Any) -> None:
-        """Full precision on `strategy` again if it runs this callback's precision (a later fit without this callback
-        neither scales the loss nor autocasts). An engine that fixed its precision when it wrapped the model (FSDP,
-        DeepSpeed) keeps it until `distrib_ctx` ends."""
+    def on_remove(self) -> None:
+        """Full precision again on the learner's strategy if it runs this callback's precision (a later fit without
+        this callback neither scales the loss nor autocasts). An engine that fixed its precision when it wrapped the
+        model (FSDP, DeepSpeed) keeps it until `distrib_ctx` ends."""
+        strategy = self.learn.strategy
         if self.plugin is not None and strategy.precision is self.plugin and not isinstance(strategy, OwnsPrecision):
             strategy.set_precision(FullPrecision())
 

@@ -113,6 +113,15 @@ class Callback:
         `learn.csv_logger`."""
         return class2attr(self, "Callback")
 
+    def on_remove(self) -> None:
+        """Called by `learn.remove_cb` (and after `fit(cbs=...)`) as the callback leaves, `self.learn` still set: undo
+        what it set on the learner outside its events (MixedPrecision takes its precision off the strategy).
+
+        >>> class Tag(Callback):
+        ...     def before_fit(self): self.learn.tagged = True
+        ...     def on_remove(self): del self.learn.tagged
+        """
+
     def __getattr__(self, attr: str) -> Any:
         # fall through to the learner for the training state (epoch, loss, model, ...)
         learn = self.__dict__.get("learn") or type(self).learn

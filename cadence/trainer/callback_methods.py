@@ -66,6 +66,7 @@ class CallbackMethods:
         """Detach a callback instance, or every callback of a class."""
         targets = [c for c in self.cbs if (isinstance(c, cb) if isinstance(cb, type) else c is cb)]
         for c in targets:
+            c.on_remove()
             self.cbs.remove(c)
             if getattr(self, c.name, None) is c:
                 delattr(self, c.name)
