@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from ..nested import leaves, map_leaves, map_tensors
 from . import env
 
 __all__ = ["map_leaves", "map_tensors", "wait_for_everyone", "broadcast", "reduce", "gather", "gather_object",
@@ -30,38 +31,7 @@ T = TypeVar("T")
 _REDUCE_OPS = ("mean", "sum", "max", "min")
 
 
-def map_leaves(fn: Callable[[Any], Any], data: Any) -> Any:
-    """Apply `fn` to every leaf (anything but a tuple, list or mapping) of nested tuples, lists (namedtuples too) and
-    mappings, keeping each container's type.
-
-    >>> map_leaves(str, {"x": 1, "ids": [2, (3,)]})
-    {'x': '1', 'ids': ['2', ('3',)]}
-    """
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(map_leaves(fn, o) for o in data))
-    if isinstance(data, (tuple, list)):
-        return type(data)(map_leaves(fn, o) for o in data)
-    if isinstance(data, Mapping):
-        return type(data)({k: map_leaves(fn, v) for k, v in data.items()})
-    return fn(data)
-
-
-def map_tensors(fn: Callable[[torch.Tensor], Any], data: Any) -> Any:
-    """Apply `fn` to every tensor in nested tuples, lists (namedtuples too) and dicts; other leaves unchanged.
-
-    >>> map_tensors(lambda t: t * 2, {"x": torch.ones(2), "ids": [torch.zeros(1)], "name": "a"})
-    {'x': tensor([2., 2.]), 'ids': [tensor([0.])], 'name': 'a'}
-    """
-    return map_leaves(lambda o: fn(o) if isinstance(o, torch.Tensor) else o, data)
-
-
 def _check_tensors_only(data: Any, what: str) -> None:
-    def leaves(o):
-        if isinstance(o, Mapping):
-            o = list(o.values())
-        if isinstance(o, (tuple, list)):
-            return [leaf for x in o for leaf in leaves(x)]
-        return [o]
     bad = [type(o).__name__ for o in leaves(data) if not isinstance(o, torch.Tensor)]
     if bad:
         raise TypeError(f"{what} works on tensors in nested tuples/lists/dicts, got {bad[0]}; "

@@ -8,7 +8,8 @@ from typing import Any, Callable
 import torch
 
 from .callback import Callback, Order
-from .data import apply_to_tensors, to_detach
+from ..nested import leaves, map_tensors
+from .data import to_detach
 from .model_output import prediction
 
 
@@ -37,15 +38,6 @@ def _tensors_only(b: Any) -> Any:
             return None
         return type(b)(*parts) if hasattr(b, "_fields") else type(b)(parts)
     return None
-
-
-def _leaves(b: Any) -> list[Any]:
-    """The tensors and None leaves of `b`, in the order `apply_to_tensors` visits them."""
-    if isinstance(b, Mapping):
-        return [leaf for v in b.values() for leaf in _leaves(v)]
-    if isinstance(b, (tuple, list)):
-        return [leaf for v in b for leaf in _leaves(v)]
-    return [b]
 
 
 def _mixed(where: str) -> ValueError:
@@ -142,24 +134,24 @@ class GatherPreds(Callback):
         to the same size on every process first (the ranks' last batches may be padded to different lengths)."""
         dim, pad, strategy_gather = self.concat_dim, self.pad_index, self.learn.strategy.gather
         gather, order = _along(strategy_gather, dim), self._stream_order()
-        for name in ("inputs", "preds", "targs", "losses"):
-            chunks = getattr(self, name)
-            if chunks:
-                joined = _cat(chunks, dim, pad)
-                self._check_none_everywhere_or_nowhere(joined)
-                joined = apply_to_tensors(lambda t: gather(_pad_across(strategy_gather, t, dim, pad)), joined)
-                if order is not None:
-                    joined = apply_to_tensors(lambda t: t.index_select(dim, order.to(t.device)), joined)
-                setattr(self, name, [joined])
+        joined = {name: _cat(getattr(self, name), dim, pad) for name in ("inputs", "preds", "targs", "losses")
+                  if getattr(self, name)}
+        if joined:
+            self._check_none_everywhere_or_nowhere(joined)   # one collective for every group
+        for name, one in joined.items():
+            one = map_tensors(lambda t: gather(_pad_across(strategy_gather, t, dim, pad)), one)
+            if order is not None:
+                one = map_tensors(lambda t: t.index_select(dim, order.to(t.device)), one)
+            setattr(self, name, [one])
 
     def _check_none_everywhere_or_nowhere(self, joined: Any) -> None:
         """Every process gathers the same tensors: a leaf None on every process stays None (nothing gathered), one
         None on some processes only is refused on all of them alike (gathering it on the others would hang)."""
-        leaves = _leaves(joined)
+        found = leaves(joined)
         strategy = self.learn.strategy
         device = getattr(strategy, "device", None) or torch.device("cpu")
-        nones = strategy.gather(torch.tensor([[leaf is None for leaf in leaves]], dtype=torch.long, device=device))
-        if nones.shape[1:] != (len(leaves),) or bool((nones.any(0) & ~nones.all(0)).any()):
+        nones = strategy.gather(torch.tensor([[leaf is None for leaf in found]], dtype=torch.long, device=device))
+        if nones.shape[1:] != (len(found),) or bool((nones.any(0) & ~nones.all(0)).any()):
             raise _mixed("on some processes")   # or structures that differ: every process sees the same nones
 
     def _stream_order(self) -> torch.Tensor | None:

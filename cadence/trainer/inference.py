@@ -20,8 +20,9 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
+from ..nested import map_tensors
 from .callback import Callback, Order, event_methods
-from .data import apply_to_tensors, to_device, with_fastai_attrs
+from .data import to_device, with_fastai_attrs
 from .epoch_record import EpochRecord
 from .events import CancelException
 from .model_output import call_model, model_loss
@@ -251,7 +252,7 @@ class InferenceMethods:
             raise ValueError(f"show_results(max_n=...) is how many items to show, a positive int; got {max_n!r}")
         items = pick_items(self._pick_dl(ds_idx, dl, "show_results"), max_n, shuffle, self.strategy.broadcast)
         inputs, preds, targs, decoded = self.get_preds(dl=items, with_input=True, with_decoded=True)
-        inputs, preds, targs, decoded = apply_to_tensors(lambda t: t[:max_n], (inputs, preds, targs, decoded))
+        inputs, preds, targs, decoded = map_tensors(lambda t: t[:max_n], (inputs, preds, targs, decoded))
         if self.strategy.is_main:
             print_table(inputs, targs, decoded)
         return inputs, preds, targs
@@ -314,7 +315,7 @@ class InferenceMethods:
         >>> next_token_logits = learn.predict({"input_ids": ids})[-1]
         """
         xb = item if isinstance(item, (tuple, Mapping)) else (item,)
-        xb = to_device(apply_to_tensors(lambda x: x.unsqueeze(0), xb), self.strategy.device)
+        xb = to_device(map_tensors(lambda x: x.unsqueeze(0), xb), self.strategy.device)
         with self._kept_loop_state(), torch.no_grad():   # callable from a callback during fit
             self.model.eval()
             self.training, self._handlers, self.xb, self.yb = False, self._valid_handlers, xb, ()
@@ -327,7 +328,7 @@ class InferenceMethods:
             pred = self.pred
         act = act if act is not None else getattr(self.loss_func, "activation", None)
         pred = act(pred) if act is not None else pred
-        return apply_to_tensors(lambda t: t[0] if t.ndim else t, pred)   # a scalar (an auxiliary loss) stays
+        return map_tensors(lambda t: t[0] if t.ndim else t, pred)   # a scalar (an auxiliary loss) stays
 
 
 def _as_list(cbs: Any) -> list:

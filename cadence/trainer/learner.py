@@ -22,9 +22,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..nested import map_tensors
 from .callback import Callback, default_callbacks
 from .callback_methods import CallbackMethods, listify
-from .data import DataLoaders, apply_to_tensors, n_batches, to_detach, to_device
+from .data import DataLoaders, n_batches, to_detach, to_device
 from .events import (CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
@@ -411,7 +412,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         """
         b = to_detach(b, cpu=False)
         if gather:
-            b = apply_to_tensors(self.strategy.gather, b)
+            b = map_tensors(self.strategy.gather, b)
         return to_detach(b, cpu=cpu)
 
     def _backward(self) -> None:
