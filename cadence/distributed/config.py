@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import itertools
 import math
 import os
 from collections.abc import Callable
@@ -36,6 +37,35 @@ ACCELERATE_ONLY_KEYS = frozenset({
 })
 # Values YAML 1.1 reads as booleans when left unquoted (`mixed_precision: no`), and old names.
 _ALIASES = {"mixed_precision": {False: "no"}, "distributed_type": {False: "NO", "TPU": "XLA"}}
+
+# The engines a config names (through distributed_type or an engine's block), and the pairs that train together:
+# tensor and pipeline parallelism run inside FSDP2 (ModelParallel takes the fsdp_config's options); any other pair
+# would leave one engine's settings unused.
+TYPE_ENGINES = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed", "XLA": "XLA"}
+ENGINE_BLOCKS = {"FSDP": "fsdp_config", "DeepSpeed": "deepspeed_config", "model parallel": "parallelism_config"}
+TRAIN_TOGETHER = frozenset({frozenset({"FSDP", "model parallel"})})
+_ENGINE_TYPE = {**{engine: name for name, engine in TYPE_ENGINES.items()}, "model parallel": "FSDP"}
+_TP_INSIDE_FSDP = "tensor and pipeline parallelism train inside FSDP2"
+_XLA_SHARDS = ("on XLA, the xla strategy shards weights with its own FSDP: "
+               "learn.distrib_ctx(strategy='xla', spmd=True, fsdp=True)")
+
+
+def engines_apart(a: str, b: str, together: frozenset = TRAIN_TOGETHER) -> bool:
+    """Whether engines `a` and `b` cannot train in one run.
+
+    >>> engines_apart("FSDP", "model parallel"), engines_apart("DeepSpeed", "model parallel")
+    (False, True)
+    """
+    return a != b and frozenset({a, b}) not in together
+
+
+def describe_settings(settings: dict[str, Any]) -> str:
+    """`key: value, ...` as a config file writes them.
+
+    >>> describe_settings({"distributed_type": "XLA"})
+    'distributed_type: XLA'
+    """
+    return ", ".join(f"{key}: {value}" for key, value in settings.items())
 
 
 def _key(help: str, default: Any = None, kind: type | None = None, choices: tuple | None = None,
@@ -103,6 +133,43 @@ class Config:
         if self.num_processes % self.num_machines:
             raise ValueError(f"num_processes ({self.num_processes}) is the total over all machines: "
                              f"make it a multiple of num_machines ({self.num_machines})")
+        self._refuse_engines_apart()
+
+    def engine_settings(self) -> dict[str, dict[str, Any]]:
+        """The engines this config names, each with the keys that name it: distributed_type FSDP, DEEPSPEED or XLA,
+        and each engine's block when not empty (`fsdp_config: {}`, as `accelerate config` writes, names none).
+
+        >>> Config(distributed_type="DEEPSPEED", deepspeed_config={"zero_stage": 2}).engine_settings()
+        {'DeepSpeed': {'distributed_type': 'DEEPSPEED', 'deepspeed_config': {'zero_stage': 2}}}
+        """
+        named: dict[str, dict[str, Any]] = {}
+        if self.distributed_type in TYPE_ENGINES:
+            named[TYPE_ENGINES[self.distributed_type]] = {"distributed_type": self.distributed_type}
+        for engine, block in ENGINE_BLOCKS.items():
+            if getattr(self, block):
+                named.setdefault(engine, {})[block] = getattr(self, block)
+        return named
+
+    def _refuse_engines_apart(self) -> None:
+        """ValueError when the config names two engines that do not train together: one's settings would go unused
+        unsaid (a parallelism_config would win over distributed_type: DEEPSPEED)."""
+        named = self.engine_settings()
+        for a, b in itertools.combinations(named, 2):
+            if engines_apart(a, b):
+                hints = [_TP_INSIDE_FSDP] * ("model parallel" in (a, b))
+                hints += [_XLA_SHARDS] * ("XLA" in (a, b) and bool({a, b} & {"FSDP", "model parallel"}))
+                raise ValueError(f"{describe_settings(named[a])} ({a}) and {describe_settings(named[b])} ({b}) each "
+                                 f"choose the engine the workers train with, and a run trains with one: to train with "
+                                 f"{a}, {self._leave(b, a)}; to train with {b}, {self._leave(a, b)}"
+                                 + (f" ({'; '.join(hints)})" if hints else ""))
+
+    def _leave(self, dropped: str, kept: str) -> str:
+        """What to change so that only engine `kept` trains: `dropped`'s blocks go, distributed_type names `kept`."""
+        steps = [f"remove the {key} block" for key in self.engine_settings()[dropped] if key != "distributed_type"]
+        typed = TYPE_ENGINES.get(self.distributed_type)
+        if not (typed == kept or (kept == "model parallel" and typed in (None, "FSDP"))):
+            steps.insert(0, f"set distributed_type: {_ENGINE_TYPE[kept]}")
+        return " and ".join(steps)
 
     @property
     def strategy(self) -> str | None:

@@ -12,6 +12,7 @@ before anything starts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from cadence.compile import CONFIG_KEYS, check_backend
@@ -202,17 +203,18 @@ def _parallelism_changes(args: argparse.Namespace, base: Config) -> dict:
     return changes
 
 
-# Engines a launch can choose, and the pairs that train together: tensor parallelism runs inside FSDP2
-# (ModelParallel takes the fsdp_config's options); every other pair would leave one engine's settings unused.
-_TOGETHER = {frozenset({"FSDP", "model parallel"})}
-# The config file's engine blocks: distributed_type -> (engine, block)
-_FILE_BLOCKS = {"FSDP": ("FSDP", "fsdp_config"), "DEEPSPEED": ("DeepSpeed", "deepspeed_config")}
+# Engines a launch can choose, and the pairs that train together: the config's (tensor parallelism inside FSDP2), and
+# `--multi_gpu` (Accelerate's flag for several GPUs) with every engine but XLA.
+_TOGETHER = cfg_mod.TRAIN_TOGETHER | {frozenset({"GPUs", e}) for e in ("FSDP", "DeepSpeed", "model parallel")}
+# The engines whose flags set distributed_type (the parallelism flags add their block to the file's engine)
+_TYPED = {"XLA", "FSDP", "DeepSpeed"}
 
 
 def _chosen_engines(args: argparse.Namespace) -> dict[str, list[str]]:
     """The engines the flags of `args` choose, each with its flags as typed."""
     return {engine: flags for engine, flags in (
         ("XLA", ["--tpu"] if getattr(args, "tpu", False) else []),
+        ("GPUs", ["--multi_gpu"] if getattr(args, "multi_gpu", False) else []),
         ("FSDP", _given(args, "use_fsdp", [f"fsdp_{k}" for k in FSDP_FLAGS])),
         ("DeepSpeed", _given(args, "use_deepspeed", list(DEEPSPEED_FLAGS))),
         ("model parallel", _given(args, "use_parallelism_config",
@@ -220,7 +222,7 @@ def _chosen_engines(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def _apart(a: str, b: str) -> bool:
-    return a != b and frozenset({a, b}) not in _TOGETHER
+    return cfg_mod.engines_apart(a, b, _TOGETHER)
 
 
 def refuse_engine_conflicts(args: argparse.Namespace) -> None:
@@ -236,7 +238,7 @@ def refuse_engine_conflicts(args: argparse.Namespace) -> None:
     if any(_apart(a, b) for a in chosen for b in chosen):
         named = [f"{' '.join(flags)} ({engine})" for engine, flags in chosen.items()]
         xla = (" (on XLA, weights are sharded by the xla strategy's own FSDP: learn.distrib_ctx(strategy='xla', "
-               "spmd=True, fsdp=True))") if "XLA" in chosen else ""
+               "spmd=True, fsdp=True))") if "XLA" in chosen and chosen.keys() - {"XLA", "GPUs"} else ""
         tp = (" (tensor parallelism trains inside FSDP2: --use_fsdp with --parallelism_config_tp_size)"
               if "model parallel" in chosen and "XLA" not in chosen else "")
         raise ValueError(f"{', '.join(named[:-1])} and {named[-1]} each choose the engine the workers train with, and "
@@ -245,33 +247,95 @@ def refuse_engine_conflicts(args: argparse.Namespace) -> None:
 
 def refuse_overriding_the_files_engine(args: argparse.Namespace, base: Config) -> None:
     """ValueError when a flag chooses another engine than the config file's while the file holds settings for its
-    own (a non-empty deepspeed_config / fsdp_config of its distributed_type, or a parallelism_config): they would be
-    dropped unsaid. An empty block (`fsdp_config: {}`, as `accelerate config` writes) is no setting.
+    own: a non-empty deepspeed_config / fsdp_config / parallelism_config, or distributed_type: XLA (XLA's only
+    setting); they would be dropped unsaid. An empty block (`fsdp_config: {}`, as `accelerate config` writes) is no
+    setting: `--use_fsdp` replaces a bare `distributed_type: DEEPSPEED`; the parallelism flags, which add to the
+    file's engine, do not (tensor parallelism trains inside FSDP2: add --use_fsdp).
 
     >>> base = Config(distributed_type="DEEPSPEED", deepspeed_config={"zero_stage": 2})
     >>> refuse_overriding_the_files_engine(argparse.Namespace(tpu=True, config_file="ds.yaml"), base)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ValueError: --tpu (XLA) would replace the engine of the config file ds.yaml (distributed_type: DEEPSPEED, ...
+    >>> refuse_overriding_the_files_engine(argparse.Namespace(use_deepspeed=True, config_file="tpu.yaml"),
+    ...                                    Config(distributed_type="XLA"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: --use_deepspeed (DeepSpeed) would replace the engine of the config file tpu.yaml (distributed_type: ...
     """
-    held = {}
-    if base.distributed_type in _FILE_BLOCKS and getattr(base, _FILE_BLOCKS[base.distributed_type][1]):
-        engine, block = _FILE_BLOCKS[base.distributed_type]
-        held[engine] = f"distributed_type: {base.distributed_type}, {block}: {getattr(base, block)}"
-    if base.parallelism_config:
-        held["model parallel"] = f"parallelism_config: {base.parallelism_config}"
-    for engine, flags in _chosen_engines(args).items():
-        for own, setting in held.items():
+    chosen = _chosen_engines(args)
+    typed = bool(chosen.keys() & _TYPED)   # a flag sets distributed_type: a bare FSDP / DEEPSPEED is no setting
+    held = {engine: settings for engine, settings in base.engine_settings().items()
+            if engine == "XLA" or not typed or set(settings) != {"distributed_type"}}
+    for engine, flags in chosen.items():
+        for own, settings in held.items():
             if _apart(engine, own):
                 path = getattr(args, "config_file", None) or cfg_mod.default_config_path()
+                change = "remove that block from the file" if set(settings) - {"distributed_type"} else \
+                    "change the file's distributed_type"
+                tp = ("; tensor and pipeline parallelism train inside FSDP2: add --use_fsdp"
+                      if engine == "model parallel" and set(settings) == {"distributed_type"} and own != "XLA" else "")
                 raise ValueError(f"{' '.join(flags)} ({engine}) would replace the engine of the config file {path} "
-                                 f"({setting}) and leave its settings unused: drop the flag, or give --config_file a "
-                                 f"file for {engine} (or remove that block from the file)")
+                                 f"({cfg_mod.describe_settings(settings)}) and leave its settings unused: drop the "
+                                 f"flag, or give --config_file a file for {engine} (or {change}){tp}")
 
 
 def _given(args: argparse.Namespace, use: str, flags: list[str]) -> list[str]:
     """The flags of `args` given among `--<use>` and `--<flags>` (None: not given), as typed."""
     given = [f"--{k}" for k in flags if getattr(args, k, None) is not None]
     return [f"--{use}"] * bool(getattr(args, use, False)) + given
+
+
+def _deepspeed_options(config: Config) -> tuple[dict, dict]:
+    """The deepspeed_config block as DeepSpeed's options, and the DeepSpeed config they make (with its file's)."""
+    from cadence.distributed.deepspeed_config import build_config
+
+    options = {k.removeprefix("deepspeed_"): v for k, v in config.deepspeed_config.items()}
+    return options, build_config(**options)
+
+
+def _deepspeed_accumulation(args: argparse.Namespace, config: Config) -> Config:
+    """`--gradient_accumulation_steps` replaces DeepSpeed's own number (the block's, its file's), as flags replace
+    the file's values (Accelerate's flag is DeepSpeed's); DeepSpeed's "auto" already follows it."""
+    from cadence.distributed.deepspeed_config import is_auto
+
+    steps = getattr(args, "gradient_accumulation_steps", None)
+    if steps is None or is_auto(_deepspeed_options(config)[1]["gradient_accumulation_steps"]):
+        return config
+    return dataclasses.replace(config, deepspeed_config={**config.deepspeed_config,
+                                                         "gradient_accumulation_steps": steps})
+
+
+def check_deepspeed_agrees(config: Config) -> None:
+    """ValueError when DeepSpeed's own config (the deepspeed_config block, its deepspeed_config_file) contradicts the
+    launch's mixed_precision or gradient_accumulation_steps: the workers would fail at their first fit, or train
+    otherwise than one of them says. mixed_precision: no (the default) leaves DeepSpeed's dtype to the script.
+
+    >>> check_deepspeed_agrees(Config(distributed_type="DEEPSPEED", gradient_accumulation_steps=4,
+    ...                               deepspeed_config={"gradient_accumulation_steps": 2}))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: gradient_accumulation_steps is 4 but DeepSpeed's config (the deepspeed_config block) sets 2: ...
+    """
+    from cadence.distributed.deepspeed_config import as_flag, is_auto
+
+    options, ds = _deepspeed_options(config)
+
+    def where(key: str) -> str:   # the block's options replace its file's
+        file = options.get("config_file")
+        return "the deepspeed_config block" if key in options or not file else f"deepspeed_config_file {file}"
+
+    ga, steps = ds["gradient_accumulation_steps"], config.gradient_accumulation_steps
+    if steps != 1 and not is_auto(ga) and int(ga) != steps:
+        raise ValueError(f"gradient_accumulation_steps is {steps} but DeepSpeed's config "
+                         f"({where('gradient_accumulation_steps')}) sets {ga}: set it in one place "
+                         f"(`--gradient_accumulation_steps {steps}` replaces DeepSpeed's)")
+    precision = config.mixed_precision
+    said = {name: as_flag(ds[name]["enabled"]) for name in ("bf16", "fp16")
+            if isinstance(ds.get(name), dict) and not is_auto(ds[name].get("enabled", "auto"))}
+    other = next((name for name, on in said.items() if on and name != precision), None)
+    if precision != "no" and (other or said.get(precision) is False):
+        clash = f"enables {other}" if other else f"disables {precision}"
+        raise ValueError(f"mixed_precision is {precision} but DeepSpeed's config ({where(other or precision)}) "
+                         f"{clash}: set its \"enabled\" to \"auto\" (mixed_precision then decides), or "
+                         f"mixed_precision to {other or 'no'}")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -303,6 +367,9 @@ def resolve_config(args: argparse.Namespace) -> Config:
               f"launcher; the script runs as __main__, as `accelerate launch` does off TPUs", file=sys.stderr)
     config.check_strategy_exists()
     config.check_engine_options()
+    if config.strategy == "deepspeed":
+        config = _deepspeed_accumulation(args, config)
+        check_deepspeed_agrees(config)
     if config.dynamo_config:
         check_backend(config.dynamo_config["dynamo_backend"])
     return config
