@@ -133,6 +133,10 @@ def engine_config(config: dict, precision: str, micro_batch: int) -> dict:
         raise ValueError(f"the DeepSpeed config enables {enabled[0]} but the Learner's precision is {precision!r}: "
                          f'set "enabled": "auto" in the config, or use learn.to_{enabled[0]}() / '
                          f"`cadence launch --mixed_precision {enabled[0]}`")
+    if precision in ("bf16", "fp16") and precision not in enabled:  # "enabled": false, said in so many words
+        raise ValueError(f'the DeepSpeed config sets "{precision}": {{"enabled": false}} but the Learner\'s precision '
+                         f'is {precision!r}: DeepSpeed would train in fp32 under {precision} autocast. Set "enabled": '
+                         f'"auto" (or true) in the config, or train in fp32 (learn.to_fp32(), no MixedPrecision)')
     if "fp16" in enabled:
         check_fp16_supported()
     return cfg

@@ -515,3 +515,22 @@ def test_frozen_weights_leave_a_bf16_engine_exact_at_zero2_and_zero3_warns(dls, 
         assert not torch.equal(learn.model[2].weight, make_learner(dls, tmp_path).model[2].weight)   # it trained
     else:
         assert torch.equal(exported, before.bfloat16().float())
+
+
+def test_a_config_that_disables_the_learners_precision_is_refused_before_training(dls, tmp_path):
+    """`learn.to_bf16()` under a DeepSpeed config saying `"bf16": {"enabled": false}`: DeepSpeed would keep fp32
+    weights under bf16 autocast, neither what the config nor the Learner asked for; refused before the first step,
+    naming the setting and both ways out. The same config with the Learner in fp32 trains."""
+    from fixtures import make_learner
+
+    config = {"bf16": {"enabled": False}, "zero_optimization": {"stage": 2}}
+    learn = make_learner(dls, tmp_path).to_bf16()
+    before = {k: v.clone() for k, v in learn.model.state_dict().items()}
+    with pytest.raises(ValueError, match=r'"bf16": \{"enabled": false\}.*Set "enabled": "auto".*learn.to_fp32'):
+        with learn.distrib_ctx(strategy="deepspeed", config=config):
+            learn.fit(1)
+    assert all(torch.equal(v, learn.model.state_dict()[k]) for k, v in before.items())   # no step was taken
+    learn = make_learner(dls, tmp_path / "fp32")
+    with learn.distrib_ctx(strategy="deepspeed", config=config):
+        learn.fit(1)
+    assert learn.recorder.values
