@@ -64,10 +64,15 @@ class ProgressCallback(Callback):
     def __init__(self, console: Console | None = None):
         self.console, self.active, self.live, self.in_fit = console, False, False, False
         self.task = self._xb_before = None  # the bar's current task; the learner's xb when it was added
+        self._shown = 0  # the Recorder's rows printed (or not to print: a resumed run's earlier epochs)
 
     def before_fit(self):
         self.in_fit = True
+        self._shown = len(self.learn.recorder.values)   # a resumed run's earlier epochs were printed by that run
         self._start(header=True)
+
+    def before_epoch(self):
+        self._print_rows()   # the epochs fit(start_epoch=) skipped, recorded by now: fastai prints them first
 
     def _start(self, header: bool):
         self.active = self.learn.strategy.is_main
@@ -135,15 +140,22 @@ class ProgressCallback(Callback):
             self._stop()
 
     def after_epoch(self):
-        if not self.active or not self.learn.recorder.values or not self._epoch_lines():
+        self._print_rows()
+
+    def _print_rows(self):
+        """Print the Recorder's rows not printed yet: the epoch's, or those of the epochs skipped before it."""
+        values = self.learn.recorder.values
+        rows, self._shown = values[self._shown:], len(values)
+        if not self.active or not self._epoch_lines():
             return
-        row = self.learn.recorder.values[-1]
-        if self.live:
-            cells = [format_value(n, row.get(n)).rjust(w) for n, w in zip(self.names, self.widths)]
-            self.console.print("  ".join(cells), highlight=False)
-        else:
-            line = " | ".join(f"{n} {format_value(n, row.get(n))}" for n in self.names if n in row.keys())
-            print(line + "\n", end="", flush=True)  # one write: other processes' lines cannot split it
+        for row in rows:
+            if self.live:   # a skipped epoch's row (empty, as fastai's) is blank but for its epoch and time
+                cells = [("" if not row and n not in row else format_value(n, row.get(n))).rjust(w)
+                         for n, w in zip(self.names, self.widths)]
+                self.console.print("  ".join(cells), highlight=False)
+            else:
+                line = " | ".join(f"{n} {format_value(n, row.get(n))}" for n in self.names if n in row.keys())
+                print(line + "\n", end="", flush=True)  # one write: other processes' lines cannot split it
 
     def after_fit(self):
         self._stop()

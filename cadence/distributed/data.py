@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import env, sampling, sharding
+from ..loader_settings import rebatched
 from .data_rebuild import PlannedBatches, loader_settings
 from .data_resume import Resumable
 from .ops import broadcast
@@ -131,6 +132,7 @@ class DistributedDL(Resumable):
         self._drawn: dict[str, Any] | None = None  # draw_like_loader: {"epoch", "rng"}: the states the epoch was drawn from
         self.start_batch = 0
         self._source: dict[str, int] | None = None  # the layout this epoch continues (a resume on N != M)
+        self._next_dl: DataLoader | None = None      # `bs` set while an epoch was under way: the next epoch's loader
         self.set_epoch(0)
         self._cache: dict[tuple, tuple] = {}         # (epoch, source) -> (order, plan), the last two
         self._real_len: list[int] = []               # a stream without __len__: real items per rank so far
@@ -150,6 +152,39 @@ class DistributedDL(Resumable):
     @property
     def drop_last(self) -> bool:
         return self.dl.drop_last
+
+    @property
+    def bs(self) -> int | None:
+        """fastai's `dl.bs`: this process's batch size, as under fastai's DDP. Setting it rebuilds the wrapped loader
+        with that size (`rebatched`) for the epochs that start afterwards; an epoch under way keeps its batches.
+
+        >>> ddl.bs = 8      # on every process: each yields batches of 8 from the next epoch on
+        """
+        dl = self._next_dl or self.dl
+        return dl.batch_size if dl.batch_size is not None else getattr(dl.batch_sampler, "batch_size", None)
+
+    @bs.setter
+    def bs(self, bs: int) -> None:
+        dl = rebatched(self.dl, bs, "DistributedDL")
+        if self._complete or not (self._started or self._steps_done):   # no epoch under way (or resumed part way)
+            self._rebuild(dl)
+        else:
+            self._next_dl = dl
+
+    @property
+    def n(self) -> int | None:
+        """fastai's `dl.n`: the items of the data set, all processes' (None for a stream without a length)."""
+        return len(self.dl.dataset) if self.sized else None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use `epoch`'s permutation (and a batch size set during the last epoch) for the next iteration."""
+        super().set_epoch(epoch)
+        if self._next_dl is not None:   # a batch size set during the last epoch: this one takes it
+            self._rebuild(self._next_dl)
+
+    def _rebuild(self, dl: DataLoader) -> None:
+        self.dl, self._next_dl, self._cache = dl, None, {}
+        self._loader = self._build_loader()
 
     def _shared_seed(self, seed: int | None) -> int:
         if seed is not None:

@@ -2,6 +2,7 @@
 
 >>> dls = DataLoaders.from_dsets(train_ds, valid_ds, bs=64)
 >>> dls.train.bs, dls.train.shuffle, dls.train.n      # fastai's loader attributes: 64, True, len(train_ds)
+>>> dls.train.bs = 32                                  # as fastai's: the next epoch's batches have 32 items
 >>> dls = DataLoaders(train_dl, valid_dl, device="cpu")
 >>> xb, yb = dls.one_batch()                 # the train loader's first batch, on dls.device
 """
@@ -13,6 +14,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, TensorDataset
+
+from ..loader_settings import loader_settings, rebatched
 
 
 _CPU = torch.device("cpu")
@@ -129,36 +132,31 @@ def _shuffles(dl: Any) -> bool:
 
 
 _FASTAI_ATTRS = {"bs": _batch_size, "shuffle": _shuffles, "n": _n_items}
-_SET = "_cadence_fastai_attrs"   # on a tagged loader: the names with_fastai_attrs set (the user's own are kept)
-
-
-def _tagged_kind(dl: Any) -> bool:
-    """A torch DataLoader or cadence's DistributedDL: loaders whose batch size, sampler and data set are known."""
-    from ..distributed.data import DistributedDL
-
-    return isinstance(dl, (DataLoader, DistributedDL))
+# on a tagged loader: the names with_fastai_attrs set (a user's own are kept). On the loader itself, so that what is
+# cadence's travels with it: handed back after distrib_ctx, pickled with the DataLoaders (torch.save(dls)), copied
+_SET = "_cadence_fastai_attrs"
 
 
 def with_fastai_attrs(dl: Any) -> Any:
-    """`dl` with fastai's DataLoader attributes `bs`, `shuffle` and `n` (those it lacks), read off a torch DataLoader
-    (or cadence's DistributedDL): its batch size, whether it draws a random order (fastai's rule for a torch loader: a
-    `RandomSampler`, here also inside a batch sampler) and the items of its data set (None for a stream without a
-    length). A torch loader fixes batch size and sampler when built; `n` is read again at each call (`dls.train`
-    calls it), so a data set that grows is seen. Any other iterable (a list of batches, a custom loader that may
-    shuffle by itself) gets none. Returns `dl`.
+    """`dl` with fastai's DataLoader attributes `bs`, `shuffle` and `n` (those it lacks), read off a torch DataLoader:
+    its batch size, whether it draws a random order (fastai's rule for a torch loader: a `RandomSampler`, here also
+    inside a batch sampler) and the items of its data set (None for a stream without a length). `n` is read again at
+    each call (`dls.train` calls it), so a data set that grows is seen; a `bs` set to a new size is
+    `DataLoaders`' to honour. Any other iterable (a list of batches, a custom loader that may shuffle by itself) gets
+    none; cadence's DistributedDL has its own. Returns `dl`.
 
     >>> dl = with_fastai_attrs(DataLoader(range(10), batch_size=4, shuffle=True))
     >>> dl.bs, dl.shuffle, dl.n
     (4, True, 10)
     """
-    if dl is None or not _tagged_kind(dl):
+    if not isinstance(dl, DataLoader):
         return dl
     ours = getattr(dl, _SET, None)
     if ours is None:
         ours = tuple(name for name in _FASTAI_ATTRS if not hasattr(dl, name))
         try:
             setattr(dl, _SET, ours)
-        except AttributeError:  # a loader that takes no new attributes (slots): it goes without
+        except AttributeError:  # a loader that takes no new attributes: it goes without
             return dl
         for name in ours:
             setattr(dl, name, _FASTAI_ATTRS[name](dl))
@@ -167,8 +165,19 @@ def with_fastai_attrs(dl: Any) -> Any:
     return dl
 
 
-_LOADER_SETTINGS = ("collate_fn", "num_workers", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-                    "prefetch_factor", "persistent_workers", "pin_memory_device")
+def _with_set_bs(dl: Any, name: str) -> Any:
+    """`dl`, or a loader rebuilt with the batch size set on it since (fastai's `dls.train.bs = 8`): the same data set,
+    sampler and settings (`rebatched`), and the user's own `shuffle` or `n`. A loader that cannot be rebuilt gets its
+    `bs` back, and the error says what to do."""
+    ours = getattr(dl, _SET, ()) if isinstance(dl, DataLoader) else ()
+    if "bs" not in ours or dl.bs == _batch_size(dl):
+        return dl
+    wanted, dl.bs = dl.bs, _batch_size(dl)
+    new = rebatched(dl, wanted, name)
+    for attr in ("shuffle", "n"):
+        if attr not in ours and hasattr(dl, attr):
+            setattr(new, attr, getattr(dl, attr))
+    return with_fastai_attrs(new)
 
 
 def _as_dataset(items: Any) -> Any:
@@ -219,11 +228,15 @@ class DataLoaders:
     it as keyword arguments, and `target_keys` (default "labels") name the targets.
 
     A torch loader gets fastai's attributes `bs`, `shuffle` and `n` (`dls.train.bs`, `dls.valid.n`), read off it
-    (`with_fastai_attrs`); to change them, build a new loader (torch fixes batch size and sampler).
+    (`with_fastai_attrs`). Setting `bs` changes the batch size, as fastai's: torch fixes a loader's when built, so
+    the next read of `dls.train` (`dls.valid`) finds it replaced by one rebuilt with that size, the same data set,
+    sampler, collate_fn and workers. A fit counts its batches when it starts: set it between fits. Under
+    `distrib_ctx` `dls.train` is a DistributedDL, whose `bs` is this process's, as fastai's.
 
     >>> dls = DataLoaders(train_dl, valid_dl)
     >>> dls.train, dls.valid, dls.device, dls.train_ds, dls.valid_ds
     >>> dls.train.bs, dls.train.shuffle, dls.train.n, dls.valid.shuffle
+    >>> dls.train.bs = 8; learn.fit(1)       # batches of 8 from now on
     """
 
     def __init__(self, train: Iterable, valid: Iterable | None = None, device: torch.device | str | None = None,
@@ -266,16 +279,18 @@ class DataLoaders:
     @property
     def train(self) -> Iterable:
         """The training loader (a torch DataLoader with fastai's `bs`, `shuffle`, `n`; any iterable of batches)."""
-        return with_fastai_attrs(self._train)   # `n` read now: a data set that grew is seen
+        self._train = with_fastai_attrs(_with_set_bs(self._train, "dls.train"))   # `n` read now: a grown data set
+        return self._train
 
     @train.setter
-    def train(self, dl: Iterable) -> None:  # a loader swapped in later (a DistributedDL) gets the attributes too
+    def train(self, dl: Iterable) -> None:  # a loader swapped in later gets the attributes too
         self._train = with_fastai_attrs(dl)
 
     @property
     def valid(self) -> Iterable | None:
         """The validation loader, or None (with fastai's `bs`, `shuffle`, `n` as `train`)."""
-        return with_fastai_attrs(self._valid)
+        self._valid = with_fastai_attrs(_with_set_bs(self._valid, "dls.valid"))
+        return self._valid
 
     @valid.setter
     def valid(self, dl: Iterable | None) -> None:
@@ -334,10 +349,7 @@ class DataLoaders:
         if not with_labels:
             ds = _Inputs(ds, self.n_inp, self.target_keys)
         like = self.valid if self.valid is not None else self.train
-        settings = {k: getattr(like, k) for k in _LOADER_SETTINGS if hasattr(like, k)} if isinstance(
-            like, DataLoader) else {}
-        if settings.get("num_workers", 0) == 0:   # torch refuses these without workers
-            settings = {k: v for k, v in settings.items() if k not in ("prefetch_factor", "persistent_workers")}
+        settings = loader_settings(like) if isinstance(like, DataLoader) else {}
         bs = bs or _batch_size(like)
         if bs is None:
             raise ValueError(f"dls.test_dl: the validation loader, a {type(like).__name__}, has no batch size; "

@@ -115,9 +115,10 @@ class SkipToEpoch(Callback):
     """`fit(start_epoch=k)`: after every callback's before_fit (GradAccum fixes the steps per epoch), start at
     epoch k with the counters of a run that did epochs 0..k-1.
 
-    The Recorder gets fastai's row for each skipped epoch: an empty one (`[]`, its `epoch` by name) in `values`,
-    and 0 batches in `iters`. No callback sees an event of a skipped epoch (fastai runs before_epoch and after_epoch
-    for each, and its SaveModelCallback and EarlyStoppingCallback then fail on the empty row).
+    The Recorder gets fastai's row for each skipped epoch: an empty one (`[]`; by name its `epoch`, and a `time` of
+    0 when the Recorder adds times) in `values`, and 0 batches in `iters`; the progress display prints it as fastai
+    does, the epoch's number and `00:00`. No callback sees an event of a skipped epoch (fastai runs before_epoch and
+    after_epoch for each, and its SaveModelCallback and EarlyStoppingCallback then fail on the empty row).
     """
 
     order = Order.DEFAULT
@@ -134,5 +135,6 @@ class SkipToEpoch(Callback):
     def before_epoch(self):  # ordered before the Recorder, whose before_fit emptied its history
         recorder = getattr(self.learn, "recorder", None)
         if self.learn.epoch == self.start_epoch and recorder is not None and not recorder.values:
-            recorder.values[:0] = [EpochRecord({"epoch": e}) for e in range(self.start_epoch)]
+            timed = {"time": 0.0} if recorder.add_time else {}
+            recorder.values[:0] = [EpochRecord({"epoch": e, **timed}) for e in range(self.start_epoch)]
             recorder.iters[:0] = [0] * self.start_epoch
