@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..distributed import env, ops
-from ..distributed.data import loader_settings
+from ..loader_settings import loader_settings
 from ..distributed.registry import get_strategy, strategy_class
 from .handlers import (AutocastKwargs, DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs,
                        InitProcessGroupKwargs, ProfileKwargs)

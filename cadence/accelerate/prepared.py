@@ -24,7 +24,7 @@ from torch.utils.data import BatchSampler, SequentialSampler
 
 from ..distributed import sampling
 from ..distributed.data import DistributedDL
-from ..distributed.data_rebuild import LOADER_SETTINGS
+from ..loader_settings import LOADER_SETTINGS
 from .utils import synchronize_rng_states
 
 __all__ = ["PreparedDataLoader", "BatchSamplerShard", "PreparedOptimizer", "PreparedScheduler", "EngineScheduler"]

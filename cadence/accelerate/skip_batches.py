@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from ..distributed.data import loader_settings
+from ..loader_settings import loader_settings
 from .prepared import PreparedDataLoader
 
 __all__ = ["skip_first_batches"]

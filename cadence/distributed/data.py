@@ -33,13 +33,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import env, sampling, sharding
-from ..loader_settings import rebatched
-from .data_rebuild import PlannedBatches, loader_settings
+from ..loader_settings import loader_settings, rebatched
+from .data_rebuild import PlannedBatches
 from .data_resume import Resumable
 from .ops import broadcast
 from .streams import Collate, InterleavedStream, PlannedStream, SplitStream
 
-__all__ = ["DistributedDL", "send_to_device", "loader_settings"]
+__all__ = ["DistributedDL", "send_to_device"]
 
 
 def send_to_device(batch: Any, device: torch.device | str | int, non_blocking: bool = True,

@@ -14,9 +14,7 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from ..loader_settings import LOADER_SETTINGS, loader_settings   # listed once, for trainer/ too
-
-__all__ = ["LOADER_SETTINGS", "loader_settings", "PlannedBatches"]
+__all__ = ["PlannedBatches"]
 
 
 class PlannedBatches(Sampler[list[int]]):

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, TensorDataset
 
 from ..loader_settings import loader_settings, rebatched
+from ..nested import map_tensors
 
 
 _CPU = torch.device("cpu")
@@ -38,28 +39,7 @@ def to_device(batch: Any, device: torch.device | str | None, non_blocking: bool 
                 break
         else:
             return batch
-    if isinstance(batch, torch.Tensor):
-        return batch if batch.device == device else batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: to_device(v, device, non_blocking) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(to_device(b, device, non_blocking) for b in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(b, device, non_blocking) for b in batch)
-    return batch
-
-
-def apply_to_tensors(f: Any, b: Any) -> Any:
-    """`f` applied to every tensor of `b` (a tensor, or tuples, lists and dicts of them); the rest as it is."""
-    if isinstance(b, torch.Tensor):
-        return f(b)
-    if isinstance(b, Mapping):
-        return type(b)({k: apply_to_tensors(f, v) for k, v in b.items()})
-    if isinstance(b, tuple) and hasattr(b, "_fields"):  # a namedtuple takes its fields as arguments
-        return type(b)(*(apply_to_tensors(f, v) for v in b))
-    if isinstance(b, (list, tuple)):
-        return type(b)(apply_to_tensors(f, v) for v in b)
-    return b
+    return map_tensors(lambda t: t if t.device == device else t.to(device, non_blocking=non_blocking), batch)
 
 
 def to_detach(b: Any, cpu: bool = True) -> Any:
@@ -67,7 +47,7 @@ def to_detach(b: Any, cpu: bool = True) -> Any:
 
     >>> to_detach((pred, {"h": hidden}))        # no graph, on the CPU
     """
-    return apply_to_tensors(lambda t: t.detach().cpu() if cpu else t.detach(), b)
+    return map_tensors(lambda t: t.detach().cpu() if cpu else t.detach(), b)
 
 
 def n_batches(dl: Iterable) -> int | None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
+from ..loader_settings import loader_settings
 from ..nested import map_tensors
 from .callback import Callback, Order, event_methods
 from .data import to_device, with_fastai_attrs
@@ -48,11 +49,7 @@ def in_dataset_order(dl: Iterable) -> Iterable:
 
 
 def _ordered_copy(dl: DataLoader) -> DataLoader:
-    kw = dict(collate_fn=dl.collate_fn, num_workers=dl.num_workers, pin_memory=dl.pin_memory, timeout=dl.timeout,
-              worker_init_fn=dl.worker_init_fn, multiprocessing_context=dl.multiprocessing_context,
-              persistent_workers=dl.persistent_workers)
-    if dl.num_workers > 0:
-        kw["prefetch_factor"] = dl.prefetch_factor
+    kw = loader_settings(dl)
     ds = dl.dataset
     if isinstance(ds, IterableDataset):
         return DataLoader(ds, batch_size=dl.batch_size, **kw)

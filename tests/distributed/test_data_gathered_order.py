@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from cadence.distributed.data import DistributedDL
-from cadence.distributed.data_rebuild import LOADER_SETTINGS, loader_settings
+from cadence.loader_settings import LOADER_SETTINGS, loader_settings
 from cadence.distributed.ops import gather_for_metrics
 
 
