@@ -9,7 +9,8 @@ Layout (the Learner's checkpoint files where they overlap)::
     optimizer_<i>.pt                  each prepared optimizer bound to no model (a model's second optimizer)
     precision.pt                      the fp16 GradScaler's state
     rng-rank<r>.pt                    every process's RNG states
-    state.json                        loader positions, step counter; written last: marks a complete checkpoint
+    state.json                        loader positions, step counter, the engine and mesh of sharded models
+                                      ("mesh"); written last: marks a complete checkpoint
 
 `safe_serialization=False` writes Accelerate's layout instead (`pytorch_model.bin`, `optimizer.bin`,
 `random_states_0.pkl`, ...: see `accelerate_files`), which Accelerate's `load_state` reads too; as after
@@ -36,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from ..callbacks.checkpoint import rng_state, set_rng_state
+from ..callbacks.checkpoint.layout import check_engine_reads
 from ..callbacks.checkpoint.writer import BackgroundWrite
+from ..distributed.model_parallel import checkpoint_layout
 from ..distributed.state_files import load_optimizer_file, save_optimizer_file
 from ..distributed.staging import host_copy
 from ..serialization import (DELETED, STAGED, atomic_path, check_state_dict, commit_dir, load_torch, load_weights,
@@ -183,7 +186,8 @@ def _take_state(acc: Any, directory: Path, tmp: Path, async_save: bool) -> "_Sta
         files["precision.pt"] = acc.strategy.precision.state_dict()
         files = host_copy(files) if async_save else files
         state = {"format": FORMAT, "models": len(acc._models), "step": acc.step,
-                 "dataloaders": [dl.base.state_dict() for dl in acc._dataloaders], "world_size": acc.num_processes}
+                 "dataloaders": [dl.base.state_dict() for dl in acc._dataloaders], "world_size": acc.num_processes,
+                 "mesh": checkpoint_layout(acc.strategy)}
     return _StagedSave(directory, tmp, [w for w in writers if w is not None], files, state)
 
 
@@ -214,7 +218,9 @@ class _StagedSave:
 
 
 def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, Any]:
-    """Read what `save_accelerator_state` wrote into the prepared objects; checked against the models first."""
+    """Read what `save_accelerator_state` wrote into the prepared objects; checked against the models first, and a
+    sharded model against this Accelerator's engine (`layout.check_engine_reads`: the plain engine of one process
+    does not read FSDP's or tensor parallelism's shards)."""
     directory = Path(directory)
     if not (directory / "state.json").is_file():
         raise FileNotFoundError(f"no complete checkpoint at {directory} (state.json missing)")
@@ -225,6 +231,9 @@ def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, 
     _check_counts(directory, "scheduler", len(acc._schedulers))
     _check_counts(directory, "custom_checkpoint", len(acc._custom_objects))
     _check_counts(directory, "optimizer", len(_standalone(acc)))
+    for i, (_, opt) in enumerate(acc._units()):
+        if opt is not None:   # a model saved with its optimizer: in the engine's format
+            check_engine_reads(acc.strategy, directory, state, "accelerator", unit=_unit_dir(directory, i))
     skipped = run_load_hooks(acc, str(directory))
     for i, (model, opt) in enumerate(acc._units()):
         unit = _unit_dir(directory, i)

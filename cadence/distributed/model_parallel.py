@@ -15,7 +15,9 @@ Hugging Face model, the tensor-parallel plan its config carries (`base_model_tp_
 What the rest of cadence sees: data, metrics and `get_preds` over the dp group (`dp_rank`, `dp_size`,
 `all_sum`, `gather`), files written by global rank 0 (`is_main`), gradients clipped by the true
 global norm (computed per mesh and combined), tied weights kept tied. Checkpoints are FSDP's sharded
-format (torch.distributed.checkpoint), which loads on another mesh or in one process.
+format (torch.distributed.checkpoint) with the optimizer state flattened, which torch reshards as it loads: weights
+and optimizer state load exactly on any other mesh (sizes, pipeline split, number of processes) or in one process.
+Their state.json records the mesh that wrote them (`checkpoint_layout`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from .grad_norm import clip_by_total_norm
 from .precision import FullPrecision
 from .strategy import MakeOpt, meta_copy
 
-__all__ = ["ModelParallel"]
+__all__ = ["ModelParallel", "checkpoint_layout"]
 
 Parallelize = Callable[[nn.Module, Any], Any]
 
@@ -277,6 +279,26 @@ def parallelism_sizes(block: dict[str, Any]) -> dict[str, int]:
                          f"sequence parallelism is part of the tensor-parallel plan (SequenceParallel): use tp_size")
     sizes: dict[str, Any] = {k: int(plain[k]) for k in SIZES if plain.get(k) is not None}
     return {**sizes, "pp_schedule": str(plain["pp_schedule"])} if plain.get("pp_schedule") else sizes
+
+
+def checkpoint_layout(strategy: Any) -> dict[str, Any] | None:
+    """The engine and mesh sizes a sharded checkpoint of `strategy` is written on (a checkpoint's state.json keeps
+    them as "mesh"); None for one that writes the plain files (one process, FULL_STATE_DICT, engines outside FSDP's).
+
+    >>> checkpoint_layout(learn.strategy)   # inside distrib_ctx(strategy="model_parallel", tp_size=2) on 4 processes
+    {'strategy': 'model_parallel', 'processes': 4, 'pp_size': 1, 'dp_replicate_size': 1, 'dp_shard_size': 2, 'tp_size': 2}
+    """
+    if not isinstance(strategy, FSDP) or strategy._skeleton is None or strategy.state_dict_type == "FULL_STATE_DICT":
+        return None
+    world = env.world_size()
+    if isinstance(strategy, ModelParallel):
+        dp = world // (strategy.tp_size * strategy.pp_size)
+        return {"strategy": ModelParallel.name, "processes": world, "pp_size": strategy.pp_size,
+                "dp_replicate_size": strategy.dp_replicate_size, "dp_shard_size": dp // strategy.dp_replicate_size,
+                "tp_size": strategy.tp_size}
+    shape = strategy._mesh_shape()   # (shard,) or (replicate, shard)
+    return {"strategy": FSDP.name, "processes": world, "dp_replicate_size": shape[0] if len(shape) == 2 else 1,
+            "dp_shard_size": shape[-1]}
 
 
 def _flat_options():

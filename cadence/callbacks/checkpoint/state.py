@@ -6,8 +6,9 @@ A checkpoint is a directory::
     rng-rank<r>.pt                    python, numpy and torch random states of each rank
     callbacks.tensors                 the tensors of callback states (the Recorder's per-step history),
                                       in the safetensors layout (not named *.safetensors: no weights)
-    state.json                        counters, callback states, sampler position, world size and the
-                                      list of the other files (all must be there); written last
+    state.json                        counters, callback states, sampler position, world size, the engine
+                                      and mesh of a sharded checkpoint ("mesh": `checkpoint_layout`) and
+                                      the list of the other files (all must be there); written last
 
 state.json stays the same size however long the run: per-step histories travel as tensors in
 callbacks.tensors (a state_dict value that is a tensor goes there), so a save costs the same
@@ -33,10 +34,12 @@ from ...version import __version__
 from ...distributed.data import DistributedDL
 from ...distributed.staging import Staging
 from ...distributed.env import rank, world_size
+from ...distributed.model_parallel import checkpoint_layout
 from ...trainer.callback import legacy_name
 from ...distributed.staging import host_copy
 from ...serialization import (STAGED, atomic_path, commit_dir, load_torch, load_weights, recover_dir, save_torch,
                                sibling, staging_dir, write_safetensors, writing)
+from .layout import check_engine_reads
 from .rng import rng_state, set_rng_state
 from .store import STATE_FILE
 from .validate import check_callback_states, check_state
@@ -185,6 +188,7 @@ def _train_state(learn: Any, epoch_complete: bool) -> dict[str, Any]:
     return {"format": FORMAT, "cadence_version": __version__, "epoch": learn.epoch, "epoch_complete": epoch_complete,
             "step": learn.step, "train_iter": learn.train_iter, "n_epoch": learn.n_epoch, "world_size": world_size(),
             "sampler": sampler, "model_class": type(learn.strategy.unwrap(learn.model)).__name__,
+            "mesh": checkpoint_layout(learn.strategy),
             "callbacks": {cb.name: cb.state_dict() for cb in learn.cbs if callable(getattr(cb, "state_dict", None))}}
 
 
@@ -216,14 +220,15 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
     """Restore weights, optimizer, counters, callback states, RNG and data position from a checkpoint.
 
     state.json and the RNG file are read, the callbacks' states checked against the live callbacks
-    (`validate.check_callback_states`) and the weights against the model before anything is loaded.
+    (`validate.check_callback_states`), the engine against the one that wrote a sharded checkpoint
+    (`layout.check_engine_reads`) and the weights against the model before anything is loaded.
     Returns state.json.
 
     >>> learn.load_state("checkpoints/step-00000200")
     """
     directory = Path(directory)
     state = read_state(directory)
-    _check_engine_reads(learn.strategy, directory, state)
+    check_engine_reads(learn.strategy, directory, state, "learner")
     rng = _read_rng(directory, state)
     own = (rng or {}).get("callbacks", {})  # what differs per process (the Recorder's smoothed loss): this rank's
     for states in (state["callbacks"], own):
@@ -241,26 +246,6 @@ def load_state(learn: Any, directory: str | os.PathLike) -> dict[str, Any]:
         set_rng_state(rng, learn.strategy)
     _restore_position(learn, state)
     return state
-
-
-def _check_engine_reads(strategy: Any, directory: Path, state: dict[str, Any]) -> None:
-    """ValueError naming the format and what to do, for a sharded checkpoint (FSDP, `model_parallel`: TP, 2-D, PP)
-    resumed by an engine that reads only the plain files (a Learner outside `distrib_ctx`, DDP), which would report
-    a missing model.safetensors."""
-    from ...distributed.distcp_read import is_sharded
-    from ...distributed.fsdp import SHARDED_DIR
-    from ...distributed.strategy import SingleDevice, Strategy
-
-    if type(strategy).load_checkpoint is not Strategy.load_checkpoint or not is_sharded(directory, SHARDED_DIR):
-        return
-    inside = ("a Learner outside distrib_ctx" if isinstance(strategy, SingleDevice) else
-              f"this engine ({type(strategy).__name__})")
-    raise ValueError(f"{directory} is a sharded checkpoint (torch.distributed.checkpoint's format in {SHARDED_DIR}/, "
-                     f"written by {state['world_size']} processes under strategy=\"model_parallel\" (TP, 2-D, PP) or "
-                     f"\"fsdp\"), which {inside} cannot read: resume it inside the engine that wrote it, e.g. "
-                     f"`with learn.distrib_ctx(strategy=\"model_parallel\", tp_size=..., pp_size=...):` (the sizes "
-                     f"and split of the run) or strategy=\"fsdp\"; it resumes in one process too (a script run "
-                     f"without the launcher trains the plain model)")
 
 
 def _adopt_legacy_names(states: dict[str, Any], cbs: list[Any]) -> None:
