@@ -190,11 +190,19 @@ def detach_distributed(learn: Any, gather: bool = True) -> Any:
         learn.model, learn.opt = bridge.strategy.release(learn.model, learn.opt, learn._make_opt)
     else:
         learn.model = bridge.strategy.unwrap(learn.model)
-    learn.dls.train, learn.dls.valid = bridge.old_loaders
+    learn.dls.train, learn.dls.valid = (_handed_back(old, now) for old, now in
+                                        zip(bridge.old_loaders, (learn.dls.train, learn.dls.valid)))
     learn.strategy = bridge.old_strategy
     _recompile(learn)
     bridge.strategy.teardown()
     return learn
+
+
+def _handed_back(old: Any, now: Any) -> Any:
+    """The loader `detach_distributed` gives back for `old`: `old`, or the loader a `bs` set inside the block
+    (`learn.dls.train.bs = 8`) rebuilt it into, as fastai's `dls.train` keeps a new batch size after the block."""
+    rebuilt = (now._next_dl or now.dl) if isinstance(now, DistributedDL) else None
+    return old if rebuilt is None else rebuilt
 
 
 @contextlib.contextmanager

@@ -196,9 +196,11 @@ def test_ddp_dls_bs_is_per_process_and_a_new_bs_reaches_every_process(tmp_path):
             learn.dls.train.bs = 8
             learn.fit(1, 1e-2)
             print(f"RANK {rank()} fit2 {sizes.seen}", flush=True)
+        print(f"RANK {rank()} after {learn.dls.train.bs} {type(learn.dls.train).__name__}", flush=True)
     """))
     out = run_launch(script, nproc=2, timeout=300).stdout
     for r in range(2):   # fastai under DDP: dls.bs and dls.train.bs are the per-process 16, not 32
         assert f"RANK {r} bs 16 16" in out
         assert f"RANK {r} fit1 [16, 16]" in out                  # 64 items: 32 a process, 2 batches of 16
         assert f"RANK {r} fit2 [8, 8, 8, 8]" in out              # then 4 batches of 8
+        assert f"RANK {r} after 8 DataLoader" in out             # and the loader handed back keeps it, as fastai's
