@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..trainer.callback import Callback, Order
+from ..trainer.recorder import format_time
 from .accumulate import GradAccum
 from .clip import GradClip
 from .early_stop import EarlyStopping, SaveModel, TerminateOnNaN
@@ -216,10 +217,22 @@ class CSVLogger(Callback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = self.path.open("a" if self.append else "w")
         self._write(self.learn.recorder.metric_names)
+        self._written = len(self.learn.recorder.values)
+
+    def before_epoch(self):
+        """The epochs `fit(start_epoch=)` skipped, recorded by now: a row each, its epoch and time (fastai's `0,00:00`,
+        here the time under `time`), before the first trained epoch's."""
+        if self.file is not None:
+            recorder = self.learn.recorder
+            for row in recorder.values[self._written:]:
+                cells = {"epoch": row.get("epoch"), **({"time": format_time(row["time"])} if "time" in row.keys() else {})}
+                self._write([cells.get(name, "") for name in recorder.metric_names])
+            self._written = len(recorder.values)
 
     def after_epoch(self):
         if self.file is not None:
             self._write(["" if v is None else v for v in self.learn.recorder.log])
+            self._written = len(self.learn.recorder.values)
 
     def after_fit(self):
         if self.file is not None:

@@ -322,7 +322,7 @@ class Recorder(Callback):
         self.values.append(row)
         self.iters.append(len(self.losses))
         self.learn.final_record, self._log_valid = row, False
-        self.log = [row["epoch"], *row, *([_format_time(row["time"])] if self.add_time else [])]
+        self.log = [row["epoch"], *row, *([format_time(row["time"])] if self.add_time else [])]
 
     def valid_values(self) -> dict[str, float | None]:
         """valid_loss and every metric of the epoch's validation pass (`valid_<name>` with `train_metrics`); none
@@ -413,8 +413,12 @@ class _GrowingTensor:
         return self.tensor
 
 
-def _format_time(seconds: float) -> str:
-    """fastai's `format_time`: `mm:ss`, or `h:mm:ss` from an hour on."""
+def format_time(seconds: float) -> str:
+    """fastai's `format_time`: `mm:ss`, or `h:mm:ss` from an hour on.
+
+    >>> format_time(75), format_time(3725)
+    ('01:15', '1:02:05')
+    """
     t = int(seconds)
     h, m, s = t // 3600, t // 60 % 60, t % 60
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"

@@ -73,3 +73,18 @@ def test_terminal_table_has_a_row_per_skipped_epoch_before_the_trained_ones(fit)
     assert [r[0] for r in rows[2:]] == ["2", "3"] and all(len(r) == 5 for r in rows[2:])
     assert float(rows[-1][3]) == pytest.approx(learn.recorder.values[-1]["accuracy"], abs=1e-6)
     assert len(learn.recorder.values) == 4
+
+
+def test_csv_logger_writes_a_row_for_each_skipped_epoch_before_the_trained_ones(tmp_path):
+    """fastai's CSVLogger writes `0,00:00` for each epoch `start_epoch` skipped; cadence's writes the epoch and its
+    time in their own columns (`0,,,,00:00`), so `read_log()` has one row per epoch of the schedule."""
+    from cadence import CSVLogger
+
+    learn = _learner()
+    learn.path = tmp_path
+    with learn.no_bar():
+        learn.fit(4, 1e-2, start_epoch=2, cbs=CSVLogger())
+    lines = (tmp_path / "history.csv").read_text().splitlines()
+    assert lines[0] == "epoch,train_loss,valid_loss,accuracy,time"
+    assert lines[1:3] == ["0,,,,00:00", "1,,,,00:00"]
+    assert [line.split(",")[0] for line in lines[3:]] == ["2", "3"] and all(line.split(",")[1] for line in lines[3:])
