@@ -1,4 +1,4 @@
-"""Accelerate 1.15 parity (QA findings): `save_state(safe_serialization=False)` in Accelerate's layout, read back by
+"""Accelerate 1.15 parity: `save_state(safe_serialization=False)` in Accelerate's layout, read back by
 cadence and by the real Accelerate; `get_logger`'s `[RANK n]` prefix and `warning_once`; the TensorBoard tracker
 skipping what it cannot log; `accelerator.state`'s attributes and `AcceleratorState`."""
 
@@ -48,7 +48,7 @@ def test_save_state_without_safetensors_writes_accelerates_files_that_both_load(
     _train_step(acc, model, opt, sched)
     acc.step = 7
     acc.save_state(tmp_path / "ckpt", safe_serialization=False)
-    # Accelerate 1.15 writes these for one model, optimizer and scheduler (/tmp/qa_acc/t16.py, runboth.sh t16.py 1)
+    # Accelerate 1.15 writes these for one model, optimizer and scheduler
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["optimizer.bin", "pytorch_model.bin", "random_states_0.pkl",
                                                     "scheduler.bin"]
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())        # the staged folder was committed

@@ -13,7 +13,7 @@ from tests.helpers import run_launch
 @pytest.mark.slow
 def test_a_sigkilled_rank_is_the_cause_not_the_peer_whose_collective_failed():
     # the agent checks the workers every second here, so that rank 0's error is recorded by the time it finds
-    # rank 1 gone (the order QA saw at the default 0.1 s): both ranks are failures, and rank 1 comes first
+    # rank 1 gone (the order seen at the default 0.1 s): both ranks are failures, and rank 1 comes first
     proc = run_launch("blame_sigkill.py", flags=("--monitor_interval", "1"), check=False, timeout=180)
     assert "KILLING" in proc.stdout, proc.stderr
     assert proc.returncode == 1, proc.stderr

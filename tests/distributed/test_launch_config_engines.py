@@ -1,4 +1,4 @@
-"""A config file names one engine (QA: `distributed_type: DEEPSPEED` with a parallelism_config block trained
+"""A config file names one engine (before: `distributed_type: DEEPSPEED` with a parallelism_config block trained
 model_parallel, the DeepSpeed settings dropped unsaid; so did `distributed_type: XLA`; a `distributed_type: XLA` file
 launched with `--use_deepspeed` trained DeepSpeed; `--gradient_accumulation_steps 1` on a DeepSpeed file was
 ignored)."""

@@ -37,7 +37,7 @@ def test_save_model_of_a_lora_llama_under_a_pipeline_writes_the_adapter_peft_loa
 
     sys.path.insert(0, str(SCRIPTS))
     try:
-        from pipeline_hf_qa4 import make_model, motifs
+        from pipeline_hf import make_model, motifs
         from pipeline_peft import make_peft_model, peft_learner, split
     finally:
         sys.path.remove(str(SCRIPTS))

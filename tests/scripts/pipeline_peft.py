@@ -1,5 +1,5 @@
 """Launched on 2 processes by tests/distributed/test_pipeline_peft_save.py: a tiny Llama (built from a config) with a
-LoRA adapter (peft's `get_peft_model`), cut into 2 pipeline stages by pipeline_hf_qa4.py's `Stage` and fine-tuned
+LoRA adapter (peft's `get_peft_model`), cut into 2 pipeline stages by pipeline_hf.py's `Stage` and fine-tuned
 under `distrib_ctx(strategy="model_parallel", pp_size=2)` with a Checkpoint (OUT/ckpt); inside the block
 `learn.save_model(OUT/adapter)` (peft's adapter) and `learn.save_model(OUT/merged, merge_adapter=True)`. Rank 0
 writes the trained model's weights after the block (whole again) to OUT/weights.pt. Usage: `pipeline_peft.py OUT`.
@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from cadence import Checkpoint, DataLoaders, Learner
-from pipeline_hf_qa4 import Stage, lm_loss, make_model, motifs
+from pipeline_hf import Stage, lm_loss, make_model, motifs
 
 
 def make_peft_model():

@@ -1,4 +1,4 @@
-"""fastai 2.8 behaviours a QA pass found missing: `learn.validation_context`, `dls.train.bs/.shuffle/.n`, and the rows
+"""fastai 2.8 behaviours: `learn.validation_context`, `dls.train.bs/.shuffle/.n`, and the rows
 of the epochs `fit(start_epoch=)` skips.
 
 Expected values are what fastai 2.8.12 gave for the same calls (70 training and 30 validation items, bs 16, so 4

@@ -1,4 +1,4 @@
-"""Options meant for another engine are refused, naming them (QA: `cadence launch --tpu --use_deepspeed` trained
+"""Options meant for another engine are refused, naming them (before: `cadence launch --tpu --use_deepspeed` trained
 with XLA and ignored DeepSpeed; `distrib_ctx(strategy="xla", zero_stage=2)` said only "unexpected keyword argument")."""
 
 import subprocess

@@ -1,4 +1,4 @@
-"""get_preds keeps a None output's key on every batch and process (review of QA pass 3): ranks gather the same
+"""get_preds keeps a None output's key on every batch and process: ranks gather the same
 structure, a None leaf everywhere stays None, one None on some ranks only is refused alike on all."""
 
 from types import SimpleNamespace

@@ -1,5 +1,5 @@
-"""Metric failures keep their type and name the metric and what it got (a note); a metric passed uncalled is refused; fastai's FBeta and R2Score
-(QA pass 3, /tmp/qa_fastai2/t9_metric_errors.py). Expected metric values are what fastai 2.8.12 printed."""
+"""Metric failures keep their type and name the metric and what it got (a note); a metric passed uncalled is refused;
+fastai's FBeta and R2Score. Expected metric values are what fastai 2.8.12 printed."""
 
 import functools
 import re

@@ -1,7 +1,7 @@
 """Prepared loaders next to Accelerate 1.15: DataLoader attributes, skip_first_batches, end_of_dataloader /
 remainder, the shuffle after a `break`, and a stream's split. Each rank writes what it saw to OUT/rank{r}.json.
 
-  cadence launch --cpu --num_processes 2 accelerate_loaders_qa.py OUT
+  cadence launch --cpu --num_processes 2 accelerate_loaders.py OUT
 """
 
 import json

@@ -1,5 +1,5 @@
-"""fastai's flattened losses, `dls.test_dl` and fastai's `_rmse` / `_exp_rmspe` names (QA pass 3,
-/tmp/qa_fastai2/t20_missing_names.py). Expected values are what fastai 2.8.12 printed for the same tensors."""
+"""fastai's flattened losses, `dls.test_dl` and fastai's `_rmse` / `_exp_rmspe` names. Expected values are what fastai
+2.8.12 printed for the same tensors."""
 
 import pickle
 

@@ -1,4 +1,4 @@
-"""A QA pass against Accelerate 1.15: `TorchDynamoPlugin`, one mixed precision per process, and the
+"""Against Accelerate 1.15: `TorchDynamoPlugin`, one mixed precision per process, and the
 `accelerate.utils` names cadence has not (a clear ImportError saying what to use)."""
 
 import json

@@ -1,4 +1,4 @@
-"""`learn.export()` beside fastai's own `export.pkl` FILE (review of QA pass 3): refused before anything is written,
+"""`learn.export()` beside fastai's own `export.pkl` FILE: refused before anything is written,
 the file left as it was; a file an earlier cadence hid at the ".old" name is given back or named, never deleted."""
 
 import os

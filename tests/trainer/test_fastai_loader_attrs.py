@@ -1,5 +1,5 @@
 """fastai's `dl.bs/.shuffle/.n` read without breaking a stream or a custom loader, `n` read when asked, and
-`test_dl` of dict items without their labels (review of QA pass 3)."""
+`test_dl` of dict items without their labels."""
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset

@@ -24,7 +24,7 @@ def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 def test_save_model_under_a_pipeline_writes_the_config_and_from_pretrained_gives_the_trained_models_logits(tmp_path):
     from transformers import LlamaForCausalLM
 
-    out = run_launch("pipeline_hf_qa4.py", str(tmp_path), nproc=2, timeout=300).stdout
+    out = run_launch("pipeline_hf.py", str(tmp_path), nproc=2, timeout=300).stdout
     assert "CHECK generate_refused ok" in out, out
     assert "CHECK generate_after ok" in out, out
     assert "CHECK get_preds_ddp ok" in out, out      # a ModelOutput with a DynamicCache: its logits, over DDP
@@ -35,7 +35,7 @@ def test_save_model_under_a_pipeline_writes_the_config_and_from_pretrained_gives
 
     sys.path.insert(0, str(SCRIPTS))
     try:
-        from pipeline_hf_qa4 import Stage, learner, make_model, motifs
+        from pipeline_hf import Stage, learner, make_model, motifs
     finally:
         sys.path.remove(str(SCRIPTS))
     loaded = LlamaForCausalLM.from_pretrained(export)

@@ -1,4 +1,4 @@
-"""What a fastai 2.8 user notices, checked against fastai 2.8.12 itself (QA run, /tmp/qa_fastai/repro/rN.py).
+"""What a fastai 2.8 user notices, checked against fastai 2.8.12 itself (the same scripts run under both).
 
 Expected values are what fastai printed for the same data, model and seeds (`make_data`, `Net`, SGD with momentum
 0.9, bs 64, unshuffled): each literal names the fastai command it came from.

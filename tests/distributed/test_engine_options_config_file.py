@@ -1,4 +1,4 @@
-"""A flag choosing another engine than the config file's is refused when the file holds settings for its own (QA: an
+"""A flag choosing another engine than the config file's is refused when the file holds settings for its own (before: an
 Accelerate DeepSpeed config launched with `--tpu` trained with XLA, with `--fsdp_sharding_strategy` with FSDP, the
 DeepSpeed block dropped unsaid; `--use_deepspeed --parallelism_config_tp_size 2` trained model_parallel)."""
 

@@ -1,4 +1,4 @@
-"""`ParallelismConfig.check_processes`: a refusal names a fix that exists (QA: tp_size=3 on 2 processes was told
+"""`ParallelismConfig.check_processes`: a refusal names a fix that exists (before: tp_size=3 on 2 processes was told
 "dp_shard_size=1 for tp_size=3", a product of 3)."""
 
 import pytest

@@ -1,9 +1,9 @@
 """Prepared loaders behave as Accelerate 1.15's: DataLoader attributes, skip_first_batches, end_of_dataloader /
 remainder, the shuffle order after a `break`, and how a stream is split between processes.
 
-The expected values are what real Accelerate printed for the same script (tests/scripts/accelerate_loaders_qa.py
+The expected values are what real Accelerate printed for the same script (tests/scripts/accelerate_loaders.py
 with `from accelerate import ...`), run as:
-  ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 accelerate_loaders_qa.py OUT
+  ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 accelerate_loaders.py OUT
 """
 
 import json
@@ -38,7 +38,7 @@ ACCELERATE = [
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("loaders_qa")
-    run_launch("accelerate_loaders_qa.py", out, timeout=300)
+    run_launch("accelerate_loaders.py", out, timeout=300)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

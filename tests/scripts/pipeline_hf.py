@@ -1,9 +1,9 @@
-"""Launched on 2 processes by tests/distributed/test_pipeline_hf_qa4.py: a tiny Llama (built from a config) cut into
+"""Launched on 2 processes by tests/distributed/test_pipeline_hf.py: a tiny Llama (built from a config) cut into
 2 pipeline stages by a user's `split` function (the stages name its layers their own way) and fine-tuned with a
 loss_func under `distrib_ctx(strategy="model_parallel", pp_size=2)` with a Checkpoint (OUT/ckpt); inside the block `save_model(OUT/export)` and
 `learn.model.generate` (refused, naming what to do); after it `generate` on the whole model, then `get_preds` under
 DDP (the model's output holds a key/value cache: its logits are gathered). Rank 0 writes the weights after the
-pipeline block to OUT/weights.pt and prints `CHECK <name> ok`. Usage: `pipeline_hf_qa4.py OUT`.
+pipeline block to OUT/weights.pt and prints `CHECK <name> ok`. Usage: `pipeline_hf.py OUT`.
 `learner()` is imported by the test, which trains the same model on one process.
 """
 

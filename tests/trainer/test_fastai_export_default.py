@@ -1,4 +1,4 @@
-"""fastbook's `learn.export(); load_learner(learn.path/'export.pkl')` (QA pass 3, /tmp/qa_fastai2/t17_export_default.py)."""
+"""fastbook's `learn.export(); load_learner(learn.path/'export.pkl')`."""
 
 import re
 

@@ -1,5 +1,5 @@
 """Accelerate's names cadence has not: `from cadence.utils import X` says what instead, while `hasattr`, `getattr(...,
-None)` and monkeypatch see a plain missing attribute (QA: `hasattr(cadence.utils, "save")` raised ImportError)."""
+None)` and monkeypatch see a plain missing attribute (before: `hasattr(cadence.utils, "save")` raised ImportError)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""A metric's failure keeps its type (review of QA pass 3): code catching torch.OutOfMemoryError or a distributed
+"""A metric's failure keeps its type: code catching torch.OutOfMemoryError or a distributed
 error still sees it, the metric named in a note."""
 
 import pytest
