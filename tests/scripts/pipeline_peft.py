@@ -1,4 +1,4 @@
-"""Launched on 2 processes by tests/distributed/test_pipeline_peft_save.py: a tiny Llama (built from a config) with a
+"""Launched on 2 processes by tests/distributed/test_pipeline_hf.py: a tiny Llama (built from a config) with a
 LoRA adapter (peft's `get_peft_model`), cut into 2 pipeline stages by pipeline_hf.py's `Stage` and fine-tuned
 under `distrib_ctx(strategy="model_parallel", pp_size=2)` with a Checkpoint (OUT/ckpt); inside the block
 `learn.save_model(OUT/adapter)` (peft's adapter) and `learn.save_model(OUT/merged, merge_adapter=True)`. Rank 0
