@@ -156,11 +156,16 @@ def test_config_file_and_flags_become_the_workers_dynamo_variables(tmp_path):
     env = launch_env(resolve_config(args))
     assert {k: v for k, v in env.items() if "DYNAMO" in k} == {
         "CADENCE_DYNAMO_BACKEND": "aot_eager", "CADENCE_DYNAMO_MODE": "max-autotune",   # the flag wins
-        "CADENCE_DYNAMO_USE_FULLGRAPH": "1", "CADENCE_DYNAMO_USE_DYNAMIC": "0"}
+        "CADENCE_DYNAMO_USE_FULLGRAPH": "1", "CADENCE_DYNAMO_USE_DYNAMIC": "0",
+        "CADENCE_DYNAMO_USE_REGIONAL_COMPILATION": None}
     assert options_from_env({k: v for k, v in env.items() if v is not None}) == {
         "backend": "aot_eager", "mode": "max-autotune", "fullgraph": True, "dynamic": False}
     plain = launch_env(resolve_config(build_parser().parse_args(["launch", "--cpu", "train.py"])))
     assert plain["CADENCE_DYNAMO_BACKEND"] is None                                       # unset in the workers
+    regional = launch_env(resolve_config(build_parser().parse_args(
+        ["launch", "--cpu", "--dynamo_backend", "eager", "--dynamo_use_regional_compilation", "true", "train.py"])))
+    assert regional["CADENCE_DYNAMO_USE_REGIONAL_COMPILATION"] == "1"
+    assert options_from_env({k: v for k, v in regional.items() if v is not None})["regional"] is True
 
 
 @pytest.mark.slow

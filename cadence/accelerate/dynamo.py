@@ -2,6 +2,7 @@
 
 The plugin's options go to cadence's in-place compilation (`cadence.compile.compile_model`) of every prepared model,
 as `Accelerator(dynamo_backend=...)` does; `accelerator.state.dynamo_plugin` is the plugin in use.
+`use_regional_compilation=True` compiles each model's repeated blocks instead (`cadence.utils.compile_regions`).
 
 >>> plugin = TorchDynamoPlugin(backend="aot_eager", mode="default", dynamic=False)
 >>> plugin.to_kwargs()
@@ -23,10 +24,6 @@ from .enums import _ValueEnum
 from .handlers import KwargsHandler
 
 __all__ = ["DynamoBackend", "TorchDynamoPlugin"]
-
-_REGIONAL = ("use_regional_compilation: cadence compiles the whole model in place (its state dict keeps its names); "
-             "compile repeated blocks yourself (`torch.compile(block)` on each) or leave it out")
-
 
 class DynamoBackend(str, _ValueEnum):
     """Accelerate's torch.compile backend names (upper case; a member equals its name: `DynamoBackend.INDUCTOR ==
@@ -56,15 +53,20 @@ class DynamoBackend(str, _ValueEnum):
 
 @dataclass
 class TorchDynamoPlugin(KwargsHandler):
-    """torch.compile options for prepared models: `backend`, `mode`, `fullgraph`, `dynamic`, `options`, `disable`.
+    """torch.compile options for prepared models: `backend`, `mode`, `fullgraph`, `dynamic`, `options`, `disable`,
+    `use_regional_compilation`.
 
     As Accelerate's: a field left None takes what the launcher set (`cadence launch --dynamo_backend / --dynamo_mode /
-    --dynamo_use_fullgraph / --dynamo_use_dynamic`), else the default (backend "no", mode "default",
-    fullgraph False); `backend` becomes a `DynamoBackend`. `use_regional_compilation=True` is refused: cadence
-    compiles each prepared model whole, in place.
+    --dynamo_use_fullgraph / --dynamo_use_dynamic / --dynamo_use_regional_compilation`), else the default (backend
+    "no", mode "default", fullgraph False, use_regional_compilation False); `backend` becomes a `DynamoBackend`.
+    `use_regional_compilation=True` compiles each block of a model's repeated `nn.ModuleList` (a transformer's
+    layers), once per class, instead of the whole model: faster to compile (`cadence.utils.compile_regions`). In
+    place either way, so saved weights keep their names; a model without repeated blocks is compiled whole, as
+    Accelerate does.
 
     >>> TorchDynamoPlugin(backend="eager", fullgraph=True).to_kwargs()
     {'backend': 'eager', 'fullgraph': True}
+    >>> accelerator = Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="inductor", use_regional_compilation=True))
     """
 
     backend: DynamoBackend | str | None = None
@@ -90,16 +92,19 @@ class TorchDynamoPlugin(KwargsHandler):
             self.fullgraph = launched["fullgraph"] == "1"
         if self.dynamic is None and launched["dynamic"] is not None:
             self.dynamic = launched["dynamic"] == "1"
-        if self.use_regional_compilation:
-            raise ValueError(_REGIONAL)
-        self.use_regional_compilation = False
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = launched["regional"] == "1"
+        if not isinstance(self.use_regional_compilation, bool):
+            raise ValueError(f"TorchDynamoPlugin(use_regional_compilation={self.use_regional_compilation!r}): give True "
+                             f"or False")
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, the backend as its lower-case name (Accelerate's)."""
         return {**copy.deepcopy(self.__dict__), "backend": self.backend.value.lower()}
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The torch.compile arguments that differ from torch's defaults (the launcher's settings aside)."""
+        """The torch.compile arguments that differ from torch's defaults (the launcher's settings aside); as
+        Accelerate's, without `use_regional_compilation` (how torch.compile is applied, not one of its arguments)."""
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         defaults.update(backend="no", mode="default", fullgraph=False)
         return {k: v for k, v in self.to_dict().items() if v != defaults[k] and k != "use_regional_compilation"}
@@ -118,10 +123,11 @@ def dynamo_plugin_for(dynamo_backend: Any, dynamo_plugin: TorchDynamoPlugin | No
 
 
 def compile_options(plugin: TorchDynamoPlugin) -> dict[str, Any] | None:
-    """torch.compile options for `compile_model`, checked before anything compiles; None: no compilation."""
+    """Options for `compile_model` (torch.compile's, and `regional`), checked before anything compiles; None: no
+    compilation."""
     if plugin.backend == DynamoBackend.NO:
         return None
-    options = plugin.to_kwargs()
+    options = {**plugin.to_kwargs(), **({"regional": True} if plugin.use_regional_compilation else {})}
     try:
         return check_compile_options(options)
     except ValueError as e:

@@ -114,7 +114,7 @@ class Config:
                                     "parallelism_config_tp_size, ...); selects the model_parallel strategy",
                                     kind=dict, default_factory=dict)
     dynamo_config: dict = _key("torch.compile settings (Accelerate's dynamo_backend, dynamo_mode, dynamo_use_fullgraph, "
-                               "dynamo_use_dynamic)", kind=dict, default_factory=dict)
+                               "dynamo_use_dynamic, dynamo_use_regional_compilation)", kind=dict, default_factory=dict)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -121,6 +121,8 @@ def add_dynamo_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dynamo_mode", default=None, help="default, reduce-overhead, max-autotune, ...")
     group.add_argument("--dynamo_use_fullgraph", type=_yes_no, default=None, metavar="true|false")
     group.add_argument("--dynamo_use_dynamic", type=_yes_no, default=None, metavar="true|false")
+    group.add_argument("--dynamo_use_regional_compilation", type=_yes_no, default=None, metavar="true|false",
+                       help="compile each repeated block (a transformer's layers) once, not the whole model")
 
 
 def _dynamo_changes(args: argparse.Namespace, base: Config) -> dict:

@@ -62,8 +62,6 @@ REFUSED = {
     "--fp8_": "not supported: fp8 training is not in cadence; use --mixed_precision bf16",
     "--enable_cpu_affinity": ("not supported: cadence launch does not pin CPU affinity; start it under "
                               "`numactl`/`taskset` to pin, and set --num_cpu_threads_per_process"),
-    "--dynamo_use_regional_compilation": ("not supported: compile repeated blocks yourself "
-                                          "(`torch.compile(block)` on each) or use --dynamo_backend for the whole model"),
     "--deepspeed_hostfile": _ON_EACH_MACHINE, "--deepspeed_inclusion_filter": _ON_EACH_MACHINE,
     "--deepspeed_exclusion_filter": _ON_EACH_MACHINE, "--deepspeed_multinode_launcher": _ON_EACH_MACHINE,
     "--deepspeed_moe_layer_cls_names": "not supported: cadence's DeepSpeed strategy does not mark MoE layers as ZeRO-3 leaves",

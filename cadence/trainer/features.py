@@ -23,8 +23,9 @@ class FeatureMethods:
     def compile(self, **options) -> Self:
         """torch.compile the model, in place: its state dict keeps its names (no `_orig_mod.` prefix).
 
-        `options` are torch.compile's (backend, mode, fullgraph, dynamic, options, disable), checked
-        before anything compiles. The user's module is compiled, inside the strategy's wrapper (DDP):
+        `options` are torch.compile's (backend, mode, fullgraph, dynamic, options, disable), and
+        cadence's `regional=True` (compile each repeated block once, not the whole model:
+        `cadence.compile.compile_model`), checked before anything compiles. The user's module is compiled, inside the strategy's wrapper (DDP):
         its forward then runs while DDP's is active, so torch's DDPOptimizer splits the graph at
         bucket boundaries, as for `torch.compile(DDP(model))`; compiling the DDP wrapper itself
         compiles nothing of a built-in module such as `nn.Sequential` (the DDP frame is skipped).

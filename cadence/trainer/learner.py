@@ -70,7 +70,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             optimizer groups; lrs, freezing and schedules still count splitter groups).
         moms: the momentum `fit_one_cycle` moves through (start, middle, end), fastai's default.
         compile: torch.compile the model: True (torch's defaults), a backend name, a dict of
-            torch.compile options, False; None follows `cadence launch --dynamo_backend` (see `learn.compile`).
+            torch.compile options (and `regional=True`: each repeated block compiled once), False; None follows
+            `cadence launch --dynamo_backend` (see `learn.compile`).
 
     >>> learn = Learner(dls, model, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.1)
     >>> learn.fit(2)

@@ -5,6 +5,7 @@ The names are implemented in `cadence.accelerate` (plugins, kwargs handlers, hel
 
 >>> from cadence.utils import DistributedDataParallelKwargs, DDPCommunicationHookType, ProfileKwargs, set_seed
 >>> from cadence.utils import broadcast, gather, reduce, send_to_device, find_batch_size, is_torch_version
+>>> from cadence.utils import compile_regions     # each repeated block compiled once, in place
 
 Accelerate's names without a cadence counterpart (fp8, Megatron-LM, ...) raise ImportError saying what to use
 instead (`cadence.utils.unavailable`).
@@ -16,6 +17,7 @@ from ..big_modeling import infer_auto_device_map
 from ..big_modeling.memory import (compute_module_sizes, dtype_byte_size, find_tied_parameters, get_balanced_memory,
                                    load_state_dict, set_module_tensor_to_device)
 from ..big_modeling.offload import load_checkpoint_in_model
+from ..compile import compile_regions, compile_regions_deepspeed, has_compiled_regions
 from ..distributed.ops import wait_for_everyone
 from .config import write_basic_config
 from .constants import *  # noqa: F403 (the file names of a saved model)
@@ -32,6 +34,6 @@ __all__ = [*_ACCELERATE, *_OPERATIONS, *_CONSTANTS, "KwargsHandler", "wait_for_e
            "is_compiled_module", "is_peft_model", "get_max_memory", "convert_file_size_to_int", "compare_versions",
            "is_torch_version", "write_basic_config", "infer_auto_device_map", "load_checkpoint_in_model",
            "compute_module_sizes", "dtype_byte_size", "find_tied_parameters", "get_balanced_memory", "load_state_dict",
-           "set_module_tensor_to_device"]
+           "set_module_tensor_to_device", "compile_regions", "compile_regions_deepspeed", "has_compiled_regions"]
 
 __getattr__ = module_getattr(__name__)   # Accelerate's names cadence has no counterpart for: what to use instead

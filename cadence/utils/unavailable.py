@@ -28,8 +28,6 @@ _FP8 = "fp8 training is not in cadence; train in bf16: Accelerator(mixed_precisi
 _MEGATRON = f"Megatron-LM is not part of cadence; {MODEL_PARALLEL_HINT}"
 _LAUNCH = ("cadence's launchers start fresh processes themselves: `cadence launch`, or from Python "
            "notebook_launcher(fn, args, num_processes) / debug_launcher(fn)")
-_REGIONAL = ("cadence compiles each prepared model whole, in place: Accelerator(dynamo_backend='inductor') or "
-             "TorchDynamoPlugin; for regional compilation call torch.compile on each repeated block yourself")
 _FSDP = ("accelerator.save_state / load_state save and restore sharded models and optimizers on every engine, "
          "accelerator.save_model writes the full weights; prepare wraps the model in FSDP2")
 _DEEPSPEED = ("accelerator.prepare builds and wraps DeepSpeed's engine (`cadence launch --use_deepspeed`); "
@@ -54,7 +52,6 @@ REPLACEMENTS: dict[str, str] = {
                                         "SequenceParallel in the tensor-parallel plan, ParallelismConfig(tp_size=N)"),
     **dict.fromkeys(["PrepareForLaunch", "prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env",
                      "prepare_deepspeed_cmd_env", "prepare_tpu"], _LAUNCH),
-    **dict.fromkeys(["compile_regions", "compile_regions_deepspeed", "has_compiled_regions"], _REGIONAL),
     **dict.fromkeys(["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
                      "merge_fsdp_weights", "fsdp2_prepare_model", "fsdp2_load_full_state_dict",
                      "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading"], _FSDP),

@@ -59,8 +59,8 @@ def test_dynamo_plugin_refusals_say_what_to_change():
         Accelerator(cpu=True, dynamo_backend="eager", dynamo_plugin=TorchDynamoPlugin(backend="eager"))
     with pytest.raises(ValueError, match="'foo'.*use one of no, eager, aot_eager, inductor"):
         TorchDynamoPlugin(backend="foo")
-    with pytest.raises(ValueError, match="use_regional_compilation: cadence compiles the whole model in place"):
-        TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)
+    with pytest.raises(ValueError, match="use_regional_compilation='yes'"):
+        TorchDynamoPlugin(backend="inductor", use_regional_compilation="yes")
     with pytest.raises(ValueError, match="compile mode 'fastest' does not exist"):
         Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="eager", mode="fastest"))
     with pytest.raises(ValueError, match="backend 'onnxrt' does not exist in torch"):   # Accelerate's name, torch's not
@@ -122,7 +122,6 @@ def test_accelerates_example_imports_that_were_missing_are_found_or_refused_with
         "PrepareForLaunch": "cadence's launchers .*notebook_launcher",
         "DeepSpeedSequenceParallelConfig": "Accelerate's sequence parallelism .* is not in cadence",
         "MegatronLMDummyScheduler": "Megatron-LM is not part of cadence; .*ParallelismConfig",
-        "compile_regions": "torch.compile on each repeated block yourself",
     }
     for name, replacement in expected.items():
         prefix = f"^cadence.utils has no {name} \\(accelerate.utils.{name}\\): "
