@@ -8,6 +8,12 @@ own memory, when the target is a contiguous CPU tensor of the saved dtype, shape
 of a saved tensor, on another world size; a device tensor; a stream transform; a non-tensor item) goes to torch's
 reader as before. The bytes that land are the same either way.
 
+The two sharded engines lay an optimizer's state out differently: `strategy="fsdp"` as torch's optimizer state dict
+(`optimizer.param_groups.<group>.<hyper-parameter>`, each group listing its parameters), `strategy="model_parallel"`
+flattened (`optimizer.param_groups.<parameter>.<hyper-parameter>`). The per-parameter state (`optimizer.state.
+<parameter>.<key>`: AdamW's moments and step) is named alike in both; `load` reads the hyper-parameters of either layout
+into the other (`optimizer_layout` tells them apart by `.metadata`), so each engine resumes the other's checkpoint.
+
 Nothing read runs code from the checkpoint: `.metadata` (a pickle) is read by `safe_load.read_dcp_metadata`, which
 builds only torch's metadata records, and the non-tensor items (an optimizer's hyper-parameters, each a `torch.save`
 of its own) by `WeightsOnlyPlanner` with `weights_only=True` (torch's planner unpickles them unchecked).
@@ -22,6 +28,7 @@ import dataclasses
 import io
 import json
 import pickle
+import re
 import struct
 import sys
 import zipfile
@@ -45,6 +52,9 @@ _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip entry's local header: its
 _CENTRAL = struct.Struct("<4s6H3L5H2L")  # a central directory entry: method [4], sizes [8:10], name, extra and
 # comment lengths [10:13], local header offset [16]
 _END = struct.Struct("<4s4H2LH")  # the end of the central directory: entries [4], its size [5] and offset [6]
+_GROUPS = "optimizer.param_groups."  # the checkpoint's keys of an optimizer's hyper-parameters
+_NESTED_PARAMS = re.compile(r"optimizer\.param_groups\.\d+\.params")  # a nested layout's group: its parameters
+_MISSING = object()
 _HEAD, _TAIL = 4096, 4096  # bytes read at each end of a saved tensor's record: its pickle and its zip directory
 
 
@@ -98,10 +108,45 @@ class DirectReader(FileSystemReader):
                 raise ValueError(f"{file} is {'missing' if size is None else f'truncated ({size} bytes)'}: its .metadata "
                                  f"places {end} bytes there; the checkpoint is damaged, resume from another checkpoint")
 
+    def optimizer_layout(self) -> str | None:
+        """How the checkpoint lays its optimizer's hyper-parameters out: "nested" (torch's optimizer state dict, per
+        parameter group: FSDP's), "flat" (per parameter, `flatten_optimizer_state_dict`: model_parallel's), or None
+        (no optimizer). Only the nested layout has a group's `params` list (a flat key never ends in `.params`)."""
+        keys = [k for k in self.read_metadata().state_dict_metadata if k.startswith(_GROUPS)]
+        if not keys:
+            return None
+        return "nested" if any(_NESTED_PARAMS.fullmatch(k) for k in keys) else "flat"
+
     def load(self, state: dict) -> None:
         """`dcp.load(state)` from this folder, on this process alone (`no_dist`), its non-tensor items read
         weights-only (`WeightsOnlyPlanner`); a ValueError of a rank (a refused item, a truncated file) raised as it
-        is, not inside torch's CheckpointException (a BaseException)."""
+        is, not inside torch's CheckpointException (a BaseException). `state["optimizer"]` (a sharded optimizer
+        state, nested or flat) is filled from the checkpoint's optimizer state in either layout."""
+        ours, saved = _layout(state.get("optimizer")), self.optimizer_layout()
+        if ours is None or saved is None or ours == saved:
+            self._load(state)
+            return
+        optimizer, hyper = state["optimizer"], self._saved_hyper_parameters()   # checked before any tensor loads
+        if ours == "nested":
+            _nested_from_flat(optimizer["param_groups"], hyper, self.path)
+        else:
+            _flat_from_nested(optimizer, hyper, self.path)
+        per_parameter = ({"state": optimizer["state"]} if ours == "nested" else
+                         {k: v for k, v in optimizer.items() if k.startswith("state.")})
+        self._load({"model": state["model"], "optimizer": per_parameter})
+        optimizer.update(per_parameter)
+
+    def _saved_hyper_parameters(self) -> dict[str, Any]:
+        """The checkpoint's `optimizer.param_groups.*` items, keyed without that prefix (a tensor one, e.g. a tensor lr,
+        read into a tensor of its size and dtype)."""
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        items = {k: torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
+                 for k, md in self.read_metadata().state_dict_metadata.items() if k.startswith(_GROUPS)}
+        self._load(items)
+        return {k.removeprefix(_GROUPS): v for k, v in items.items()}
+
+    def _load(self, state: dict) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
@@ -132,6 +177,57 @@ class DirectReader(FileSystemReader):
             for f in files.values():
                 f.close()
         return super().read_data(dataclasses.replace(plan, items=rest), planner)
+
+
+def _layout(optimizer: Any) -> str | None:
+    """"nested" for torch's optimizer state dict, "flat" for its flattened form, None for no optimizer state."""
+    if not optimizer:
+        return None
+    return "nested" if "param_groups" in optimizer else "flat"
+
+
+def _flat_from_nested(optimizer: dict, groups: dict[str, Any], folder: str | Path) -> None:
+    """Set each `param_groups.<parameter>.<key>` of the flat `optimizer` to the value of the saved parameter group
+    listing that parameter (`groups`: the nested checkpoint's `<group>.<key>` items)."""
+    saved: dict[str, dict[str, Any]] = {}
+    for key, value in groups.items():
+        index, _, name = key.partition(".")
+        saved.setdefault(index, {})[name] = value
+    group_of = {p: g for g in saved.values() for p in g.get("params", ())}
+    wanted = {k: k.removeprefix("param_groups.").rpartition(".")[::2]   # (parameter, hyper-parameter)
+              for k in optimizer if k.startswith("param_groups.")}
+    missing = sorted({p for p, name in wanted.values() if name not in group_of.get(p, {})})
+    if missing:
+        raise ValueError(f"{folder}: the checkpoint's optimizer has no parameter group holding {missing} (it holds "
+                         f"{sorted(group_of)}): it was written for another model or optimizer; build the same ones as "
+                         f"the run that wrote it")
+    optimizer.update({k: group_of[p][name] for k, (p, name) in wanted.items()})
+
+
+def _nested_from_flat(param_groups: list[dict], flat: dict[str, Any], folder: str | Path) -> None:
+    """Set each hyper-parameter of the nested `param_groups` to the saved value of its parameters (`flat`: the flat
+    checkpoint's `<parameter>.<key>` items), which must agree within a group (an empty group keeps its own)."""
+    for index, group in enumerate(param_groups):
+        for name in [k for k in group if k != "params"] if group["params"] else []:
+            values = {p: flat.get(f"{p}.{name}", _MISSING) for p in group["params"]}
+            missing = [p for p, v in values.items() if v is _MISSING]
+            if missing:
+                raise ValueError(f"{folder}: the checkpoint's optimizer has no {name!r} for {missing}: it was written "
+                                 f"for another model or optimizer; build the same ones as the run that wrote it")
+            (first, value), *rest = values.items()
+            other = next(((p, v) for p, v in rest if not _same(v, value)), None)
+            if other is not None:
+                raise ValueError(f"{folder}: the checkpoint gives the parameters of this optimizer's group {index} "
+                                 f"different {name!r} ({first}: {value}, {other[0]}: {other[1]}): build the optimizer "
+                                 f"with the parameter groups of the run that wrote it")
+            group[name] = value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two hyper-parameters are equal (a tensor one, e.g. a tensor lr, bitwise)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
 
 
 class WeightsOnlyPlanner(DefaultLoadPlanner):

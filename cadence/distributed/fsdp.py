@@ -395,7 +395,8 @@ class FSDP(OwnsPrecision, Strategy):
         return write
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Read a sharded or full checkpoint, written on any number of processes.
+        """Read a sharded or full checkpoint, written on any number of processes; a sharded one of either engine (this
+        one's optimizer state per parameter group, model_parallel's per parameter: `DirectReader.load` reads both).
 
         Sharded: every rank plans and reads its own shards from the metadata (`no_dist`), with no collective: each
         DTensor knows which part of the whole it holds, so there is nothing to agree on, and torch's planning

@@ -16,7 +16,8 @@ What the rest of cadence sees: data, metrics and `get_preds` over the dp group (
 `all_sum`, `gather`), files written by global rank 0 (`is_main`), gradients clipped by the true
 global norm (computed per mesh and combined), tied weights kept tied. Checkpoints are FSDP's sharded
 format (torch.distributed.checkpoint) with the optimizer state flattened, which torch reshards as it loads: weights
-and optimizer state load exactly on any other mesh (sizes, pipeline split, number of processes) or in one process.
+and optimizer state load exactly on any other mesh (sizes, pipeline split, number of processes), in one process, or
+under `strategy="fsdp"`; FSDP's checkpoints (optimizer state per parameter group) load here as exactly.
 Their state.json records the mesh that wrote them (`checkpoint_layout`).
 """
 
@@ -171,7 +172,8 @@ class ModelParallel(FSDP):
     def _checkpoint_state(self, model: nn.Module, opt: torch.optim.Optimizer) -> dict:
         """FSDP's sharded format with the optimizer state flattened to one key per parameter, which every
         `model_parallel` mesh (pipelines included: torch's nested `param_groups` would be written once, by rank 0,
-        for every stage) writes and reads: a checkpoint resumes on any pp x dp x tp mesh or in one process."""
+        for every stage) writes and reads: a checkpoint resumes on any pp x dp x tp mesh, in one process, or under
+        FSDP (`DirectReader.load` reads either layout into the other)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, opt_state = get_state_dict(model, opt, options=_flat_options())

@@ -1,6 +1,7 @@
-"""`Accelerator.load_state` of a sharded checkpoint (tensor parallelism's, written on 2 processes) by an Accelerator
-whose engine cannot read it: refused before anything loads, naming the format, what wrote it and how to load it;
-state.json records the engine and mesh; the conversion the message names gives the trained weights."""
+"""`Accelerator.load_state` of a sharded checkpoint (tensor parallelism's, written on 2 processes): an Accelerator
+whose engine cannot read it (plain, one process) refuses it before anything loads, naming the format, what wrote it
+and how to load it; one on FSDP2 reads it exactly; state.json records the engine and mesh; the conversion the
+message names gives the trained weights."""
 
 import json
 import shutil
@@ -73,13 +74,23 @@ def test_a_plain_accelerator_refuses_a_tensor_parallel_checkpoint_naming_its_mes
 
 
 @pytest.mark.slow
-def test_fsdps_engine_refuses_a_tensor_parallel_checkpoint_naming_both_engines(tp_run):
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_fsdps_engine_loads_a_tensor_parallel_checkpoint_exactly(tmp_path, tp_run):
+    """An Accelerator on FSDP2 reads tensor parallelism's checkpoint (its optimizer state laid out per parameter, FSDP's
+    per parameter group): the trained weights and AdamW's moments and step, bitwise."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
     from cadence import Accelerator
 
     accelerator = Accelerator(cpu=True, strategy="fsdp")
-    model = _prepared(accelerator)
-    with pytest.raises(ValueError, match=r"under strategy=\"model_parallel\" \(.*tp_size=2\), which this engine, "
-                                         r"strategy=\"fsdp\" \(on 1 process\), does not read: the two lay the optimizer "
-                                         r"state out differently"):
-        accelerator.load_state(tp_run / "ckpt")
-    assert _unchanged(accelerator, model)
+    model = _make_model()
+    model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    accelerator.load_state(tp_run / "ckpt")
+    trained, loaded = torch.load(tp_run / "weights.pt"), accelerator.unwrap_model(model).state_dict()
+    assert loaded.keys() == trained.keys() and all(torch.equal(loaded[k], trained[k]) for k in trained)
+    dcp_to_torch_save(tp_run / "ckpt" / "sharded", tmp_path / "full.pt")
+    saved = torch.load(tmp_path / "full.pt")["optimizer"]
+    state = get_optimizer_state_dict(accelerator.unwrap_model(model), opt.optimizer)["state"]
+    assert {f"state.{n}.{k}" for n, s in state.items() for k in s} == {k for k in saved if k.startswith("state.")}
+    assert all(torch.equal(v, saved[f"state.{n}.{k}"]) for n, s in state.items() for k, v in s.items())
