@@ -59,8 +59,11 @@ class TrackerSet:
         for kind in self.kinds:
             options = init_kwargs.get(getattr(kind, "name", kind), {})
             tracker = make_tracker(kind, project_name, options.get("run_name"), dict(config or {}), self.logging_dir)
-            if not isinstance(kind, GeneralTracker) and not options.get("run_name"):
-                tracker.run_dir = shared
+            if not isinstance(kind, GeneralTracker):
+                if not tracker.requires_logging_directory:   # W&B: its own place ($WANDB_DIR) first, as Accelerate's;
+                    tracker.dir = None                       # project_dir is no explicit `dir` that would override it
+                if not options.get("run_name"):
+                    tracker.run_dir = shared
             tracker.start(0)
             if config:
                 tracker.store_init_configuration(plain(config))

@@ -134,3 +134,30 @@ def test_wandb_callback_checks_log_and_takes_fastais_other_arguments():
         WandbCallback(log="weights")
     cb = WandbCallback(log=None, log_preds=False, n_preds=9, seed=1, reorder=False)   # inert without log_preds
     assert repr(cb) == "WandbCallback(log=None)"
+
+
+def test_accelerator_with_project_dir_writes_wandb_under_wandb_dir_as_accelerate(dirs, tmp_path):
+    """`Accelerator(log_with="wandb", project_dir=X)` with `$WANDB_DIR` set: Accelerate's W&B run goes under
+    `$WANDB_DIR/wandb` (its tracker takes no logging directory); cadence's did under X. Without `$WANDB_DIR` it stays
+    in the run's directory under X."""
+    from cadence import Accelerator
+
+    work, wandb_dir = dirs
+    accelerator = Accelerator(cpu=True, log_with="wandb", project_dir=tmp_path / "proj")
+    accelerator.init_trackers("qa")
+    accelerator.log({"loss": 1.0}, step=0)
+    accelerator.end_training()
+    (run,) = offline_runs(wandb_dir)
+    assert run.parent == wandb_dir / "wandb" and not offline_runs(tmp_path / "proj")
+
+
+def test_accelerator_without_wandb_dir_keeps_wandb_in_the_project_dir(dirs, tmp_path, monkeypatch):
+    from cadence import Accelerator
+
+    monkeypatch.delenv("WANDB_DIR")
+    accelerator = Accelerator(cpu=True, log_with="wandb", project_dir=tmp_path / "proj")
+    accelerator.init_trackers("qa")
+    accelerator.log({"loss": 1.0}, step=0)
+    accelerator.end_training()
+    (run,) = offline_runs(tmp_path / "proj")
+    assert run.parent.parent.parent == tmp_path / "proj" / "qa"    # proj/qa/<start time>/wandb/offline-run-*
