@@ -21,9 +21,10 @@ checkpoints written and read in `deepspeed_checkpoint`.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ContextManager
 
@@ -208,9 +209,23 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
             raise ValueError(f"the DeepSpeed config sets gradient_clipping={configured} but GradClip asks for "
                              f"{max_norm}: set it in one place (\"auto\" in the config lets GradClip decide)")
         if self.engine is not None:
-            self.engine._config.gradient_clipping = max_norm
-            if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO and bf16 optimizers read their own copy
-                self.engine.optimizer.clip_grad = max_norm
+            self._set_engine_clipping(max_norm)
+
+    @contextlib.contextmanager
+    def clipping_once(self, max_norm: float) -> Iterator[float]:
+        """The step inside clipped at the smaller of `max_norm` (inf: none) and the config's own clipping, which
+        is back afterwards (`accelerator.clip_grad_norm_` clips its step only). Yields the own clipping (0.0: none)."""
+        own = float(self.engine.gradient_clipping())
+        self._set_engine_clipping(min((v for v in (own, max_norm) if 0 < v < math.inf), default=0.0))
+        try:
+            yield own
+        finally:
+            self._set_engine_clipping(own)
+
+    def _set_engine_clipping(self, max_norm: float) -> None:
+        self.engine._config.gradient_clipping = max_norm
+        if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO and bf16 optimizers read their own copy
+            self.engine.optimizer.clip_grad = max_norm
 
     def clip_grad_value(self, model: nn.Module, opt: torch.optim.Optimizer, value: float) -> None:
         """Refused, as Accelerate does: the engine clips only by the global norm, inside its own step."""
