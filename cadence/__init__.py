@@ -16,6 +16,7 @@ from .accelerate import (DataLoaderConfiguration, DDPCommunicationHookType, Deep
                          FullyShardedDataParallelPlugin, GradientAccumulationPlugin, ParallelismConfig, ProfileKwargs,
                          synchronize_rng_states)
 from .accelerate import AutocastKwargs
+from .accelerate.imports import is_rich_available   # importable as from accelerate; not in __all__ (no API entry)
 from .accelerate.skip_batches import skip_first_batches
 from .big_modeling import (dispatch_model, infer_auto_device_map, init_empty_weights, init_on_device,
                            load_checkpoint_and_dispatch)
@@ -93,3 +94,11 @@ __all__ = [
     "BaseLoss", "CrossEntropyLossFlat", "BCEWithLogitsLossFlat", "MSELossFlat", "LabelSmoothingCrossEntropy",
     "LabelSmoothingCrossEntropyFlat", "FBeta", "R2Score",
 ]
+
+# Accelerate's top-level names cadence has no counterpart for: importing one says what to use instead
+from .utils.unavailable import module_getattr as _module_getattr  # noqa: E402
+
+__getattr__ = _module_getattr(__name__, {
+    "prepare_pippy": "pipeline-parallel inference is not in cadence; spread a big model over devices with "
+                     "load_checkpoint_and_dispatch(model, checkpoint, device_map='auto'), or give each process its "
+                     "prompts with PartialState().split_between_processes(prompts)"}, "accelerate")

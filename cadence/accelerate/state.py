@@ -24,7 +24,8 @@ from ..distributed import env, ops
 from ..distributed.precision import PRECISIONS
 from .plugins import DeepSpeedPlugin, distributed_type_of
 
-__all__ = ["PartialState", "AcceleratorState", "GradientState", "shared_precision", "remember_precision"]
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "shared_precision", "remember_precision",
+           "is_initialized"]
 
 T = TypeVar("T")
 _UNSET = object()
@@ -41,6 +42,9 @@ class PartialState:
     # Accelerate's AcceleratorState is one per process: its first Accelerator fixes the mixed precision. cadence
     # keeps a state per Accelerator and this one value per process (see `shared_precision`).
     _first_precision: ClassVar[str | None] = None
+    # What this process's first Accelerator decided, which a later `AcceleratorState()` reads as Accelerate's
+    # one shared state gives it: {"mixed_precision": ..., "distributed_type": ...}; None before any Accelerator.
+    _first_accelerator: ClassVar[dict[str, Any] | None] = None
 
     def __init__(self, cpu: bool = False, backend: str | None = None, timeout: timedelta | None = None):
         env.setup_distrib(backend, timeout.total_seconds() if timeout is not None else None)
@@ -65,6 +69,7 @@ class PartialState:
         >>> AcceleratorState._reset_state(True)
         """
         PartialState._first_precision = None
+        PartialState._first_accelerator = None
 
     @property
     def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
@@ -215,9 +220,29 @@ class PartialState:
         return text
 
 
-# Accelerate's `AcceleratorState`: cadence keeps one state class, an Accelerator's being `accelerator.state`
-# (with `mixed_precision`, `distributed_type`, `fsdp_plugin`, `deepspeed_plugin`, `dynamo_plugin`, ...)
-AcceleratorState = PartialState
+class _AcceleratorStateType(type):
+    """`isinstance(accelerator.state, AcceleratorState)` is True: an Accelerator's state is a `PartialState` whose
+    `mixed_precision` it set."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return type.__instancecheck__(cls, obj) or (isinstance(obj, PartialState) and obj.mixed_precision is not None)
+
+
+class AcceleratorState(PartialState, metaclass=_AcceleratorStateType):
+    """Accelerate's `AcceleratorState()`: this process's state with the settings of its first Accelerator
+    (`mixed_precision`, `distributed_type`), as Accelerate's one shared state gives them; before any Accelerator,
+    `mixed_precision` is None. An Accelerator's own state is `accelerator.state`.
+
+    >>> accelerator = Accelerator(mixed_precision="bf16")
+    >>> AcceleratorState().mixed_precision
+    'bf16'
+    """
+
+    def __init__(self, cpu: bool = False, backend: str | None = None, timeout: timedelta | None = None):
+        super().__init__(cpu, backend, timeout)
+        first = PartialState._first_accelerator or {}
+        self.mixed_precision = first.get("mixed_precision")
+        self.distributed_type = first.get("distributed_type", self.distributed_type)
 
 
 def shared_precision(requested: str | None, distributed_type: str) -> str:
@@ -243,9 +268,21 @@ def shared_precision(requested: str | None, distributed_type: str) -> str:
 
 
 def remember_precision(precision: str, distributed_type: str) -> None:
-    """Record the first Accelerator's `precision` (once it is built) for `shared_precision`."""
+    """Record the first Accelerator's `precision` (once it is built) for `shared_precision`, and with its
+    `distributed_type` for the states created after it (`AcceleratorState().mixed_precision`)."""
     if PartialState._first_precision is None and distributed_type != "DEEPSPEED":
         PartialState._first_precision = precision
+    if PartialState._first_accelerator is None:
+        PartialState._first_accelerator = {"mixed_precision": precision, "distributed_type": distributed_type}
+
+
+def is_initialized() -> bool:
+    """Whether this process has built an Accelerator (Accelerate's `accelerate.state.is_initialized()`).
+
+    >>> Accelerator(); is_initialized()
+    True
+    """
+    return PartialState._first_accelerator is not None
 
 
 def _split(inputs: Any, index: int, n: int, pad: bool) -> Any:

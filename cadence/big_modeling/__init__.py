@@ -14,11 +14,11 @@ from .dispatch import dispatch_model, load_checkpoint_and_dispatch
 from .init import init_empty_weights, init_on_device
 from .memory import (compute_module_sizes, dtype_byte_size, find_tied_parameters, get_balanced_memory, load_state_dict,
                      set_module_tensor_to_device)
-from .offload import UserCpuOffloadHook, cpu_offload_with_hook
+from .offload import UserCpuOffloadHook, cpu_offload, cpu_offload_with_hook, disk_offload, load_checkpoint_in_model
 from .weights import checkpoint_refs, read_tensor
 
 __all__ = ["init_empty_weights", "init_on_device", "infer_auto_device_map", "dispatch_model",
            "load_checkpoint_and_dispatch", "module_sizes", "memory_budgets", "compact_device_map",
            "checkpoint_refs", "read_tensor", "compute_module_sizes", "get_balanced_memory", "find_tied_parameters",
            "set_module_tensor_to_device", "load_state_dict", "dtype_byte_size", "cpu_offload_with_hook",
-           "UserCpuOffloadHook"]
+           "UserCpuOffloadHook", "cpu_offload", "disk_offload", "load_checkpoint_in_model"]

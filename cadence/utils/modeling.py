@@ -1,10 +1,13 @@
-"""`accelerate.utils.extract_model_from_parallel`, `is_compiled_module`, `is_peft_model`, `get_max_memory` and
-`convert_file_size_to_int` under cadence."""
+"""`accelerate.utils.extract_model_from_parallel`, `is_compiled_module`, `is_peft_model`, `get_max_memory`,
+`convert_file_size_to_int` and Accelerate's tensor helpers (`named_module_tensors`, `retie_parameters`,
+`check_device_map`) under cadence."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -14,7 +17,7 @@ from ..compile import unwrap_compiled
 from ..disk import parse_size
 
 __all__ = ["extract_model_from_parallel", "is_compiled_module", "is_peft_model", "get_max_memory",
-           "convert_file_size_to_int"]
+           "convert_file_size_to_int", "named_module_tensors", "retie_parameters", "check_device_map"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,3 +114,59 @@ def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict
         logger.warning(f"get_max_memory: GPU {missing} not available (this machine has {torch.cuda.device_count()})")
     order = gpus + [k for k in ("mps", "cpu", "disk") if k in max_memory]
     return {k: convert_file_size_to_int(max_memory[k]) for k in order}
+
+
+def named_module_tensors(module: nn.Module, include_buffers: bool = True, recurse: bool = False,
+                         remove_non_persistent: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """`module`'s parameters, then (with `include_buffers`) its buffers, less the non-persistent ones with
+    `remove_non_persistent`; its own only unless `recurse`.
+
+    >>> [name for name, _ in named_module_tensors(nn.BatchNorm1d(3))]
+    ['weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked']
+    """
+    yield from module.named_parameters(recurse=recurse)
+    if not include_buffers:
+        return
+    skipped = set()
+    if remove_non_persistent:
+        owners = module.named_modules() if recurse else [("", module)]
+        skipped = {f"{p}.{b}" if p else b for p, m in owners for b in m._non_persistent_buffers_set}
+    yield from ((name, b) for name, b in module.named_buffers(recurse=recurse) if name not in skipped)
+
+
+def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
+    """Tie again each group of `tied_params` (`find_tied_parameters(model)`): every name of a group is set to the
+    group's first parameter that is not on the meta device (a group all on meta is left as it is).
+
+    >>> model.head.weight = nn.Parameter(model.head.weight.clone()); retie_parameters(model, [["embed.weight", "head.weight"]])
+    >>> model.head.weight is model.embed.weight
+    True
+    """
+    for group in tied_params:
+        real = next((p for p in map(model.get_parameter, group) if p.device.type != "meta"), None)
+        if real is None:
+            continue
+        for name in group:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, real)
+
+
+def check_device_map(model: nn.Module, device_map: dict[str, int | str | torch.device]) -> None:
+    """ValueError naming every weight of `model` that `device_map` gives no device; a warning for keys that name no
+    module (Accelerate's checks).
+
+    >>> check_device_map(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), {"0": "cpu"})
+    Traceback (most recent call last):
+    ValueError: The device_map provided does not give any device for the following parameters: 1.weight, 1.bias (...)
+    """
+    modules = dict(model.named_modules())
+    unknown = [k for k in device_map if k != "" and k not in modules]
+    if unknown:
+        warnings.warn(f"The following device_map keys do not match any submodules in the model: {unknown}", UserWarning,
+                      stacklevel=2)
+    if "" in device_map:
+        return
+    uncovered = [n for n in model.state_dict() if not any(n == k or n.startswith(k + ".") for k in device_map)]
+    if uncovered:
+        raise ValueError(f"The device_map provided does not give any device for the following parameters: "
+                         f"{', '.join(uncovered)} (add their modules, or \"\" for the whole model, to device_map)")

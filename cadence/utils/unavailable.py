@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dis
 import sys
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from ..accelerate.preparation import MODEL_PARALLEL_HINT
@@ -60,22 +61,31 @@ REPLACEMENTS: dict[str, str] = {
     **dict.fromkeys(["BnbQuantizationConfig", "load_and_quantize_model"], _QUANTIZE),
     "synchronize_rng_state": "synchronize_rng_states(['torch', 'cuda'])",
     "get_mixed_precision_context_manager": "accelerator.autocast() (AutocastKwargs for its options)",
+    "GatheredParameters": "under ZeRO-3 use DeepSpeed's own: `from deepspeed.zero import GatheredParameters`",
+    **dict.fromkeys(["load_offloaded_weights", "OffloadedWeightsLoader", "PrefixedDataset"],
+                    "disk_offload(model, folder) and load_checkpoint_and_dispatch(..., offload_folder=folder) write "
+                    "and read the offloaded weights themselves (safetensors files), loading each module's on use; "
+                    "load_offloaded_weight(file, index[name]) reads one tensor of Accelerate's offload folder"),
 }
 
 
 _IMPORT_FROM = dis.opmap["IMPORT_FROM"]
 
 
-def module_getattr(module: str) -> Callable[[str], Any]:
-    """A module `__getattr__` (PEP 562) for `module`: a listed Accelerate name raises an error naming its replacement.
+def module_getattr(module: str, replacements: Mapping[str, str] = REPLACEMENTS,
+                   accelerate_module: str = "accelerate.utils") -> Callable[[str], Any]:
+    """A module `__getattr__` (PEP 562) for `module`, cadence's counterpart of `accelerate_module`: a name of
+    `replacements` (Accelerate's names cadence has not: {name: what to use instead}) raises an error naming it.
 
     ImportError under `from module import name` (whose "cannot import name" would replace an AttributeError's
     message), AttributeError otherwise, so that `hasattr` and `getattr(module, name, None)` work.
+
+    >>> __getattr__ = module_getattr(__name__, {"CpuOffload": "cpu_offload(model)"}, "accelerate.hooks")
     """
     def __getattr__(name: str) -> Any:
-        if name not in REPLACEMENTS:
+        if name not in replacements:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        message = f"{module} has no {name} (accelerate.utils.{name}): {REPLACEMENTS[name]}"
+        message = f"{module} has no {name} ({accelerate_module}.{name}): {replacements[name]}"
         if _importing_from(sys._getframe(1)):
             raise ImportError(message, name=module)
         raise AttributeError(message, name=name, obj=sys.modules.get(module))
