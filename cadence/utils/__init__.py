@@ -30,6 +30,7 @@ from .modeling import (check_device_map, convert_file_size_to_int, extract_model
 from .offload import load_offloaded_weight, offload_state_dict, offload_weight, save_offload_index
 from .operations import *  # noqa: F403 (Accelerate's operations: the collectives and nested-tensor helpers)
 from .operations import __all__ as _OPERATIONS
+from .saving import load, save
 from .sizes import calculate_maximum_sizes, convert_bytes
 from .unavailable import module_getattr
 from .versions import compare_versions, is_torch_version
@@ -40,6 +41,6 @@ __all__ = [*_ACCELERATE, *_OPERATIONS, *_CONSTANTS, *_ENVIRONMENT, "KwargsHandle
            "compute_module_sizes", "dtype_byte_size", "find_tied_parameters", "get_balanced_memory", "load_state_dict",
            "set_module_tensor_to_device", "compile_regions", "compile_regions_deepspeed", "has_compiled_regions",
            "calculate_maximum_sizes", "check_device_map", "convert_bytes", "named_module_tensors", "retie_parameters", "offload_weight",
-           "offload_state_dict", "save_offload_index", "load_offloaded_weight"]
+           "offload_state_dict", "save_offload_index", "load_offloaded_weight", "save", "load"]
 
 __getattr__ = module_getattr(__name__)   # Accelerate's names cadence has no counterpart for: what to use instead

@@ -244,3 +244,20 @@ def test_an_accelerate_script_swapped_to_cadence_runs(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "done torch.bfloat16 True [0]" in out.stdout
     assert (tmp_path / "run" / "checkpoints" / "checkpoint_0").is_dir()
+
+
+def test_utils_save_and_load_as_accelerates(tmp_path):
+    """`accelerate.utils.save` / `load`: a state written by the main process and read back, numpy RNG states
+    included, with `weights_only` (no code unpickled); `safe_serialization` writes safetensors."""
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    from cadence.utils import load, save
+
+    state = {"w": torch.arange(3.0), "rng": np.random.get_state()}
+    save(state, tmp_path / "state.pt")
+    back = load(tmp_path / "state.pt")
+    assert torch.equal(back["w"], state["w"]) and np.array_equal(back["rng"][1], state["rng"][1])
+    save({"w": torch.ones(2)}, tmp_path / "w.safetensors", safe_serialization=True)
+    assert torch.equal(load_file(tmp_path / "w.safetensors")["w"], torch.ones(2))
