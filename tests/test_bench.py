@@ -76,3 +76,11 @@ def test_full_shard_and_zero3_hold_half_the_model_state_of_ddp_on_two_processes(
     assert total["TP x FSDP (tp=2, dp=rest)"] <= total["DDP"] / 2 * 1.05   # tensor parallelism: 1/tp + 5%
     assert total["DDP"] > 20                                      # params + grads + Adam state of a 1.6M-param MLP
     assert float(rows["ZeRO-3 bf16"][8]) > 0.4                   # its gradient bucket (one 512x512 layer), shown apart
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_compile_bench_compares_regional_and_whole_model_compilation():
+    rows = [r for r in _bench_table("compile_regions.py", "--smoke") if r[0] == "2"]   # --smoke: 2 layers
+    assert [(r[1], r[6]) for r in rows] == [("eager", "0"), ("full", "1"), ("regional", "5")]   # mode, graphs
+    assert all(float(r[3]) > 0 for r in rows)

@@ -8,8 +8,6 @@ keep the compiling tests short; `bench/compile_regions.py` measures the time it 
 
 import copy
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -196,15 +194,3 @@ def test_regional_compile_trains_under_ddp_on_two_processes(tmp_path):
     first, last = result.pop("loss")
     assert last < first * 0.9, (first, last)
     assert result == {"wrapped": True, "layers_compiled": True, "ranks_agree": True, "after": True, "keys_plain": True}
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_the_bench_compares_regional_and_whole_model_compilation():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "compile_regions.py"), "--smoke"], capture_output=True,
-                         text=True, timeout=900, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-3000:]
-    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in out.stdout.splitlines()
-             if line.startswith("| 2 ")]                                   # --smoke: 2 layers
-    assert [(row[1], row[6]) for row in cells] == [("eager", "0"), ("full", "1"), ("regional", "5")]   # mode, graphs
-    assert all(float(row[3]) > 0 for row in cells) and "with whole-model compilation" in out.stdout
