@@ -48,8 +48,9 @@ from .plugins import (DataLoaderConfiguration, DeepSpeedPlugin, DistributedType,
                       GradientAccumulationPlugin)
 from .prepare_methods import PrepareMethods
 from .prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
-from .preparation import (check_rng_types, choose_engine, covers_trainable, make_strategy, one_deepspeed_plugin,
-                          owns_parameters, refuse_unsupported, restore_forward, sort_handlers)
+from .preparation import (check_rng_types, choose_engine, covers_trainable, deepspeed_precision, make_strategy,
+                          one_deepspeed_plugin, owns_parameters, refuse_unsupported, restore_forward, sort_handlers,
+                          tell_transformers_zero3)
 from .properties import RunProperties
 from .saving import save_object
 from .skip_batches import skip_first_batches
@@ -65,7 +66,8 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
 
     Args:
         mixed_precision: "no", "fp16" or "bf16" (default: the process's first Accelerator's, else `cadence launch
-            --mixed_precision`, else "no"). As in Accelerate, a later Accelerator cannot change it (ValueError).
+            --mixed_precision`, else "no"). As in Accelerate, a later Accelerator cannot change it (ValueError);
+            under DeepSpeed "no" takes the config's bf16/fp16, and another precision than the config's is refused.
         gradient_accumulation_steps: micro-batches per optimizer step inside `accumulate` (default: the launcher's).
         cpu: train on the CPU even when a GPU is there.
         strategy: "ddp", "fsdp", ... or a Strategy (default: the launcher's, else DDP).
@@ -142,6 +144,9 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         if self.distributed_type == DistributedType.DEEPSPEED:
             self.state.deepspeed_plugin = deepspeed_plugin or DeepSpeedPlugin.from_launcher()
             self.state.deepspeed_plugin.deepspeed_config = self.strategy.config   # the config the engine is built from
+            self.mixed_precision = self.state.mixed_precision = deepspeed_precision(self.strategy,
+                                                                                    self.mixed_precision)
+            self.state.deepspeed_plugin.dschf = tell_transformers_zero3(self.strategy, self.mixed_precision)
         scaler = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs() if self.mixed_precision == "fp16" else {}
         precision = make_precision(self.mixed_precision, self.strategy.device, **scaler)
         if AutocastKwargs in handlers:

@@ -15,11 +15,12 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -238,7 +239,11 @@ class DeepSpeedPlugin:
 
     `hf_ds_config` is DeepSpeed's config (a dict or a JSON file); the other fields are the
     launcher's `deepspeed_config` keys and fill what it leaves out. `deepspeed_config` is the
-    config as cadence builds it ("auto" values are filled when the engine is built).
+    config as cadence builds it ("auto" values are filled when the engine is built). A config that turns bf16
+    or fp16 on sets the Accelerator's `mixed_precision` when none is given, as in Accelerate. `zero3_init_flag=True`
+    (ZeRO-3) tells transformers ZeRO-3 is on from the Accelerator's creation: the models it builds after
+    (`from_pretrained`, `from_config`) are partitioned as they are built (`zero3_init_context_manager(enable=False)`
+    builds them whole).
 
     >>> plugin = DeepSpeedPlugin(zero_stage=2, gradient_clipping=1.0)
     >>> Accelerator(deepspeed_plugin=plugin)
@@ -259,6 +264,7 @@ class DeepSpeedPlugin:
     zero3_save_16bit_model: bool | None = None
     transformer_moe_cls_names: str | None = None
     deepspeed_config: dict = field(default_factory=dict, init=False, repr=False)
+    dschf: Any = field(default=None, init=False, repr=False)   # what tells transformers ZeRO-3 is on (zero3_init_flag)
 
     def __post_init__(self):
         if self.transformer_moe_cls_names is not None:
@@ -279,6 +285,32 @@ class DeepSpeedPlugin:
         if self.hf_ds_config is not None:
             options["config"] = self.hf_ds_config
         return options
+
+    def is_zero3_init_enabled(self) -> bool:
+        """Whether models transformers builds after the Accelerator are partitioned as they are built."""
+        return self.dschf is not None
+
+    @contextlib.contextmanager
+    def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
+        """`enable=False`: transformers builds models whole in this block although `zero3_init_flag` is on, e.g. a
+        reload on the main process alone (a partitioned build runs collectives every process must join).
+
+        >>> with accelerator.state.deepspeed_plugin.zero3_init_context_manager(enable=False):
+        ...     reloaded = AutoModelForCausalLM.from_pretrained("export")     # under `if accelerator.is_main_process:`
+        """
+        if enable and self.dschf is None:
+            raise ValueError("zero3_init_context_manager(enable=True): models are built whole under this plugin; "
+                             "give DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True) (or --zero3_init_flag true)")
+        if enable or self.dschf is None:
+            yield
+            return
+        from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+        try:
+            yield
+        finally:
+            set_hf_deepspeed_config(self.dschf)
 
     @classmethod
     def from_launcher(cls) -> DeepSpeedPlugin:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import warnings
@@ -21,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..distributed import env, ops
+from ..distributed.deepspeed_config import check_precision, configured_precision, engine_config
 from ..loader_settings import loader_settings
 from ..distributed.registry import get_strategy, strategy_class
 from .handlers import (AutocastKwargs, DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs,
@@ -29,7 +31,8 @@ from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
 __all__ = ["sort_handlers", "choose_engine", "make_strategy", "optimizes", "retarget", "owns_parameters", "owning_model",
            "covers_trainable", "autocast_forward", "restore_forward", "all_tensors", "split_loader",
-           "fit_scheduler_to_groups", "refuse_unsupported", "one_deepspeed_plugin", "check_rng_types"]
+           "fit_scheduler_to_groups", "refuse_unsupported", "one_deepspeed_plugin", "check_rng_types",
+           "deepspeed_precision", "tell_transformers_zero3"]
 
 _HANDLERS = (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, ProfileKwargs)
 
@@ -232,3 +235,40 @@ def check_rng_types(rng_types: list | None) -> list[str]:
     if unknown:
         raise ValueError(f"rng_types {unknown}: cadence synchronises 'torch', 'cuda' and 'generator'; drop the others")
     return [n for n in names if n != "generator"]
+
+
+def deepspeed_precision(strategy: Any, requested: str) -> str:
+    """The Accelerator's mixed precision under the DeepSpeed `strategy`, as Accelerate decides it: "no" (none given,
+    or the launcher's default) takes the precision its config turns on; "bf16"/"fp16" must agree with the config
+    (refused otherwise, the process group the strategy set up taken down again).
+
+    >>> deepspeed_precision(DeepSpeed(config={"bf16": {"enabled": True}}), "no")
+    'bf16'
+    """
+    config = strategy.config
+    precision = (configured_precision(config) or "no") if requested == "no" else requested
+    try:
+        check_precision(config, precision, api="accelerator")
+    except ValueError:
+        strategy.teardown()
+        raise
+    return precision
+
+
+def tell_transformers_zero3(strategy: Any, precision: str) -> Any:
+    """With `zero3_init_flag`, transformers is told ZeRO-3 is on, as Accelerate's `HfDeepSpeedConfig` tells it:
+    the models it builds from now on (`from_pretrained`, `from_config`) are partitioned as they are built, in the
+    engine's dtype, and `prepare` takes them as they are. Transformers holds the returned object weakly: keep it."""
+    if not getattr(strategy, "zero3_init", False):
+        return None
+    if importlib.util.find_spec("transformers") is None:
+        raise ImportError("zero3_init_flag builds transformers models partitioned, and transformers is not installed: "
+                          "pip install transformers, or drop zero3_init_flag (build the model under "
+                          "deepspeed.zero.Init yourself)")
+    from transformers.integrations.deepspeed import set_hf_deepspeed_config
+
+    from ..distributed.deepspeed import _TransformersZero3
+
+    told = _TransformersZero3(engine_config(strategy.config, precision, micro_batch=1))
+    set_hf_deepspeed_config(told)
+    return told

@@ -250,7 +250,7 @@ def shared_precision(requested: str | None, distributed_type: str) -> str:
 
     The process's first Accelerator takes `requested` (None: `cadence launch --mixed_precision`, else "no"); a
     later one without `mixed_precision` shares that first one's, and one with another is refused (ValueError,
-    Accelerate's words). Under DeepSpeed the engine's config decides and nothing is checked, as in Accelerate.
+    Accelerate's words). Under DeepSpeed the engine's config decides (`preparation.deepspeed_precision`).
 
     >>> Accelerator(mixed_precision="bf16"); Accelerator().mixed_precision
     'bf16'

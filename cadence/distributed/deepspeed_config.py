@@ -21,7 +21,7 @@ from torch import nn
 
 from . import env
 
-__all__ = ["build_config", "engine_config"]
+__all__ = ["build_config", "engine_config", "configured_precision", "check_precision"]
 
 AUTO = "auto"
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -109,6 +109,43 @@ def is_auto(value: Any) -> bool:
     return value == AUTO
 
 
+# how each API sets a precision, for the refusals: (whose precision, set p, train in fp32)
+PRECISION_APIS = {"learner": ("the Learner's precision", "learn.to_{p}()", "learn.to_fp32(), no MixedPrecision"),
+                  "accelerator": ("the Accelerator's mixed_precision", "Accelerator(mixed_precision='{p}')",
+                                  "Accelerator(mixed_precision='no')")}
+
+
+def configured_precision(config: dict) -> str | None:
+    """The precision a DeepSpeed config turns on in so many words (`"enabled": true`): "bf16", "fp16" or None.
+
+    >>> configured_precision({"bf16": {"enabled": True}}), configured_precision({"fp16": {"enabled": "auto"}})
+    ('bf16', None)
+    """
+    return next((n for n in ("bf16", "fp16") if as_flag((config.get(n) or {}).get("enabled", False))), None)
+
+
+def check_precision(config: dict, precision: str, api: str = "learner") -> None:
+    """Refuse a config whose bf16/fp16 sections contradict `precision` ("no", "bf16" or "fp16"), naming how `api`
+    ("learner" or "accelerator") sets the precision.
+
+    >>> check_precision({"bf16": {"enabled": True}}, "bf16", "accelerator")     # agrees: nothing raised
+    >>> check_precision({"fp16": {"enabled": True}}, "bf16", "accelerator")
+    Traceback (most recent call last):
+    ValueError: the DeepSpeed config enables fp16 but the Accelerator's mixed_precision is 'bf16': ...
+    """
+    whose, set_it, fp32 = PRECISION_APIS[api]
+    enabled = configured_precision(config)
+    if enabled is not None and enabled != precision:
+        raise ValueError(f"the DeepSpeed config enables {enabled} but {whose} is {precision!r}: set \"enabled\": "
+                         f"\"auto\" in the config, or use {set_it.format(p=enabled)} / "
+                         f"`cadence launch --mixed_precision {enabled}`")
+    said = (config.get(precision) or {}).get("enabled", AUTO) if precision in ("bf16", "fp16") else AUTO
+    if not is_auto(said) and not as_flag(said):   # "enabled": false, said in so many words
+        raise ValueError(f'the DeepSpeed config sets "{precision}": {{"enabled": false}} but {whose} is '
+                         f'{precision!r}: DeepSpeed would train in fp32 under {precision} autocast. Set "enabled": '
+                         f'"auto" (or true) in the config, or train in fp32 ({fp32})')
+
+
 def engine_config(config: dict, precision: str, micro_batch: int) -> dict:
     """The config DeepSpeed is built with: "auto" batch sizes, accumulation, clipping and precision filled.
 
@@ -122,22 +159,14 @@ def engine_config(config: dict, precision: str, micro_batch: int) -> dict:
     cfg["train_batch_size"] = micro_batch * ga * env.world_size()
     if is_auto(cfg["gradient_clipping"]):
         cfg["gradient_clipping"] = 0.0
+    check_precision(cfg, precision)
     for name in ("bf16", "fp16"):
         section = cfg.get(name)
         if section is not None and is_auto(section.get("enabled", AUTO)):
             section["enabled"] = precision == name
         elif section is None and precision == name:
             cfg[name] = {"enabled": True}
-    enabled = [n for n in ("bf16", "fp16") if cfg.get(n, {}).get("enabled")]
-    if enabled and enabled[0] != precision:
-        raise ValueError(f"the DeepSpeed config enables {enabled[0]} but the Learner's precision is {precision!r}: "
-                         f'set "enabled": "auto" in the config, or use learn.to_{enabled[0]}() / '
-                         f"`cadence launch --mixed_precision {enabled[0]}`")
-    if precision in ("bf16", "fp16") and precision not in enabled:  # "enabled": false, said in so many words
-        raise ValueError(f'the DeepSpeed config sets "{precision}": {{"enabled": false}} but the Learner\'s precision '
-                         f'is {precision!r}: DeepSpeed would train in fp32 under {precision} autocast. Set "enabled": '
-                         f'"auto" (or true) in the config, or train in fp32 (learn.to_fp32(), no MixedPrecision)')
-    if "fp16" in enabled:
+    if precision == "fp16":
         check_fp16_supported()
     return cfg
 

@@ -1,0 +1,94 @@
+"""Against Accelerate 1.15 under DeepSpeed: the Accelerator's mixed precision follows the DeepSpeed config when none
+is given (a contradiction is refused in the Accelerator's words), and `zero3_init_flag` tells transformers ZeRO-3 is
+on from the Accelerator's creation, so the models it builds after it are partitioned as they are built."""
+
+import gc
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from cadence import Accelerator, DeepSpeedPlugin
+from helpers import run_launch
+
+BF16_ON = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}
+
+
+def _accelerator(**kwargs):
+    return Accelerator(cpu=True, **kwargs)
+
+
+def test_a_config_that_turns_bf16_on_makes_the_accelerator_train_in_bf16():
+    """No mixed_precision (and `cadence launch`'s default "no"): the config's bf16 decides, as in Accelerate."""
+    accelerator = _accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=BF16_ON))
+    try:
+        assert accelerator.mixed_precision == accelerator.state.mixed_precision == "bf16"
+        torch.manual_seed(0)
+        model = nn.Linear(8, 4)
+        before = model.weight.detach().clone()
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        assert next(model.parameters()).dtype == torch.bfloat16
+        accelerator.backward(model(torch.randn(4, 8, dtype=torch.bfloat16)).float().pow(2).mean())
+        optimizer.step()
+        assert not torch.equal(accelerator.get_state_dict(model)["weight"], before)   # it trained
+    finally:
+        accelerator.strategy.teardown()   # the gloo group of one DeepSpeed needs
+
+
+def test_a_mixed_precision_that_contradicts_the_config_is_refused_in_the_accelerators_words():
+    with pytest.raises(ValueError, match=r"enables bf16 but the Accelerator's mixed_precision is 'fp16': set "
+                                         r"\"enabled\": \"auto\" in the config, or use "
+                                         r"Accelerator\(mixed_precision='bf16'\) / `cadence launch --mixed_precision "
+                                         r"bf16`$"):
+        _accelerator(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=BF16_ON))
+    off = {**BF16_ON, "bf16": {"enabled": False}}
+    with pytest.raises(ValueError, match=r'"bf16": \{"enabled": false\} but the Accelerator\'s mixed_precision is '
+                                         r"'bf16'.*train in fp32 \(Accelerator\(mixed_precision='no'\)\)$"):
+        _accelerator(mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=off))
+    assert not torch.distributed.is_initialized()   # refused with nothing left behind: the next Accelerator starts clean
+    accelerator = _accelerator(mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=BF16_ON))
+    accelerator.strategy.teardown()
+    assert accelerator.mixed_precision == "bf16"   # agreeing is fine
+
+
+def test_zero3_init_flag_tells_transformers_and_a_model_built_after_is_partitioned():
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, GPT2Config
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    accelerator = _accelerator(mixed_precision="bf16",
+                               deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True))
+    try:
+        assert is_deepspeed_zero3_enabled()
+        config = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16)
+        model = AutoModelForCausalLM.from_config(config)
+        assert hasattr(model.transformer.wte.weight, "ds_id") and model.transformer.wte.weight.dtype == torch.bfloat16
+        plugin = accelerator.state.deepspeed_plugin
+        with plugin.zero3_init_context_manager(enable=False):   # e.g. a reload on the main process alone
+            assert not is_deepspeed_zero3_enabled()
+            assert not hasattr(AutoModelForCausalLM.from_config(config).transformer.wte.weight, "ds_id")
+        assert is_deepspeed_zero3_enabled() and plugin.is_zero3_init_enabled()
+    finally:
+        accelerator.strategy.teardown()
+    del accelerator, model, plugin   # the plugin held what told transformers
+    gc.collect()
+    plain = _accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))   # without the flag: transformers not told
+    plain.strategy.teardown()
+    assert not is_deepspeed_zero3_enabled()
+
+
+def test_launched_zero3_init_with_a_bf16_config_builds_partitioned_and_trains_in_bf16(tmp_path):
+    """`cadence launch --use_deepspeed --deepspeed_config_file ds.json --zero3_init_flag true` on 2 processes, the
+    config turning bf16 on and no --mixed_precision: a GPT-2 from `from_config` after `Accelerator()` holds half of
+    each weight per process from the start, in bf16, and trains."""
+    pytest.importorskip("transformers")
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({**BF16_ON, "zero_optimization": {"stage": 3}}))
+    proc = run_launch("accelerate_ds_precision.py", timeout=300,
+                      flags=("--use_deepspeed", "--deepspeed_config_file", str(config), "--zero3_init_flag", "true"))
+    out = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert out["mixed_precision"] == "bf16" and out["told"]
+    assert out["built"]["partitioned"] and out["built"]["dtype"] == "torch.bfloat16"
+    assert out["prepared_dtype"] == "torch.bfloat16"
+    assert out["last"] < out["first"]
