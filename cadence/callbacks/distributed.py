@@ -145,7 +145,11 @@ def to_distributed(learn: Any, strategy: Any = None, sync_bn: bool = True, **str
     bridge = DistributedTrainer(strategy, learn.strategy, (learn.dls.train, learn.dls.valid), _launcher_cbs(learn))
     model, old_opt = uncompile(learn.strategy.unwrap(learn.model)), learn.opt  # engines copy it (FSDP's skeleton)
     precision = _precision([*learn.cbs, *bridge.launcher_cbs], strategy.device)
-    learn.model, learn.opt = strategy.setup(model, learn._make_opt, precision)
+    try:
+        learn.model, learn.opt = strategy.setup(model, learn._make_opt, precision)
+    except BaseException:   # refused (a config that contradicts the Learner): the process as it was, no group left
+        strategy.teardown()
+        raise
     _transfer_optimizer_state(learn, old_opt, strategy)
     learn.dls.train, learn.dls.valid = _shard(strategy, learn.dls.train), _shard(strategy, learn.dls.valid)
     learn.strategy = strategy

@@ -530,6 +530,7 @@ def test_a_config_that_disables_the_learners_precision_is_refused_before_trainin
         with learn.distrib_ctx(strategy="deepspeed", config=config):
             learn.fit(1)
     assert all(torch.equal(v, learn.model.state_dict()[k]) for k, v in before.items())   # no step was taken
+    assert not torch.distributed.is_initialized() and type(learn.strategy).__name__ == "SingleDevice"   # as it was
     learn = make_learner(dls, tmp_path / "fp32")
     with learn.distrib_ctx(strategy="deepspeed", config=config):
         learn.fit(1)
