@@ -452,6 +452,11 @@ class OwnsClipping:
         """The global gradient norm before clipping at the last update (None before the first)."""
         raise NotImplementedError
 
+    def clipping_once(self, max_norm: float) -> ContextManager[float]:
+        """The update inside clipped at `max_norm` too, the engine's own clipping back afterwards (the Accelerator's
+        `clip_grad_norm_` clips its step only); yields the engine's own max norm (0.0: none)."""
+        raise NotImplementedError
+
 
 class OwnsStep:
     """An engine that runs the forward pass, the loss and the backward itself (a pipeline schedule).
