@@ -6,10 +6,13 @@ number of processes, 12 optimizer steps on every process: with no checkpoint, th
 synchronous, then with `async_save=True`.
 For each it measures, in the same run:
 
-- write throughput: checkpoint bytes / the synchronous save's time (the loop held, from taking the state to the
-  checkpoint in place; the best of the fit's saves, its slowest rank), against the disk's own sequential write of
-  the same number of bytes with fsync (8 MiB blocks, rank 0, into the checkpoint directory; the best of 3, as the
-  saves are the best of 4: one probe read this shared disk anywhere between 366 and 2103 MiB/s a minute apart);
+- write throughput: checkpoint bytes / the time of a synchronous `learn.save_state` (every rank starting together,
+  from the start to the checkpoint in place, the slowest rank), against the disk's own sequential write of the same
+  number of bytes with fsync (8 MiB blocks, rank 0, into the checkpoint directory), the two alternating, 4 of each,
+  the best of each: this shared disk's speed moves between 360 and 2100 MiB/s within a minute, so a probe taken
+  at another moment than the saves measures another disk. "sync held" is the loop's own view of the fit's
+  synchronous saves: from each rank's stop for the save to the commit, the best save, its slowest rank (on a
+  shared CPU, ranks reach the save point tens of ms apart; that wait is in it);
 - held: the time the training loop is held per async save (taking the state at the save point, plus the wait
   before the next optimizer step for the copy of the parameters and optimizer state that overlaps its forward and
   backward; the worst save but the fit's last, whose copy the end of the fit waits for with no step to overlap;
@@ -49,7 +52,7 @@ ENGINES = {"ddp": ("ddp", {}), "fsdp": ("fsdp", {}), "zero3": ("deepspeed", {"ze
 CHUNK = 8 << 20
 STEPS = 12  # optimizer steps per fit on every process: 4 saves, 3 of them followed by a step
 RESUMES = 9  # resumes and plain loads measured, alternating; the best of each is reported
-PROBES = 3  # the disk's own writes measured; the best is reported
+PAIRS = 4  # disk probes and save_state, alternating; the best of each is reported
 
 
 # ---------------------------------------------------------------------------- the launched part
@@ -65,6 +68,27 @@ def disk_write(path: Path, size: int) -> float:
     seconds = time.perf_counter() - start
     path.unlink()
     return seconds
+
+
+def write_pairs(learn, directory: Path, size: int) -> tuple[float | None, list[float]]:
+    """(the best of `PAIRS` disk probes of `size` bytes (rank 0; None elsewhere), this rank's seconds for each
+    `learn.save_state` between them): probe, save, probe, save..., every rank starting each save together."""
+    import shutil
+
+    from cadence.distributed.env import rank
+
+    probes, saves = [], []
+    for i in range(PAIRS):
+        if rank() == 0:
+            probes.append(disk_write(directory.parent / "disk-probe", size))
+        learn.strategy.barrier()
+        start = time.perf_counter()
+        learn.save_state(directory / str(i))
+        saves.append(time.perf_counter() - start)
+        learn.strategy.barrier()
+        if rank() == 0:
+            shutil.rmtree(directory)
+    return (min(probes) if probes else None), saves
 
 
 def plain_load(directory: Path, rank: int) -> float:
@@ -165,8 +189,9 @@ def worker(engine: str, layers: int, width: int, out: Path, profile: Path | None
         if profiler is not None:
             profiler.dump_stats(profile / f"resume-{engine}-{world_size()}-rank{rank()}.prof")
         size = sum(p.stat().st_size for p in last.rglob("*") if p.is_file())
-        disk = min(disk_write(root / "disk-probe", size) for _ in range(PROBES)) if rank() == 0 else None
+        disk, saved = write_pairs(learn, root / "pairs", size)
         everyone = gather_object({"saves": result, "resume": resume, "plain": plain, "disk": disk, "size": size,
+                                  "save_state": saved,
                                   "fit_peak": fit_peak})
     if rank() == 0:
         out.write_text(json.dumps(everyone))
@@ -182,6 +207,7 @@ def run(engine: str, nproc: int, layers: int, width: int, workdir: Path, profile
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
     if proc.returncode != 0:
+        print(f"{engine} on {nproc} processes failed; its last output:\n{proc.stderr[-4000:]}", file=sys.stderr)
         return f"failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}"
     return json.loads(out.read_text())
 
@@ -191,7 +217,7 @@ def row(engine: str, nproc: int, ranks: list[dict]) -> str:
     async_ = [r["saves"]["async"] for r in ranks]
     size, disk = ranks[0]["size"], ranks[0]["disk"]
     held_sync = min(max(s["held_s"] for s in saves) for saves in zip(*sync))  # the best save, its slowest rank
-    sync_s = held_sync  # a synchronous save holds the loop from taking the state to the commit: all of it
+    sync_s = min(map(max, zip(*(r["save_state"] for r in ranks))))  # the best save_state, its slowest rank
     # the fit's last save is left out: its copy is waited for by the end of the fit, with no step to overlap
     trained_on = list(zip(*async_))[:-1] or list(zip(*async_))
     held_async = max(map(held, trained_on))  # the copy's wait in

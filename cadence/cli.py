@@ -17,6 +17,7 @@ from pathlib import Path
 
 import cadence
 from cadence.distributed import config as cfg_mod
+from cadence.distributed.environment_report import environment_report
 from cadence.distributed import launch as launch_mod
 from cadence.distributed import other_launchers
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"cadence {args.command}: error: {unknown_flags_message(parser, args.command, unknown)}\n")
     if args.command == "launch":
         args.training_script_args = _script_args_as_given(sys.argv[1:] if argv is None else argv, args)
-    commands = {"env": lambda a: print(cfg_mod.environment_report(a.config_file)) or 0,
+    commands = {"env": lambda a: print(environment_report(a.config_file)) or 0,
                 "config": configure, "launch": launch_mod.launch, "test": self_test, "estimate-memory": estimate_memory}
     try:
         return commands[args.command](args)

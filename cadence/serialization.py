@@ -35,7 +35,7 @@ from torch import nn
 
 from .disk import advice, write_failure
 from .processes import process_exists
-from .streaming import holds_cuda_tensors, host_pieces, register_tagger, save_torch_streaming
+from .streaming import host_pieces, register_tagger, save_torch_streaming, worth_streaming
 
 _ALIASES_KEY = "cadence_aliases"
 
@@ -208,11 +208,12 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: s
 
 def save_torch(obj, path: str | os.PathLike, zipfile: bool = True, host_tags: bool = True) -> None:
     """`torch.save` to `path` atomically, on disk (fsync) before it gets its name (`zipfile`: torch's format, else
-    its legacy one; `host_tags`: under `host_tagged`); a state holding CUDA tensors is written through
-    `save_torch_streaming`, the copy to host memory overlapping the disk."""
+    its legacy one; `host_tags`: under `host_tagged`); a state holding CUDA tensors, or 16 MiB of CPU tensors, is
+    written through `save_torch_streaming` (the same bytes), the copy to host memory and the checksums overlapping
+    the disk."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         with host_tagged() if host_tags else contextlib.nullcontext():
-            if zipfile and holds_cuda_tensors(obj):
+            if zipfile and worth_streaming(obj):
                 save_torch_streaming(obj, f)
             else:
                 torch.save(obj, f, _use_new_zipfile_serialization=zipfile)

@@ -5,7 +5,7 @@ A plain save of GPU state copies each tensor to fresh host memory and then write
 save takes the copy's time plus the disk's (torch.save copies each storage that way). Here device memory goes
 through two page-locked buffers of `CHUNK_BYTES` in turn (`host_pieces`): the GPU copies the next piece into one
 while the disk takes the other, and no more than the two buffers is held in host memory, whatever the state's size.
-A CPU tensor is written from its own memory.
+A CPU tensor is written from its own memory, its checksum summed in a thread meanwhile.
 
 `save_torch_streaming` writes torch's own file format that way: `torch.save` lays the file out with its storages'
 bytes left out (`torch.serialization.skip_data`), then each storage's bytes are written into their place and the
@@ -152,9 +152,20 @@ def tensors_in(obj) -> Iterator[torch.Tensor]:
             yield from tensors_in(value)
 
 
-def holds_cuda_tensors(obj) -> bool:
-    """Whether nested dicts, lists and tuples `obj` hold a tensor in CUDA memory (what `save_torch` streams)."""
-    return any(t.is_cuda for t in tensors_in(obj))
+STREAM_CPU_BYTES = 16 << 20  # from this many bytes of CPU tensors, streaming beats torch.save (measured crossover)
+
+
+def worth_streaming(obj) -> bool:
+    """Whether `save_torch` streams nested dicts, lists and tuples `obj`: it holds a tensor in CUDA memory (copied to
+    host memory while the disk writes), or `STREAM_CPU_BYTES` or more of CPU tensors, whose checksums are then
+    summed in a thread while each is written (torch.save sums, then writes: 168 MiB of AdamW moments took 0.117 s
+    with torch.save, 0.090 s streamed, fsync included)."""
+    cpu_bytes = 0
+    for t in tensors_in(obj):
+        if t.is_cuda:
+            return True
+        cpu_bytes += t.nbytes if t.device.type == "cpu" else 0
+    return cpu_bytes >= STREAM_CPU_BYTES
 
 
 def save_torch_streaming(obj, f: BinaryIO) -> None:

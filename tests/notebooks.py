@@ -6,8 +6,12 @@ import sys
 from pathlib import Path
 
 
-def python3_kernel(tmp_path: Path, monkeypatch) -> str:
-    """The name of a kernel that runs this interpreter, installing a kernelspec into a temp prefix if needed."""
+def python3_kernel(tmp_path: Path, monkeypatch, one_thread: bool = False) -> str:
+    """The name of a kernel that runs this interpreter, installing a kernelspec into a temp prefix if needed.
+    `one_thread`: the kernel's own OMP/MKL threads set to 1 (a launcher in it gives each worker its share)."""
+    if one_thread:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            monkeypatch.setenv(var, "1")
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     try:

@@ -40,9 +40,7 @@ REPORT_CELL = 'import json; print("RESULT " + json.dumps({k: result[k] for k in 
 def test_distributed_notebook_trains_on_2_processes_in_a_kernel(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    kernel_name = python3_kernel(tmp_path, monkeypatch)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        monkeypatch.setenv(var, "1")  # the kernel's own threads; notebook_launcher gives each worker its share
+    kernel_name = python3_kernel(tmp_path, monkeypatch, one_thread=True)
     workdir = tmp_path / "nbs"
     workdir.mkdir()
     nb_path = workdir / NOTEBOOK.name

@@ -6,20 +6,27 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import torch
+from torch.torch_version import TorchVersion
 
 __all__ = ["is_cuda_available", "is_xpu_available", "is_npu_available", "is_mlu_available", "is_sdaa_available",
            "is_musa_available", "is_hpu_available", "is_neuron_available", "is_mps_available", "is_bf16_available",
            "is_torch_xla_available", "is_deepspeed_available", "is_transformers_available", "is_datasets_available",
            "is_peft_available", "is_schedulefree_available", "is_tensorboard_available", "is_wandb_available",
            "is_comet_ml_available", "is_mlflow_available", "is_aim_available", "is_rich_available",
-           "is_timm_available", "is_bnb_available", "is_torchvision_available"]
+           "is_timm_available", "is_bnb_available", "is_torchvision_available", "is_fp16_available",
+           "is_fp8_available", "is_4bit_bnb_available", "is_8bit_bnb_available", "is_torchao_available",
+           "is_clearml_available", "is_dvclive_available", "is_pandas_available", "is_matplotlib_available"]
 
 
-def _installed(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
+def _installed(name: str, minimum: str | None = None) -> bool:
+    """`name` can be imported (it is not imported here), at version `minimum` or newer when given."""
+    if importlib.util.find_spec(name) is None:
+        return False
+    return minimum is None or TorchVersion(importlib.metadata.version(name)) >= minimum
 
 
 def _device(name: str) -> bool:
@@ -139,3 +146,44 @@ def is_bnb_available() -> bool:
 
 def is_torchvision_available() -> bool:
     return _installed("torchvision")
+
+
+def is_4bit_bnb_available() -> bool:
+    """bitsandbytes >= 0.39.0 is installed (transformers' 4-bit loading)."""
+    return _installed("bitsandbytes", "0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    """bitsandbytes >= 0.37.2 is installed (transformers' 8-bit loading)."""
+    return _installed("bitsandbytes", "0.37.2")
+
+
+def is_torchao_available() -> bool:
+    """torchao >= 0.6.1 is installed."""
+    return _installed("torchao", "0.6.1")
+
+
+def is_fp16_available() -> bool:
+    """fp16 mixed precision can be asked for (`Accelerator(mixed_precision="fp16")`)."""
+    return True
+
+
+def is_fp8_available() -> bool:
+    """False: fp8 training is not in cadence (bf16 is: `Accelerator(mixed_precision="bf16")`)."""
+    return False
+
+
+def is_clearml_available() -> bool:
+    return _installed("clearml")
+
+
+def is_dvclive_available() -> bool:
+    return _installed("dvclive")
+
+
+def is_pandas_available() -> bool:
+    return _installed("pandas")
+
+
+def is_matplotlib_available() -> bool:
+    return _installed("matplotlib")

@@ -25,6 +25,7 @@ from ..distributed import env, ops
 from ..distributed.deepspeed_config import check_precision, configured_precision, engine_config
 from ..loader_settings import loader_settings
 from ..distributed.registry import get_strategy, strategy_class
+from ..distributed.transformers_zero3 import tell_transformers
 from .handlers import (AutocastKwargs, DistributedDataParallelKwargs, DummyOptim, GradScalerKwargs,
                        InitProcessGroupKwargs, ProfileKwargs)
 from .plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
@@ -265,10 +266,4 @@ def tell_transformers_zero3(strategy: Any, precision: str) -> Any:
         raise ImportError("zero3_init_flag builds transformers models partitioned, and transformers is not installed: "
                           "pip install transformers, or drop zero3_init_flag (build the model under "
                           "deepspeed.zero.Init yourself)")
-    from transformers.integrations.deepspeed import set_hf_deepspeed_config
-
-    from ..distributed.deepspeed import _TransformersZero3
-
-    told = _TransformersZero3(engine_config(strategy.config, precision, micro_batch=1))
-    set_hf_deepspeed_config(told)
-    return told
+    return tell_transformers(engine_config(strategy.config, precision, micro_batch=1))

@@ -43,6 +43,7 @@ from .precision import AutocastPrecision, FullPrecision
 from .staging import HostBuffers, Staging
 from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
                        rebuild)
+from .transformers_zero3 import zero3_init
 
 __all__ = ["DeepSpeed", "build_config"]
 
@@ -137,7 +138,7 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         precision = os.environ.get("CADENCE_MIXED_PRECISION", "no")
         # the dtype comes from the config's bf16/fp16 sections: DeepSpeed 0.19 ignores a `dtype` argument on a
         # machine without fp16 support (an operator-precedence slip in Init._set_dtype) and builds in bf16
-        return _zero3_init(deepspeed, self._engine_config(precision, micro_batch=1))
+        return zero3_init(deepspeed, self._engine_config(precision, micro_batch=1))
 
     def setup(self, model: nn.Module, make_opt: MakeOpt, precision: FullPrecision | None = None
               ) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -457,38 +458,6 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
 
 
 # ---------------------------------------------------------------------- helpers
-@contextlib.contextmanager
-def _zero3_init(deepspeed, config: dict):
-    """`deepspeed.zero.Init`, with transformers told that ZeRO-3 is on while it lasts (when the script imported it).
-
-    Otherwise transformers builds as if the parameters were whole: `from_pretrained` fails on the partitions' sizes and
-    `from_config` initialises empty partitions (GPT-2's embedding kept torch's std 1). Told, it loads into the
-    partitions and initialises each module gathered. What it reads is its `HfDeepSpeedConfig`'s `is_zero3()` and
-    `config`; that class needs Accelerate, so cadence gives transformers a small object with those two.
-    """
-    transformers_zero3 = _TransformersZero3(config) if "transformers" in sys.modules else None
-    if transformers_zero3 is not None:
-        from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
-
-        set_hf_deepspeed_config(transformers_zero3)
-    try:
-        with deepspeed.zero.Init(config_dict_or_path=config):
-            yield
-    finally:
-        if transformers_zero3 is not None:
-            unset_hf_deepspeed_config()
-
-
-class _TransformersZero3:
-    """What transformers reads of the DeepSpeed config it is given (see `_zero3_init`)."""
-
-    def __init__(self, config: dict):
-        self.config = config
-
-    def is_zero3(self) -> bool:
-        return True
-
-
 def _engine_precision(precision: FullPrecision, device: torch.device) -> FullPrecision:
     """The engine scales fp16 losses itself: keep autocast, drop a GradScaler."""
     if precision.name == "no":

@@ -29,8 +29,7 @@ from . import env, ops
 from .load_in_place import load_optimizer_in_place
 from .precision import FullPrecision
 from .staging import HostBuffers, Staging, host_copy
-from .state_files import (OPTIMIZER_FILE, file_writers, load_model_file, load_optimizer_file, save_model_file,
-                          save_optimizer_file)
+from .state_files import OPTIMIZER_FILE, file_writers, load_model_file, load_optimizer_file, write_state_files
 
 T = TypeVar("T")
 MakeOpt = Callable[[nn.Module], torch.optim.Optimizer]
@@ -312,10 +311,7 @@ class Strategy:
                         staging.buffers.settle()
                 finally:
                     staging.done()
-            if model_state is not None:
-                save_model_file(model_state, directory)
-            if opt_state is not None:
-                save_optimizer_file(opt_state, directory)
+            write_state_files(model_state, opt_state, directory)
         return write
 
     def _file_writers(self) -> tuple[int, int]:

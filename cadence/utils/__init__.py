@@ -23,7 +23,7 @@ from .config import write_basic_config
 from .constants import *  # noqa: F403 (the file names of a saved model)
 from .constants import __all__ as _CONSTANTS
 from .dataclasses import KwargsHandler
-from .environment import *  # noqa: F403 (str_to_bool, parse_flag_from_env, more is_*_available checks)
+from .environment import *  # noqa: F403 (str_to_bool, parse_flag_from_env)
 from .environment import __all__ as _ENVIRONMENT
 from .modeling import (check_device_map, convert_file_size_to_int, extract_model_from_parallel, get_max_memory,
                        is_compiled_module, is_peft_model, named_module_tensors, retie_parameters)

@@ -309,8 +309,7 @@ def test_notebook_launcher_trains_with_deepspeed_on_two_processes_and_the_kernel
     nbclient = pytest.importorskip("nbclient")
     from tests.notebooks import output_text, outputs, python3_kernel
 
-    kernel_name = python3_kernel(tmp_path, monkeypatch)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    kernel_name = python3_kernel(tmp_path, monkeypatch, one_thread=True)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
     nbclient.NotebookClient(nb, timeout=480, kernel_name=kernel_name, resources={"metadata": {"path": str(tmp_path)}}).execute()
     errors = outputs(nb, "error")

@@ -59,9 +59,8 @@ notebook_launcher(train, num_processes=2)
 def test_progress_from_notebook_launcher_is_plain_lines_in_the_cell(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    kernel_name = python3_kernel(tmp_path, monkeypatch)
-    for var, value in (("OMP_NUM_THREADS", "1"), ("MKL_NUM_THREADS", "1"),
-                       ("FORCE_COLOR", "1"), ("TERM", "xterm-color")):   # what ipykernel gives its processes
+    kernel_name = python3_kernel(tmp_path, monkeypatch, one_thread=True)
+    for var, value in (("FORCE_COLOR", "1"), ("TERM", "xterm-color")):   # what ipykernel gives its processes
         monkeypatch.setenv(var, value)
     # ipykernel forwards what the workers write to its file descriptors into the cell, except under pytest
     monkeypatch.delenv("PYTEST_CURRENT_TEST", raising=False)

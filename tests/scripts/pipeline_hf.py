@@ -60,9 +60,12 @@ class Stage(nn.Module):
         return self.head(self.norm(h)) if self.last else h
 
 
-def learner() -> Learner:
-    dls = DataLoaders(DataLoader(motifs(32, 1), batch_size=8), DataLoader(motifs(8, 2), batch_size=8), device="cpu")
-    learn = Learner(dls, make_model(), loss_func=lm_loss, opt_func=torch.optim.AdamW, lr=1e-2)
+def learner(model=None, train_rows: int = 32) -> Learner:
+    """`model` (a new `make_model()` by default) with `train_rows` rows of motifs to learn; no progress bar."""
+    dls = DataLoaders(DataLoader(motifs(train_rows, 1), batch_size=8), DataLoader(motifs(8, 2), batch_size=8),
+                      device="cpu")
+    learn = Learner(dls, model if model is not None else make_model(), loss_func=lm_loss,
+                    opt_func=torch.optim.AdamW, lr=1e-2)
     learn.remove_cb(learn.progress)
     return learn
 

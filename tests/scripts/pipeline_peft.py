@@ -9,10 +9,9 @@ writes the trained model's weights after the block (whole again) to OUT/weights.
 import sys
 
 import torch
-from torch.utils.data import DataLoader
 
-from cadence import Checkpoint, DataLoaders, Learner
-from pipeline_hf import Stage, lm_loss, make_model, motifs
+from cadence import Checkpoint, Learner
+from pipeline_hf import Stage, learner, make_model
 
 
 def make_peft_model():
@@ -33,10 +32,7 @@ def split(model, stage, num_stages):
 
 
 def peft_learner() -> Learner:
-    dls = DataLoaders(DataLoader(motifs(16, 1), batch_size=8), DataLoader(motifs(8, 2), batch_size=8), device="cpu")
-    learn = Learner(dls, make_peft_model(), loss_func=lm_loss, opt_func=torch.optim.AdamW, lr=1e-2)
-    learn.remove_cb(learn.progress)
-    return learn
+    return learner(make_peft_model(), train_rows=16)
 
 
 def main(out: str) -> None:

@@ -27,7 +27,7 @@ def test_xla_without_torch_xla_says_how_to_install():
 
 
 def test_cadence_env_reports_no_xla_runtime_here():
-    from cadence.distributed.config import environment_report
+    from cadence.distributed.environment_report import environment_report
 
     assert "XLA runtime: none (torch_xla not installed)" in environment_report()
 

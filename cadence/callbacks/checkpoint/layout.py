@@ -35,7 +35,8 @@ def check_engine_reads(strategy: Any, directory: Path, state: dict[str, Any], ap
     """
     from ...distributed.distcp_read import is_sharded
     from ...distributed.env import world_size
-    from ...distributed.fsdp import FSDP, SHARDED_DIR
+    from ...distributed.fsdp import FSDP
+    from ...distributed.sharded_checkpoint import SHARDED_DIR
     from ...distributed.strategy import SingleDevice
 
     mesh, unit = _recorded_mesh(state, directory), unit or directory
