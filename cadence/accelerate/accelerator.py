@@ -146,7 +146,8 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
             self.state.deepspeed_plugin.deepspeed_config = self.strategy.config   # the config the engine is built from
             self.mixed_precision = self.state.mixed_precision = deepspeed_precision(self.strategy,
                                                                                     self.mixed_precision)
-            self.state.deepspeed_plugin.dschf = tell_transformers_zero3(self.strategy, self.mixed_precision)
+            self.state.deepspeed_plugin.dschf = tell_transformers_zero3(self.state.deepspeed_plugin, self.strategy,
+                                                                        self.mixed_precision)
         scaler = handlers.get(GradScalerKwargs, GradScalerKwargs()).to_kwargs() if self.mixed_precision == "fp16" else {}
         precision = make_precision(self.mixed_precision, self.strategy.device, **scaler)
         if AutocastKwargs in handlers:

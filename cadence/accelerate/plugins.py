@@ -240,10 +240,10 @@ class DeepSpeedPlugin:
     `hf_ds_config` is DeepSpeed's config (a dict or a JSON file); the other fields are the
     launcher's `deepspeed_config` keys and fill what it leaves out. `deepspeed_config` is the
     config as cadence builds it ("auto" values are filled when the engine is built). A config that turns bf16
-    or fp16 on sets the Accelerator's `mixed_precision` when none is given, as in Accelerate. `zero3_init_flag=True`
-    (ZeRO-3) tells transformers ZeRO-3 is on from the Accelerator's creation: the models it builds after
-    (`from_pretrained`, `from_config`) are partitioned as they are built (`zero3_init_context_manager(enable=False)`
-    builds them whole).
+    or fp16 on sets the Accelerator's `mixed_precision` when none is given, as in Accelerate. `zero3_init_flag`
+    (ZeRO-3; on by default there, as in Accelerate) tells transformers ZeRO-3 is on from the Accelerator's creation:
+    the models it builds after (`from_pretrained`, `from_config`) are partitioned as they are built
+    (`zero3_init_context_manager(enable=False)` builds them whole; `zero3_init_flag=False` always).
 
     >>> plugin = DeepSpeedPlugin(zero_stage=2, gradient_clipping=1.0)
     >>> Accelerator(deepspeed_plugin=plugin)
@@ -275,6 +275,8 @@ class DeepSpeedPlugin:
         options = self.strategy_options()
         options.pop("zero3_init_flag", None)
         self.deepspeed_config = build_config(options.pop("config", None), **options)
+        if self.zero3_init_flag is None:   # Accelerate's default: on under ZeRO-3
+            self.zero3_init_flag = self.deepspeed_config.get("zero_optimization", {}).get("stage") == 3
 
     def strategy_options(self) -> dict[str, Any]:
         """The keyword arguments of cadence's `DeepSpeed` strategy that this plugin stands for."""

@@ -256,11 +256,12 @@ def deepspeed_precision(strategy: Any, requested: str) -> str:
     return precision
 
 
-def tell_transformers_zero3(strategy: Any, precision: str) -> Any:
-    """With `zero3_init_flag`, transformers is told ZeRO-3 is on, as Accelerate's `HfDeepSpeedConfig` tells it:
-    the models it builds from now on (`from_pretrained`, `from_config`) are partitioned as they are built, in the
-    engine's dtype, and `prepare` takes them as they are. Transformers holds the returned object weakly: keep it."""
-    if not getattr(strategy, "zero3_init", False):
+def tell_transformers_zero3(plugin: DeepSpeedPlugin, strategy: Any, precision: str) -> Any:
+    """With the plugin's `zero3_init_flag` (on by default under ZeRO-3), transformers is told ZeRO-3 is on, as
+    Accelerate's `HfDeepSpeedConfig` tells it: the models it builds from now on (`from_pretrained`, `from_config`)
+    are partitioned as they are built, in the engine's dtype, and `prepare` takes them as they are. Transformers
+    holds the returned object weakly: keep it."""
+    if not (plugin.zero3_init_flag and strategy.stage == 3):
         return None
     if importlib.util.find_spec("transformers") is None:
         raise ImportError("zero3_init_flag builds transformers models partitioned, and transformers is not installed: "

@@ -73,9 +73,15 @@ def test_zero3_init_flag_tells_transformers_and_a_model_built_after_is_partition
         accelerator.strategy.teardown()
     del accelerator, model, plugin   # the plugin held what told transformers
     gc.collect()
-    plain = _accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))   # without the flag: transformers not told
-    plain.strategy.teardown()
-    assert not is_deepspeed_zero3_enabled()
+    for options, told in (({"zero_stage": 3}, True),   # Accelerate's default: on under ZeRO-3
+                          ({"zero_stage": 3, "zero3_init_flag": False}, False), ({"zero_stage": 2}, False)):
+        other = _accelerator(deepspeed_plugin=DeepSpeedPlugin(**options))
+        other.strategy.teardown()
+        assert is_deepspeed_zero3_enabled() is told, options
+        assert other.state.deepspeed_plugin.zero3_init_flag is told, options
+        del other   # its plugin held what told transformers
+        gc.collect()
+        assert not is_deepspeed_zero3_enabled()
 
 
 def test_launched_zero3_init_with_a_bf16_config_builds_partitioned_and_trains_in_bf16(tmp_path):
