@@ -54,7 +54,7 @@ from .preparation import (check_rng_types, choose_engine, covers_trainable, deep
 from .properties import RunProperties
 from .saving import save_object
 from .skip_batches import skip_first_batches
-from .state import GradientState, PartialState, remember_precision, shared_precision
+from .state import GradientState, PartialState, remember_first_accelerator, shared_precision
 from .state_hooks import StateHooks
 from .trackers import TrackerSet
 
@@ -170,7 +170,7 @@ class Accelerator(PrepareMethods, RunProperties, ProcessHelpers, ParallelismProp
         self._save_state_pre_hooks: OrderedDict[int, Any] = OrderedDict()   # weakly referenced by their handles
         self._load_state_pre_hooks: OrderedDict[int, Any] = OrderedDict()
         self._trigger = False
-        remember_precision(self.mixed_precision, self.distributed_type)
+        remember_first_accelerator(self.state)
 
     # ------------------------------------------------------------------ the step
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

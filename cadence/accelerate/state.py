@@ -14,6 +14,7 @@ import contextlib
 import functools
 import math
 import os
+import weakref
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Callable, ClassVar, Iterator, TypeVar
@@ -24,7 +25,7 @@ from ..distributed import env, ops
 from ..distributed.precision import PRECISIONS
 from .plugins import DeepSpeedPlugin, distributed_type_of
 
-__all__ = ["PartialState", "AcceleratorState", "GradientState", "shared_precision", "remember_precision",
+__all__ = ["PartialState", "AcceleratorState", "GradientState", "shared_precision", "remember_first_accelerator",
            "is_initialized"]
 
 T = TypeVar("T")
@@ -230,7 +231,8 @@ class _AcceleratorStateType(type):
 
 class AcceleratorState(PartialState, metaclass=_AcceleratorStateType):
     """Accelerate's `AcceleratorState()`: this process's state with the settings of its first Accelerator
-    (`mixed_precision`, `distributed_type`), as Accelerate's one shared state gives them; before any Accelerator,
+    (`mixed_precision`, `distributed_type`; while that Accelerator lives, its `deepspeed_plugin`, `fsdp_plugin`,
+    `dynamo_plugin` and `parallelism_config`), as Accelerate's one shared state gives them; before any Accelerator,
     `mixed_precision` is None. An Accelerator's own state is `accelerator.state`.
 
     >>> accelerator = Accelerator(mixed_precision="bf16")
@@ -243,6 +245,11 @@ class AcceleratorState(PartialState, metaclass=_AcceleratorStateType):
         first = PartialState._first_accelerator or {}
         self.mixed_precision = first.get("mixed_precision")
         self.distributed_type = first.get("distributed_type", self.distributed_type)
+        accelerators = first["state"]() if "state" in first else None
+        if accelerators is not None:   # its plugins, as Accelerate's one shared state holds them
+            self.fsdp_plugin, self.dynamo_plugin = accelerators.fsdp_plugin, accelerators.dynamo_plugin
+            self.parallelism_config, self.deepspeed_plugin = (accelerators.parallelism_config,
+                                                              accelerators.deepspeed_plugin)
 
 
 def shared_precision(requested: str | None, distributed_type: str) -> str:
@@ -267,13 +274,16 @@ def shared_precision(requested: str | None, distributed_type: str) -> str:
     return requested or first
 
 
-def remember_precision(precision: str, distributed_type: str) -> None:
-    """Record the first Accelerator's `precision` (once it is built) for `shared_precision`, and with its
-    `distributed_type` for the states created after it (`AcceleratorState().mixed_precision`)."""
-    if PartialState._first_precision is None and distributed_type != "DEEPSPEED":
-        PartialState._first_precision = precision
+def remember_first_accelerator(state: PartialState) -> None:
+    """Record the first Accelerator's precision (once it is built) for `shared_precision`, and with its
+    distributed type for the states created after it (`AcceleratorState().mixed_precision`); its engine plugins
+    while it lives (`AcceleratorState().deepspeed_plugin`: the config its engine was built from), held weakly, so
+    that a plugin which told transformers ZeRO-3 is on goes with its Accelerator."""
+    if PartialState._first_precision is None and state.distributed_type != "DEEPSPEED":
+        PartialState._first_precision = state.mixed_precision
     if PartialState._first_accelerator is None:
-        PartialState._first_accelerator = {"mixed_precision": precision, "distributed_type": distributed_type}
+        PartialState._first_accelerator = {"mixed_precision": state.mixed_precision,
+                                           "distributed_type": state.distributed_type, "state": weakref.ref(state)}
 
 
 def is_initialized() -> bool:

@@ -98,3 +98,22 @@ def test_launched_zero3_init_with_a_bf16_config_builds_partitioned_and_trains_in
     assert out["built"]["partitioned"] and out["built"]["dtype"] == "torch.bfloat16"
     assert out["prepared_dtype"] == "torch.bfloat16"
     assert out["last"] < out["first"]
+
+
+def test_accelerator_state_gives_the_first_accelerators_deepspeed_plugin_while_it_lives():
+    """Accelerate's one shared state holds the plugin the engine was built from: `AcceleratorState().deepspeed_plugin`
+    is the Accelerator's own, with the engine's config (not one rebuilt from the launcher's settings)."""
+    from cadence.state import AcceleratorState
+
+    plugin = DeepSpeedPlugin(zero_stage=2, gradient_clipping=0.5)
+    accelerator = _accelerator(deepspeed_plugin=plugin)
+    try:
+        state = AcceleratorState()
+        assert state.deepspeed_plugin is plugin and state.distributed_type == "DEEPSPEED"
+        assert state.deepspeed_plugin.deepspeed_config["gradient_clipping"] == 0.5
+        assert state.deepspeed_plugin.deepspeed_config is accelerator.strategy.config
+    finally:
+        accelerator.strategy.teardown()
+    del accelerator, state, plugin
+    gc.collect()
+    assert AcceleratorState().deepspeed_plugin is None   # held weakly: gone with its Accelerator (not launched so)
