@@ -1,6 +1,7 @@
 """Walking nested batches and outputs: tuples, lists (namedtuples too) and mappings of tensors and other leaves.
 
-One walk for every layer (trainer/ and distributed/ both import it; neither imports the other).
+One walk for every layer (trainer/ and distributed/ both import it; neither imports the other), and
+`send_to_device`, which moves a batch.
 
 >>> map_tensors(lambda t: t * 2, {"x": torch.ones(2), "ids": [torch.zeros(1)], "name": "a"})
 {'x': tensor([2., 2.]), 'ids': [tensor([0.])], 'name': 'a'}
@@ -50,3 +51,26 @@ def leaves(data: Any) -> list[Any]:
     if isinstance(data, (tuple, list)):
         return [leaf for o in data for leaf in leaves(o)]
     return [data]
+
+
+def send_to_device(batch: Any, device: torch.device | str | int, non_blocking: bool = True,
+                   skip_keys: str | list[str] | None = None) -> Any:
+    """Move every tensor (and any batch object with a `.to`, such as transformers' BatchEncoding) in a nested tuple /
+    list / dict batch to `device`; the values of a mapping's `skip_keys` (a key or a list of keys) stay where they are.
+
+    >>> xb, yb = send_to_device((xb, yb), "cuda:0")
+    """
+    skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
+
+    def move(o: Any) -> Any:
+        if hasattr(o, "to"):
+            try:
+                return o.to(device, non_blocking=non_blocking)
+            except TypeError:   # a `.to` without non_blocking
+                return o.to(device)
+        if isinstance(o, Mapping):
+            return type(o)({k: v if k in skip else move(v) for k, v in o.items()})
+        if isinstance(o, (tuple, list)):
+            return type(o)(*map(move, o)) if hasattr(o, "_fields") else type(o)(map(move, o))
+        return o
+    return move(batch)

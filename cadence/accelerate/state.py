@@ -14,6 +14,7 @@ import contextlib
 import functools
 import math
 import os
+import sys
 import weakref
 from collections.abc import Mapping
 from datetime import timedelta
@@ -65,12 +66,17 @@ class PartialState:
     @classmethod
     def _reset_state(cls, reset_partial_state: bool = False) -> None:
         """Forget the mixed precision this process's first Accelerator fixed, so that the next Accelerator may set
-        another (Accelerate's `AcceleratorState._reset_state()`, for tests and notebooks).
+        another, and what an Accelerator under ZeRO-3 told transformers (Accelerate's `AcceleratorState._reset_state()`,
+        which drops the plugin that told it; for tests and notebooks).
 
         >>> AcceleratorState._reset_state(True)
         """
         PartialState._first_precision = None
         PartialState._first_accelerator = None
+        if "transformers" in sys.modules:   # nor is transformers still told ZeRO-3 is on (`zero3_init_flag`)
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
 
     @property
     def deepspeed_plugin(self) -> DeepSpeedPlugin | None:

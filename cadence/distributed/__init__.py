@@ -5,7 +5,8 @@ fastai users write `from cadence.distributed import *` as they wrote `from fasta
 >>> from cadence.distributed import DistributedDL, setup_distrib, rank0_first, get_strategy
 """
 
-from .data import DistributedDL, send_to_device
+from ..nested import send_to_device
+from .data import DistributedDL
 from .env import (default_device, is_distributed, is_initialized, is_local_main_process, is_main_process, local_rank,
                   node_rank, rank, setup_distrib, teardown_distrib, world_size)
 from .notebook import debug_launcher, notebook_launcher

@@ -25,7 +25,7 @@ A state_dict taken on N processes resumes on M: the rest of the epoch keeps its 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,35 +34,13 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from . import env, sampling, sharding
 from ..loader_settings import loader_settings, rebatched
+from ..nested import send_to_device
 from .data_rebuild import PlannedBatches
 from .data_resume import Resumable
 from .ops import broadcast
 from .streams import Collate, InterleavedStream, PlannedStream, SplitStream
 
-__all__ = ["DistributedDL", "send_to_device"]
-
-
-def send_to_device(batch: Any, device: torch.device | str | int, non_blocking: bool = True,
-                   skip_keys: str | list[str] | None = None) -> Any:
-    """Move every tensor (and any batch object with a `.to`, such as transformers' BatchEncoding) in a nested tuple /
-    list / dict batch to `device`; the values of a mapping's `skip_keys` (a key or a list of keys) stay where they are.
-
-    >>> xb, yb = send_to_device((xb, yb), "cuda:0")
-    """
-    skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
-
-    def move(o: Any) -> Any:
-        if hasattr(o, "to"):
-            try:
-                return o.to(device, non_blocking=non_blocking)
-            except TypeError:   # a `.to` without non_blocking
-                return o.to(device)
-        if isinstance(o, Mapping):
-            return type(o)({k: v if k in skip else move(v) for k, v in o.items()})
-        if isinstance(o, (tuple, list)):
-            return type(o)(*map(move, o)) if hasattr(o, "_fields") else type(o)(map(move, o))
-        return o
-    return move(batch)
+__all__ = ["DistributedDL"]
 
 
 def _has_len(dataset: Any) -> bool:

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..distributed import data as distributed_data, env, ops
+from .. import nested
+from ..distributed import env, ops
 
 __all__ = ["is_torch_tensor", "is_namedtuple", "honor_type", "recursively_apply", "send_to_device", "find_batch_size",
            "ignorant_find_batch_size", "concatenate", "listify", "find_device", "convert_to_fp32",
@@ -83,7 +84,7 @@ def send_to_device(tensor: Any, device: torch.device | str | int, non_blocking: 
     >>> send_to_device({"x": torch.ones(1), "meta": torch.zeros(1)}, "cpu", non_blocking=True, skip_keys="meta")
     {'x': tensor([1.]), 'meta': tensor([0.])}
     """
-    return distributed_data.send_to_device(tensor, device, non_blocking=non_blocking, skip_keys=skip_keys)
+    return nested.send_to_device(tensor, device, non_blocking=non_blocking, skip_keys=skip_keys)
 
 
 def find_batch_size(data: Any) -> int:

@@ -82,6 +82,12 @@ def test_zero3_init_flag_tells_transformers_and_a_model_built_after_is_partition
         del other   # its plugin held what told transformers
         gc.collect()
         assert not is_deepspeed_zero3_enabled()
+    from cadence.state import AcceleratorState
+
+    kept = _accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+    kept.strategy.teardown()
+    AcceleratorState._reset_state()   # starts over (a notebook, a test), as Accelerate's drops the plugin
+    assert not is_deepspeed_zero3_enabled() and kept is not None
 
 
 def test_launched_zero3_init_with_a_bf16_config_builds_partitioned_and_trains_in_bf16(tmp_path):

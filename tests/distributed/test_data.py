@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from cadence.distributed.data import DistributedDL, send_to_device
+from cadence.distributed import DistributedDL, send_to_device
 from cadence.distributed.ops import gather_for_metrics
 
 
