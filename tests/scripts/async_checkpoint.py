@@ -48,6 +48,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import cadence.callbacks.checkpoint.state as state_module
+import cadence.distributed.state_files as state_files
 import cadence.distributed.strategy as strategy_module
 from cadence import Callback, Learner, accuracy
 from cadence.callbacks.accumulate import GradAccum
@@ -194,10 +195,10 @@ def count_in_place() -> list[int]:
 def report_file_writers():
     """Every rank prints `WROTE <file> <rank>` for each base-format file (model.safetensors, optimizer.pt) it writes."""
     for name in ("save_model_file", "save_optimizer_file"):
-        def reported(state, directory, _save=getattr(strategy_module, name), _name=name):
+        def reported(state, directory, _save=getattr(state_files, name), _name=name):
             _save(state, directory)
             print(f"WROTE {_name} {rank()}", flush=True)
-        setattr(strategy_module, name, reported)
+        setattr(state_files, name, reported)   # what `write_state_files` calls
 
 
 def main():

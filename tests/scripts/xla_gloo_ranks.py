@@ -23,7 +23,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from cadence.callbacks.checkpoint import Checkpoint  # noqa: E402
-from cadence.distributed import strategy as strategy_mod  # noqa: E402
+from cadence.distributed import state_files  # noqa: E402
 from cadence.trainer.callback import Callback  # noqa: E402
 from cadence.trainer.data import DataLoaders  # noqa: E402
 from cadence.trainer.learner import Learner  # noqa: E402
@@ -89,7 +89,7 @@ xm.rendezvous = lambda tag, *a, **kw: dist.barrier()
 
 # ---- who writes checkpoint files
 writers = []
-_save = strategy_mod.save_model_file
+_save = state_files.save_model_file
 
 
 def recorded_save(state, directory):
@@ -97,7 +97,7 @@ def recorded_save(state, directory):
     return _save(state, directory)
 
 
-strategy_mod.save_model_file = recorded_save
+state_files.save_model_file = recorded_save   # what `write_state_files` calls
 
 
 class Record(Callback):
