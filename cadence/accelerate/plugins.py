@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field, fields
@@ -241,7 +242,8 @@ class DeepSpeedPlugin:
     launcher's `deepspeed_config` keys and fill what it leaves out. `deepspeed_config` is the
     config as cadence builds it ("auto" values are filled when the engine is built). A config that turns bf16
     or fp16 on sets the Accelerator's `mixed_precision` when none is given, as in Accelerate. `zero3_init_flag`
-    (ZeRO-3; on by default there, as in Accelerate) tells transformers ZeRO-3 is on from the Accelerator's creation:
+    (ZeRO-3; on by default there when transformers is installed, as in Accelerate, which raises without it) tells
+    transformers ZeRO-3 is on from the Accelerator's creation:
     the models it builds after (`from_pretrained`, `from_config`) are partitioned as they are built
     (`zero3_init_context_manager(enable=False)` builds them whole; `zero3_init_flag=False` always).
 
@@ -271,12 +273,21 @@ class DeepSpeedPlugin:
             raise ValueError("DeepSpeedPlugin(transformer_moe_cls_names=...): cadence's DeepSpeed strategy has no MoE "
                              "leaf modules; drop it")
         from ..distributed.deepspeed import build_config
+        from ..distributed.deepspeed_config import as_flag
 
         options = self.strategy_options()
         options.pop("zero3_init_flag", None)
         self.deepspeed_config = build_config(options.pop("config", None), **options)
-        if self.zero3_init_flag is None:   # Accelerate's default: on under ZeRO-3
-            self.zero3_init_flag = self.deepspeed_config.get("zero_optimization", {}).get("stage") == 3
+        has_transformers = importlib.util.find_spec("transformers") is not None
+        if self.zero3_init_flag is None:   # Accelerate's default: on under ZeRO-3 (where transformers can be told)
+            self.zero3_init_flag = (self.deepspeed_config.get("zero_optimization", {}).get("stage") == 3
+                                    and has_transformers)
+        else:
+            self.zero3_init_flag = as_flag(self.zero3_init_flag)   # the launcher's "true" / "false" too
+        if self.zero3_init_flag and not has_transformers:   # asked for in so many words: before anything is built
+            raise ImportError("zero3_init_flag builds transformers models partitioned, and transformers is not "
+                              "installed: pip install transformers, or drop zero3_init_flag (build the model under "
+                              "deepspeed.zero.Init yourself)")
 
     def strategy_options(self) -> dict[str, Any]:
         """The keyword arguments of cadence's `DeepSpeed` strategy that this plugin stands for."""

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import os
 import warnings
@@ -263,8 +262,4 @@ def tell_transformers_zero3(plugin: DeepSpeedPlugin, strategy: Any, precision: s
     holds the returned object weakly: keep it."""
     if not (plugin.zero3_init_flag and strategy.stage == 3):
         return None
-    if importlib.util.find_spec("transformers") is None:
-        raise ImportError("zero3_init_flag builds transformers models partitioned, and transformers is not installed: "
-                          "pip install transformers, or drop zero3_init_flag (build the model under "
-                          "deepspeed.zero.Init yourself)")
     return tell_transformers(engine_config(strategy.config, precision, micro_batch=1))

@@ -13,6 +13,7 @@ from ..big_modeling.memory import compute_module_sizes
 
 __all__ = ["calculate_maximum_sizes", "convert_bytes"]
 
+
 def convert_bytes(size: float) -> str:
     """`size` bytes in the largest unit under 1024 of it, rounded to 2 decimals (Accelerate's words).
 

@@ -123,3 +123,19 @@ def test_accelerator_state_gives_the_first_accelerators_deepspeed_plugin_while_i
     del accelerator, state, plugin
     gc.collect()
     assert AcceleratorState().deepspeed_plugin is None   # held weakly: gone with its Accelerator (not launched so)
+
+
+def test_zero3_init_defaults_off_where_transformers_is_not_installed(monkeypatch):
+    """ZeRO-3 without transformers: nothing to tell, so the default is off and the Accelerator is built (Accelerate
+    raises ImportError there); asked for in so many words, it still says transformers is missing. transformers is
+    installed here: its absence is simulated for this one lookup."""
+    import importlib.util
+
+    from cadence.accelerate import plugins
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(plugins.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else real(name, *a))
+    assert DeepSpeedPlugin(zero_stage=3).zero3_init_flag is False
+    with pytest.raises(ImportError, match="transformers is not installed"):   # before any engine is built
+        DeepSpeedPlugin(zero_stage=3, zero3_init_flag="true")
