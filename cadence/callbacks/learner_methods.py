@@ -163,7 +163,8 @@ def save_model(self, directory: str | Path, max_shard_size: int | str = "2GB", m
 @_learner_method
 @contextlib.contextmanager
 def no_bar(self):
-    """Train without the progress display for the duration of a `with` block.
+    """Train without the progress display for the duration of a `with` block; each epoch's row still goes to
+    `learn.logger` (`print` by default: `[0, 0.52, 0.47, 0.81, '00:01']`, fastai's; `no_logging()` silences it).
 
     >>> with learn.no_bar():
     ...     learn.fit(1)

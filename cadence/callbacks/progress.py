@@ -9,6 +9,7 @@ Attached to every Learner by default; output comes from the main process only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -65,6 +66,16 @@ class ProgressCallback(Callback):
         self.console, self.active, self.live, self.in_fit = console, False, False, False
         self.task = self._xb_before = None  # the bar's current task; the learner's xb when it was added
         self._shown = 0  # the Recorder's rows printed (or not to print: a resumed run's earlier epochs)
+
+    @contextlib.contextmanager
+    def fit_context(self):
+        """During a fit the rows are this display's to show, not `learn.logger`'s (fastai's ProgressCallback takes
+        the logger over the same way); `no_bar()` leaves them to it."""
+        logger, self.learn.logger = getattr(self.learn, "logger", print), _shown_by_progress
+        try:
+            yield
+        finally:
+            self.learn.logger = logger
 
     def before_fit(self):
         self.in_fit = True
@@ -165,3 +176,7 @@ class ProgressCallback(Callback):
         if self.active and self.live:
             self.bar.stop()
         self.active = self.live = False
+
+
+def _shown_by_progress(row: list) -> None:
+    """`learn.logger` while a ProgressCallback shows the rows itself."""

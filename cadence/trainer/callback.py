@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import re
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -108,6 +109,38 @@ class Callback:
             setattr(self, event, types.MethodType(func, self))
 
     @property
+    def run(self) -> bool:
+        """fastai's switch: `self.run = False` (in any event) skips every event of this callback from the next one
+        on, until the fit ends; each fit starts with it True again.
+
+        >>> class FirstBatchOnly(Callback):
+        ...     def after_batch(self): print(self.loss); self.run = False
+        """
+        return self.__dict__.get("run", True)
+
+    @run.setter
+    def run(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"{type(self).__name__}.run is fastai's switch of the callback's events, True or False; got "
+                            f"{value!r}: keep it under another name (e.g. self.wandb_run)")
+        if value != self.run:
+            self.__dict__["run"] = value
+            learn = self.__dict__.get("learn")
+            if learn is not None:
+                learn._rebuild_handlers()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # fastai's warning: `self.loss = ...` in a callback sets the callback's own attribute, not the learner's.
+        # Checked when the callback first sets `name` (a dict lookup after that)
+        learn = self.__dict__.get("learn")
+        if (learn is not None and name not in self.__dict__ and not hasattr(type(self), name)
+                and _learner_has(learn, name)):
+            warnings.warn(f"{type(self).__name__} sets self.{name}, which hides the learner's {name} from this callback "
+                          f"(reads of self.{name} now give the callback's own): write self.learn.{name} to change the "
+                          f"learner's", stacklevel=2)
+        object.__setattr__(self, name, value)
+
+    @property
     def name(self) -> str:
         """Attribute name on the learner (fastai's): `ParamScheduler` -> `learn.param_scheduler`, `CSVLogger` ->
         `learn.csv_logger`."""
@@ -131,6 +164,11 @@ class Callback:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _learner_has(learn: Any, name: str) -> bool:
+    """Whether `learn` has attribute `name` (its own or its class's), without running a property."""
+    return name in vars(learn) or any(name in vars(klass) for klass in type(learn).__mro__)
 
 
 def event_methods(cb: Callback) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any, Self
 
 from .callback import Callback, event_methods
 from .events import EVENT_NAMES, Event
+from .recorder import Recorder
 
 # the events of one batch, which a callback with run_train / run_valid False skips in that phase
 _INNER_EVENTS = frozenset({"before_batch", "after_pred", "after_loss", "before_backward", "after_cancel_backward",
@@ -34,6 +35,14 @@ def listify(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+def _check_one_recorder(learn: Any, cb: Callback) -> None:
+    """A Learner records with one Recorder (its metrics are `learn.metrics`): a second one is refused."""
+    if isinstance(cb, Recorder) and any(isinstance(c, Recorder) and c is not cb for c in learn.cbs):
+        raise ValueError("the Learner has a Recorder already (learn.recorder); set its options "
+                         "(learn.recorder.train_metrics = True), pass Recorder(...) to Learner(cbs=...), or "
+                         "learn.remove_cb(learn.recorder) first")
+
+
 class CallbackMethods:
     """Mixed into `Learner`: `add_cb`, `remove_cb`, their plural and `with` forms, and the handler tables."""
 
@@ -44,9 +53,9 @@ class CallbackMethods:
         if not isinstance(cb, Callback):
             raise TypeError(f"callbacks must be cadence.Callback instances, got {cb!r}")
         event_methods(cb)  # rejects misspelled event names
-        existing = getattr(self, cb.name, None)
-        if existing is not None and not isinstance(existing, Callback):
+        if hasattr(self, cb.name) and not isinstance(getattr(self, cb.name), Callback):  # `learn.wd` is None
             raise ValueError(f"callback name {cb.name!r} clashes with Learner.{cb.name}; rename the callback class")
+        _check_one_recorder(self, cb)
         cb.learn = self
         setattr(self, cb.name, cb)
         self.cbs.append(cb)
@@ -70,6 +79,9 @@ class CallbackMethods:
             self.cbs.remove(c)
             if getattr(self, c.name, None) is c:
                 delattr(self, c.name)
+                for other in self.cbs:  # another of the same name (two of a class): it is `learn.<name>` now
+                    if other.name == c.name:
+                        setattr(self, c.name, other)
             c.learn = None
         self._rebuild_handlers()
         return self
@@ -110,8 +122,8 @@ class CallbackMethods:
         train, valid = {}, {}
         for event in EVENT_NAMES:
             inner = event in _INNER_EVENTS
-            train[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_train or not inner))
-            valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
+            train[event] = tuple(m[event] for cb, m in methods if event in m and cb.run and (cb.run_train or not inner))
+            valid[event] = tuple(m[event] for cb, m in methods if event in m and cb.run and (cb.run_valid or not inner))
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
         self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]

@@ -62,7 +62,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         splitter: `splitter(model)` -> list of parameter groups (for discriminative rates).
         cbs, metrics: callbacks and metrics (functions `fn(preds, targs)` or `Metric`s).
         path, model_dir: `save`/`load` use `path/model_dir/<name>.safetensors`.
-        wd: weight decay; None keeps the optimizer's default.
+        wd: weight decay, set at each fit (`fit(wd=...)` for one fit); None keeps the optimizer's.
         strategy: how to run backward/step (`SingleDevice` by default; `distrib_ctx` swaps it).
         train_bn: BatchNorm layers of frozen parameter groups keep training (`freeze`, `fine_tune`).
         wd_bn_bias: weight decay on normalisation and bias parameters too (torch's optimizers' way, the
@@ -116,7 +116,9 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         self.final_record = None  # the last epoch's recorder row (fastai's); validate() sets it too
         self.inner_pass = False  # a get_preds(inner=True) running inside fit: the Recorder sits it out
         self.log_epochs = self.create_mbar = True  # what no_logging() / no_mbar() switch off (fastai's create_mbar)
-        self.add_cbs([Recorder(listify(metrics)), *_default_cbs(), *listify(cbs)])
+        self.logger = print  # fastai's: where the Recorder writes each epoch's row when no progress display shows it
+        cbs = [cb() if isinstance(cb, type) else cb for cb in listify(cbs)]
+        self.add_cbs([_recorder(cbs, metrics), *_default_cbs(), *[cb for cb in cbs if not isinstance(cb, Recorder)]])
         self("after_create")
 
     # ------------------------------------------------------------------ events
@@ -189,7 +191,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
 
     def fit(self, n_epoch: int, lr: float | slice | None = None, wd: float | None = None, cbs: Any = None,
             reset_opt: bool = False, resume: str | Path | None = None, start_epoch: int = 0) -> None:
-        """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`), validating after each.
+        """Train for `n_epoch` epochs at learning rate `lr` (default `self.lr`) and weight decay `wd` (default
+        `self.wd`; None: the optimizer's as it is), validating after each.
 
         `resume` continues a run saved by the `Checkpoint` callback exactly where it stopped,
         mid-epoch included: "auto" from the latest checkpoint if there is one (a fresh start
@@ -224,6 +227,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
                           "call learn.create_opt() to use the new opt_func (see docs/fastai.md)", stacklevel=2)
         with self.added_cbs(cbs), self._fit_contexts():
             set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, n_groups(self.opt)))
+            wd = self.wd if wd is None else wd  # fastai's: each fit decays by learn.wd unless told otherwise
             if wd is not None:
                 set_hyper(self.opt, "wd", wd)
             self.n_epoch, self.steps_per_epoch = n_epoch, n_batches(self.dls.train)  # None: a stream
@@ -231,7 +235,18 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             self.epoch = self.iter = self.train_iter = self.step = 0
             if resume is not None:
                 self._resume(resume)
-            self._with_events(self._do_fit, "fit", CancelFitException, self._end_cleanup)
+            try:
+                self._with_events(self._do_fit, "fit", CancelFitException, self._end_cleanup)
+            finally:
+                self._run_callbacks_again()
+
+    def _run_callbacks_again(self) -> None:
+        """fastai's end of a fit: every callback that set `self.run = False` runs again in the next."""
+        stopped = [cb for cb in self.cbs if not cb.run]
+        for cb in stopped:
+            cb.__dict__["run"] = True
+        if stopped:
+            self._rebuild_handlers()
 
     @contextlib.contextmanager
     def _fit_contexts(self):
@@ -472,6 +487,23 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
 
 def _detuplify(x: Any) -> Any:
     return x[0] if isinstance(x, tuple) and len(x) == 1 else x
+
+
+def _recorder(cbs: list, metrics: Any) -> Recorder:
+    """The Learner's Recorder: one passed in `cbs` (fastai's `cbs=Recorder(train_metrics=True)`) in place of the
+    default, taking the Learner's `metrics` unless it has its own."""
+    given = [cb for cb in cbs if isinstance(cb, Recorder)]
+    if len(given) > 1:
+        raise ValueError(f"Learner(cbs=...) holds {len(given)} Recorders; a Learner records with one: pass one")
+    if not given:
+        return Recorder(listify(metrics))
+    recorder = given[0]
+    if listify(metrics):
+        if recorder.metrics:
+            raise ValueError("Learner(metrics=...) and the Recorder in cbs both name metrics: pass them once, to "
+                             "either")
+        recorder.metrics = listify(metrics)
+    return recorder
 
 
 def _default_cbs() -> list[Callback]:

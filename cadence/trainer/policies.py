@@ -102,7 +102,7 @@ class FitPolicies:
                             f"got {suggest_funcs!r}")
         finder = LRFinder(start_lr, end_lr, num_it, stop_div)
         n_epoch = math.ceil(num_it / max(len(self.dls.train), 1))
-        with self.no_bar(), self.removed_cbs([cb for cb in self.cbs if not cb.run_lr_find]):
+        with self.no_bar(), self.no_logging(), self.removed_cbs([cb for cb in self.cbs if not cb.run_lr_find]):
             self.fit(n_epoch, cbs=finder)
         self.lr_finder = finder
         suggestions, points = finder.suggest(suggest_funcs)

@@ -323,6 +323,8 @@ class Recorder(Callback):
         self.iters.append(len(self.losses))
         self.learn.final_record, self._log_valid = row, False
         self.log = [row["epoch"], *row, *([format_time(row["time"])] if self.add_time else [])]
+        if self.learn.log_epochs and self.learn.strategy.is_main:
+            getattr(self.learn, "logger", print)(self.log)  # fastai's; the progress display shows it its way
 
     def valid_values(self) -> dict[str, float | None]:
         """valid_loss and every metric of the epoch's validation pass (`valid_<name>` with `train_metrics`); none
@@ -335,17 +337,23 @@ class Recorder(Callback):
         return {"valid_loss": self.valid_loss.value,
                 **{prefix + key: value_of(m) for key, m in zip(self.metric_keys, self.metrics)}}
 
-    def plot_loss(self, skip_start: int = 5, with_valid: bool = True):
-        """Training loss per batch and validation loss per epoch (needs matplotlib).
+    def plot_loss(self, skip_start: int = 5, with_valid: bool = True, log: bool = False, show_epochs: bool = False,
+                  ax: Any = None):
+        """Training loss per batch and validation loss per epoch (needs matplotlib), fastai's: `log` on log-log
+        axes, `show_epochs` a dotted line at each epoch's end, into `ax` (a matplotlib Axes) if given.
 
-        >>> learn.recorder.plot_loss()
+        >>> learn.recorder.plot_loss(log=True, show_epochs=True)
         """
-        ax = _axes()
-        ax.plot(range(skip_start, len(self.losses)), self.losses[skip_start:], label="train")
-        valid = [(i, v["valid_loss"]) for i, v in zip(self.iters, self.values) if v.get("valid_loss") is not None]
+        ax = _axes() if ax is None else ax
+        (ax.loglog if log else ax.plot)(range(skip_start, len(self.losses)), self.losses[skip_start:], label="train")
+        if show_epochs:
+            for end in self.iters:
+                ax.axvline(end, color="grey", ls=":")
+        valid = [(i, v["valid_loss"]) for i, v in zip(self.iters, self.values)
+                 if v.get("valid_loss") is not None and i >= skip_start]
         if with_valid and valid:
             ax.plot(*zip(*valid), label="valid")
-        ax.set(xlabel="batch", ylabel="loss")
+        ax.set(xlabel="batch", ylabel="loss", title="learning curve")
         ax.legend()
         return ax.figure
 

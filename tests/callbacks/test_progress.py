@@ -60,9 +60,13 @@ def test_live_bar_updates_while_training(dls):
     assert any(c in out.getvalue() for c in counts), "no intermediate batch count was drawn"
 
 
-def test_no_bar_silences_output(dls, capsys):
+def test_no_bar_leaves_each_row_to_learn_logger_and_no_logging_silences_it(dls, capsys):
     learn = Learner(dls, nn.Linear(8, 3), loss_func=nn.CrossEntropyLoss())
     with learn.no_bar():
+        learn.fit(2)
+    lines = capsys.readouterr().out.splitlines()      # fastai's: `print` of each row, no bar
+    assert [line[:4] for line in lines] == ["[0, ", "[1, "] and lines[0].endswith("']")
+    with learn.no_bar(), learn.no_logging():
         learn.fit(1)
     assert capsys.readouterr().out == ""
     assert any(isinstance(cb, ProgressCallback) for cb in learn.cbs)

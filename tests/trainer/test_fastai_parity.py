@@ -149,6 +149,7 @@ def test_on_a_terminal_no_logging_keeps_the_bar_and_no_mbar_drops_the_epoch_from
 def test_show_results_returns_and_prints_max_n_items_with_their_predictions(capsys):
     learn = learner()
     learn.fit(1, lr=1e-2)
+    capsys.readouterr()                       # the fit's row, printed by learn.logger (no bar)
     x, y = data()[1].tensors
     inputs, preds, targs = learn.show_results(max_n=3, shuffle=False)
     with torch.no_grad():
@@ -259,6 +260,7 @@ def test_get_preds_inner_leaves_the_fit_as_it_was(capsys):
 
     plain = with_train_metrics(learner(model=bn_frozen_model(), cbs=FreezeBn()))
     plain.fit(2, lr=1e-2)
+    capsys.readouterr()                       # its rows, printed by learn.logger (no bar)
     inner = with_train_metrics(learner(model=bn_frozen_model(), cbs=[FreezeBn(), PredsMidEpoch()], bar=True))
     inner.fit(2, lr=1e-2)
     assert inner.preds_mid_epoch.n_preds == [N_VALID, N_VALID]

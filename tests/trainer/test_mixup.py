@@ -20,7 +20,7 @@ class See(Callback):
     def after_loss(self):
         if self.training:
             cb = getattr(self.learn, "mix_up", None) or self.learn.cut_mix
-            self.rows.append((self.learn.keep.xb, self.learn.keep.yb, self.learn.xb[0], self.learn.pred.detach(),
+            self.rows.append((self.learn.keep.kept_x, self.learn.keep.kept_y, self.learn.xb[0], self.learn.pred.detach(),
                               self.learn.loss.item(), cb.partner.clone(), cb.lam.clone()))
 
 
@@ -28,7 +28,7 @@ class Keep(Callback):
     order = Order.DEFAULT - 1
 
     def before_batch(self):
-        self.xb, self.yb = self.learn.xb[0].clone(), self.learn.yb[0].clone()
+        self.kept_x, self.kept_y = self.learn.xb[0].clone(), self.learn.yb[0].clone()
 
 
 def learner(x, y, cb, targets_float=False):
