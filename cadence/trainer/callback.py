@@ -16,7 +16,6 @@ from __future__ import annotations
 import difflib
 import re
 import types
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -129,17 +128,6 @@ class Callback:
             if learn is not None:
                 learn._rebuild_handlers()
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # fastai's warning: `self.loss = ...` in a callback sets the callback's own attribute, not the learner's.
-        # Checked when the callback first sets `name` (a dict lookup after that)
-        learn = self.__dict__.get("learn")
-        if (learn is not None and name not in self.__dict__ and not hasattr(type(self), name)
-                and _learner_has(learn, name)):
-            warnings.warn(f"{type(self).__name__} sets self.{name}, which hides the learner's {name} from this callback "
-                          f"(reads of self.{name} now give the callback's own): write self.learn.{name} to change the "
-                          f"learner's", stacklevel=2)
-        object.__setattr__(self, name, value)
-
     @property
     def name(self) -> str:
         """Attribute name on the learner (fastai's): `ParamScheduler` -> `learn.param_scheduler`, `CSVLogger` ->
@@ -164,11 +152,6 @@ class Callback:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def _learner_has(learn: Any, name: str) -> bool:
-    """Whether `learn` has attribute `name` (its own or its class's), without running a property."""
-    return name in vars(learn) or any(name in vars(klass) for klass in type(learn).__mro__)
 
 
 def event_methods(cb: Callback) -> dict[str, Any]:

@@ -14,6 +14,7 @@ looks them up without asking each callback.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterable
 from typing import Any, Self
 
@@ -33,6 +34,14 @@ def listify(x) -> list:
     if x is None:
         return []
     return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+_OWN = frozenset({"learn", "run"})  # a callback's own attributes the learner has too
+
+
+def _learner_has(learn: Any, name: str) -> bool:
+    """Whether `learn` has attribute `name` (its own or its class's), without running a property."""
+    return name in vars(learn) or any(name in vars(klass) for klass in type(learn).__mro__)
 
 
 def _check_one_recorder(learn: Any, cb: Callback) -> None:
@@ -57,6 +66,7 @@ class CallbackMethods:
             raise ValueError(f"callback name {cb.name!r} clashes with Learner.{cb.name}; rename the callback class")
         _check_one_recorder(self, cb)
         cb.learn = self
+        self.__dict__.setdefault("_attrs_at_attach", {})[id(cb)] = frozenset(vars(cb))  # not warned of (fastai's)
         setattr(self, cb.name, cb)
         self.cbs.append(cb)
         self._rebuild_handlers()
@@ -77,6 +87,7 @@ class CallbackMethods:
         for c in targets:
             c.on_remove()
             self.cbs.remove(c)
+            self.__dict__.get("_attrs_at_attach", {}).pop(id(c), None)
             if getattr(self, c.name, None) is c:
                 delattr(self, c.name)
                 for other in self.cbs:  # another of the same name (two of a class): it is `learn.<name>` now
@@ -127,6 +138,20 @@ class CallbackMethods:
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
         self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
+
+    def _warn_shadowing(self) -> None:
+        """fastai's warning, once per callback class and name: a callback that set an attribute the learner has
+        (`self.loss = ...`) after it was attached reads its own from then on, and the learner's is unchanged.
+        Checked at each epoch's and fit's end (not as each attribute is set: that would cost every set in the loop)."""
+        warned, at_attach = self.__dict__.setdefault("_shadowing_warned", set()), self.__dict__["_attrs_at_attach"]
+        for cb in self.cbs:
+            for name in vars(cb).keys() - at_attach.get(id(cb), frozenset()):
+                if ((type(cb), name) not in warned and not name.startswith("_") and name not in _OWN
+                        and not hasattr(type(cb), name) and _learner_has(self, name)):
+                    warned.add((type(cb), name))
+                    warnings.warn(f"{type(cb).__name__} sets self.{name}, which hides the learner's {name} from the "
+                                  f"callback (self.{name} reads the callback's own): write self.learn.{name} to change "
+                                  f"the learner's", stacklevel=2)
 
     def show_training_loop(self) -> None:
         """Print every event in loop order with the callbacks that handle it."""

@@ -241,7 +241,9 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
                 self._run_callbacks_again()
 
     def _run_callbacks_again(self) -> None:
-        """fastai's end of a fit: every callback that set `self.run = False` runs again in the next."""
+        """fastai's end of a fit: every callback that set `self.run = False` runs again in the next (and any that
+        set a learner attribute on itself is warned)."""
+        self._warn_shadowing()
         stopped = [cb for cb in self.cbs if not cb.run]
         for cb in stopped:
             cb.__dict__["run"] = True
@@ -272,6 +274,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         self._do_epoch_train()
         if self.dls.valid is not None:
             self._do_epoch_validate()
+        self._warn_shadowing()
 
     def _do_epoch_train(self) -> None:
         self.dl, self.training, self._handlers = self.dls.train, True, self._train_handlers

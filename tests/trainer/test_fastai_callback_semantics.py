@@ -95,9 +95,9 @@ def test_a_callback_setting_a_learner_attribute_on_itself_is_warned_once():
         warnings.simplefilter("always")
         learn.fit(1)
     messages = [str(w.message) for w in caught]
-    assert [m for m in messages if "self.loss" in m] == [
-        "Shadows sets self.loss, which hides the learner's loss from this callback (reads of self.loss now give the "
-        "callback's own): write self.learn.loss to change the learner's"]
+    assert [m for m in messages if "self.loss" in m] == [                # once, though set at every batch
+        "Shadows sets self.loss, which hides the learner's loss from the callback (self.loss reads the callback's "
+        "own): write self.learn.loss to change the learner's"]
     assert not [m for m in messages if "mine" in m]
 
 
