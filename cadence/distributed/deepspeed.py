@@ -39,6 +39,7 @@ from .deepspeed_config import (as_flag, build_config, engine_config, fill_optimi
 from .deepspeed_install import build_ops, import_deepspeed
 from .deepspeed_state import (frozen_fp32, full_fp32, full_optimizer_state, load_full_optimizer_state,
                               materialize_state, partitioned, set_zero3_partition, torch_groups)
+from .kept_state import kept_on_disk
 from .precision import AutocastPrecision, FullPrecision
 from .staging import HostBuffers, Staging
 from .strategy import (ConfiguredAtFit, MakeOpt, OwnsAccumulation, OwnsClipping, OwnsPrecision, Strategy, meta_copy,
@@ -144,6 +145,10 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
               ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Build the engine: the config's "auto" values filled, the Learner's optimizer unless the config names one."""
         deepspeed = import_deepspeed()
+        if not any(p.requires_grad for p in model.parameters()):  # DeepSpeed's own error is an IndexError
+            raise ValueError(f"strategy='deepspeed': no parameter of the model requires a gradient (all frozen), and "
+                             f"DeepSpeed's ZeRO-{self.stage} engine needs some to build its optimizer; unfreeze the "
+                             f"ones to train (requires_grad_(True)), or run inference without distrib_ctx")
         self.precision = _engine_precision(precision or self.precision, self.device)
         self._precision_fixed = True
         self._skeleton, self._frozen = meta_copy(model), frozen_fp32(model, self.precision.name, self.stage)
@@ -446,6 +451,11 @@ class DeepSpeed(OwnsPrecision, OwnsAccumulation, OwnsClipping, ConfiguredAtFit, 
         """The host memory of an asynchronous save's late copy, allocated ahead: the first save's copy finds it
         faulted in."""
         buffers.reserve_storages(deepspeed_checkpoint.saved_step_written(self.engine))
+
+    def keep_training_state(self, model: nn.Module, opt: torch.optim.Optimizer,
+                            directory: Path) -> Callable[[], None]:
+        """The engine's own checkpoint in `directory` (a copy of its partitioned state cannot be loaded back)."""
+        return kept_on_disk(self, model, opt, directory)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote, on any number of processes (a ZeRO checkpoint on another number is

@@ -26,6 +26,7 @@ from torch import nn
 from ..compile import unwrap_compiled
 from ..tied_weights import retie, tied_names
 from . import env, ops
+from .kept_state import kept_in_memory
 from .load_in_place import load_optimizer_in_place
 from .precision import FullPrecision
 from .staging import HostBuffers, Staging, host_copy
@@ -334,6 +335,15 @@ class Strategy:
                                                for m in ("checkpoint_writer", "save_checkpoint")):
             model_writer, opt_writer = self._file_writers()
             buffers.reserve(model if self.dp_rank == model_writer else None, opt if self.dp_rank == opt_writer else None)
+
+    def keep_training_state(self, model: nn.Module, opt: torch.optim.Optimizer,
+                            directory: Path) -> Callable[[], None]:
+        """The model's and optimizer's state kept now, put back by the returned function (`lr_find`'s sweep): a copy
+        in memory; an engine that cannot load a copy back keeps it in `directory` (`kept_on_disk`).
+
+        >>> restore = strategy.keep_training_state(model, opt, Path("models/_lr_find")); ...; restore()
+        """
+        return kept_in_memory(model, opt)
 
     def load_checkpoint(self, directory: Path, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         """Read what `save_checkpoint` wrote (any world size); both files read and checked before anything is loaded.

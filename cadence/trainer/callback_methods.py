@@ -44,6 +44,23 @@ def _learner_has(learn: Any, name: str) -> bool:
     return name in vars(learn) or any(name in vars(klass) for klass in type(learn).__mro__)
 
 
+def learner_recorder(cbs: list, metrics: Any) -> Recorder:
+    """The Learner's Recorder: one passed in `cbs` (fastai's `cbs=Recorder(train_metrics=True)`) in place of the
+    default, taking the Learner's `metrics` unless it has its own."""
+    given = [cb for cb in cbs if isinstance(cb, Recorder)]
+    if len(given) > 1:
+        raise ValueError(f"Learner(cbs=...) holds {len(given)} Recorders; a Learner records with one: pass one")
+    if not given:
+        return Recorder(listify(metrics))
+    recorder = given[0]
+    if listify(metrics):
+        if recorder.metrics:
+            raise ValueError("Learner(metrics=...) and the Recorder in cbs both name metrics: pass them once, to "
+                             "either")
+        recorder.metrics = listify(metrics)
+    return recorder
+
+
 def _check_one_recorder(learn: Any, cb: Callback) -> None:
     """A Learner records with one Recorder (its metrics are `learn.metrics`): a second one is refused."""
     if isinstance(cb, Recorder) and any(isinstance(c, Recorder) and c is not cb for c in learn.cbs):
@@ -138,6 +155,16 @@ class CallbackMethods:
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
         self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
+
+    def _run_callbacks_again(self) -> None:
+        """fastai's end of a fit: every callback that set `self.run = False` runs again in the next (and any that
+        set a learner attribute on itself is warned)."""
+        self._warn_shadowing()
+        stopped = [cb for cb in self.cbs if not cb.run]
+        for cb in stopped:
+            cb.__dict__["run"] = True
+        if stopped:
+            self._rebuild_handlers()
 
     def _warn_shadowing(self) -> None:
         """fastai's warning, once per callback class and name: a callback that set an attribute the learner has

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..nested import map_tensors
 from .callback import Callback, default_callbacks
-from .callback_methods import CallbackMethods, listify
+from .callback_methods import CallbackMethods, learner_recorder, listify
 from .data import DataLoaders, n_batches, to_detach, to_device
 from .events import (CancelBackwardException, CancelBatchException, CancelEpochException,
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
@@ -118,7 +118,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         self.log_epochs = self.create_mbar = True  # what no_logging() / no_mbar() switch off (fastai's create_mbar)
         self.logger = print  # fastai's: where the Recorder writes each epoch's row when no progress display shows it
         cbs = [cb() if isinstance(cb, type) else cb for cb in listify(cbs)]
-        self.add_cbs([_recorder(cbs, metrics), *_default_cbs(), *[cb for cb in cbs if not isinstance(cb, Recorder)]])
+        self.add_cbs([learner_recorder(cbs, metrics), *_default_cbs(), *[cb for cb in cbs if not isinstance(cb, Recorder)]])
         self("after_create")
 
     # ------------------------------------------------------------------ events
@@ -217,6 +217,9 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         if start_epoch and resume is not None:
             raise ValueError("fit(start_epoch=...) and fit(resume=...) both say where to start: a resumed run "
                              "continues where its checkpoint stopped; pass only one")
+        if not any(p.requires_grad for p in self.model.parameters()):
+            raise ValueError("fit: no parameter of the model requires a gradient (all frozen), so there is nothing to "
+                             "train; unfreeze the ones to train (learn.unfreeze(), or requires_grad_(True) on them)")
         if start_epoch:
             cbs = [*listify(cbs), SkipToEpoch(start_epoch)]
         if reset_opt:
@@ -239,16 +242,6 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
                 self._with_events(self._do_fit, "fit", CancelFitException, self._end_cleanup)
             finally:
                 self._run_callbacks_again()
-
-    def _run_callbacks_again(self) -> None:
-        """fastai's end of a fit: every callback that set `self.run = False` runs again in the next (and any that
-        set a learner attribute on itself is warned)."""
-        self._warn_shadowing()
-        stopped = [cb for cb in self.cbs if not cb.run]
-        for cb in stopped:
-            cb.__dict__["run"] = True
-        if stopped:
-            self._rebuild_handlers()
 
     @contextlib.contextmanager
     def _fit_contexts(self):
@@ -490,23 +483,6 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
 
 def _detuplify(x: Any) -> Any:
     return x[0] if isinstance(x, tuple) and len(x) == 1 else x
-
-
-def _recorder(cbs: list, metrics: Any) -> Recorder:
-    """The Learner's Recorder: one passed in `cbs` (fastai's `cbs=Recorder(train_metrics=True)`) in place of the
-    default, taking the Learner's `metrics` unless it has its own."""
-    given = [cb for cb in cbs if isinstance(cb, Recorder)]
-    if len(given) > 1:
-        raise ValueError(f"Learner(cbs=...) holds {len(given)} Recorders; a Learner records with one: pass one")
-    if not given:
-        return Recorder(listify(metrics))
-    recorder = given[0]
-    if listify(metrics):
-        if recorder.metrics:
-            raise ValueError("Learner(metrics=...) and the Recorder in cbs both name metrics: pass them once, to "
-                             "either")
-        recorder.metrics = listify(metrics)
-    return recorder
 
 
 def _default_cbs() -> list[Callback]:

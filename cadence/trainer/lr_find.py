@@ -12,7 +12,6 @@ SuggestedLRs(valley=0.0021, slide=0.0035, minimum=0.012, steep=0.0006)
 from __future__ import annotations
 
 import collections
-import copy
 import math
 import warnings
 from typing import Any, Callable, Sequence
@@ -124,7 +123,9 @@ class LRFinder(Callback):
         self.losses: list[float] = []
 
     def before_fit(self):
-        self.saved = copy.deepcopy(self.learn.model.state_dict()), copy.deepcopy(self.learn.opt.state_dict())
+        learn = self.learn  # the engine keeps the state (DeepSpeed's on disk, as fastai's `_tmp`: in model_dir)
+        self.restore = learn.strategy.keep_training_state(learn.model, learn.opt,
+                                                          learn.path / learn.model_dir / "_lr_find")
         self.best, self.avg = math.inf, 0.0
 
     def before_batch(self):
@@ -152,9 +153,8 @@ class LRFinder(Callback):
         raise CancelValidateException()
 
     def after_fit(self):
-        self.learn.model.load_state_dict(self.saved[0])
-        self.learn.opt.load_state_dict(self.saved[1])
-        self.learn.opt.zero_grad(set_to_none=True)
+        self.restore()
+        self.learn.strategy.zero_grad(self.learn.opt)
 
     def suggest(self, suggest_funcs: Sequence[Suggestion]) -> tuple[Any, list[tuple[float, float]]]:
         """(SuggestedLRs, the point each function marks) over the recorded sweep, trimmed as fastai does."""

@@ -534,3 +534,13 @@ def test_a_config_that_disables_the_learners_precision_is_refused_before_trainin
     with learn.distrib_ctx(strategy="deepspeed", config=config):
         learn.fit(1)
     assert learn.recorder.values
+
+
+def test_a_model_with_every_parameter_frozen_is_refused_naming_it_before_the_engine_is_built(dls):
+    from cadence import Learner
+
+    learn = Learner(dls, torch.nn.Linear(8, 3).requires_grad_(False), loss_func=torch.nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match=r"strategy='deepspeed': no parameter of the model requires a gradient"):
+        with learn.distrib_ctx(strategy="deepspeed", zero_stage=2):
+            pass
+    assert type(learn.strategy).__name__ == "SingleDevice"     # the context left nothing behind

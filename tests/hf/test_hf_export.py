@@ -33,7 +33,8 @@ def test_save_model_writes_what_save_pretrained_writes_and_from_pretrained_loads
         assert len(list((tmp_path / "ours").glob("model-*.safetensors"))) > 2
         assert index_keys(tmp_path / "ours") == index_keys(tmp_path / "theirs")
     config = json.loads((tmp_path / "ours" / "config.json").read_text())
-    assert config["model_type"] == name
+    assert config == json.loads((tmp_path / "theirs" / "config.json").read_text())   # architectures, dtype included
+    assert config["model_type"] == name and config["dtype"] == "float32" and len(config["architectures"]) == 1
     model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     assert model.dtype == torch.float32
@@ -49,6 +50,7 @@ def test_a_bf16_fit_exports_fp32(tmp_path):
     learn.fit(1)
     learn.save_model(tmp_path)
     assert set(stored(tmp_path).values()) == {"F32"}
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float32"   # the weights written
     assert AutoModelForCausalLM.from_pretrained(tmp_path).dtype == torch.float32
 
 

@@ -108,3 +108,11 @@ def test_opt_func_given_as_a_name(dls, model):
         Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func="adam")
     with pytest.raises(TypeError, match=r"got 'rocket': pass e.g. opt_func=torch.optim.AdamW"):
         Learner(dls, model, loss_func=nn.CrossEntropyLoss(), opt_func="rocket")
+
+
+def test_a_model_with_every_parameter_frozen_is_refused_before_training(dls):
+    model = nn.Linear(8, 3).requires_grad_(False)
+    learn = Learner(dls, model, loss_func=nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match=r"no parameter of the model requires a gradient \(all frozen\)"):
+        learn.fit(1)
+    assert learn.recorder.values == [] and learn.step == 0

@@ -20,6 +20,7 @@ same save id, so a loader can tell shards of two saves apart.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -76,7 +77,7 @@ def save_model(learn: Any, directory: str | os.PathLike, max_shard_size: int | s
                     _write_weights(state, tied_names(module), staged, limit, uuid.uuid4().hex)
                 else:  # torch.save keeps a tied weight's storage once by itself
                     write_bin_weights(state, staged, limit)
-                _write_config(module, staged)
+                _write_config(module, staged, state)
             _carry_other_files(directory, staged)
     if wait:
         learn.strategy.barrier()
@@ -114,11 +115,21 @@ def _with_aliases(shard: dict[str, torch.Tensor], aliases: dict[str, str]) -> di
     return {**shard, **{alias: shard[source] for alias, source in aliases.items() if source in shard}}
 
 
-def _write_config(module: nn.Module, directory: Path) -> None:
-    """A transformers model's config.json (and generation_config.json), which `from_pretrained` needs."""
-    for config in (getattr(module, "config", None), getattr(module, "generation_config", None)):
-        if hasattr(config, "save_pretrained"):
-            config.save_pretrained(str(directory))
+def _write_config(module: nn.Module, directory: Path, state: dict[str, torch.Tensor]) -> None:
+    """A transformers model's config.json (and generation_config.json), which `from_pretrained` needs, naming the
+    model's class (`architectures`) and the dtype of the weights written (`dtype`), as `save_pretrained` does: a
+    bf16 engine's fp32 weights load back as fp32."""
+    config = getattr(module, "config", None)
+    if hasattr(config, "save_pretrained"):
+        config = copy.copy(config)  # the model's own config is left as it is
+        config.architectures = [type(module).__name__.removeprefix("FSDP")]  # FSDP2 renames the class it wraps
+        dtype = next((t.dtype for t in state.values() if t.is_floating_point()), None)
+        if dtype is not None:
+            config.dtype = str(dtype).removeprefix("torch.")
+        config.save_pretrained(str(directory))
+    generation = getattr(module, "generation_config", None)
+    if hasattr(generation, "save_pretrained"):
+        generation.save_pretrained(str(directory))
 
 
 def _check_target(directory: Path) -> None:
