@@ -133,7 +133,9 @@ class Accelerator(PrepareMethods, SavingMethods, RunProperties, ProcessHelpers, 
         self.strategy.setup_environment()
         self.state.distributed_type = self.distributed_type
         self.mixed_precision = self.state.mixed_precision = shared_precision(mixed_precision, self.distributed_type)
-        self.state.fsdp_plugin = fsdp_plugin if self.distributed_type == DistributedType.FSDP else None
+        self.state.fsdp_plugin = None
+        if self.distributed_type == DistributedType.FSDP:   # the launcher's, as Accelerate builds it from its variables
+            self.state.fsdp_plugin = fsdp_plugin or FullyShardedDataParallelPlugin.from_launcher()
         self.state.deepspeed_plugin = None
         if self.distributed_type == DistributedType.DEEPSPEED:
             self.state.deepspeed_plugin = deepspeed_plugin or DeepSpeedPlugin.from_launcher()

@@ -207,6 +207,21 @@ class FullyShardedDataParallelPlugin:
             raise ValueError("FullyShardedDataParallelPlugin: give sharding_strategy or reshard_after_forward, not both")
         self.strategy_options()   # bad names fail here, not at prepare
 
+    @classmethod
+    def from_launcher(cls) -> FullyShardedDataParallelPlugin:
+        """The plugin `cadence launch --use_fsdp ...` (`$CADENCE_FSDP_CONFIG`, Accelerate's `fsdp_config` keys) stands
+        for: what `accelerator.state.fsdp_plugin` holds when the launcher chose FSDP, as Accelerate builds it from
+        its environment.
+
+        >>> FullyShardedDataParallelPlugin.from_launcher().state_dict_type   # under `--fsdp_state_dict_type ...`
+        """
+        raw = {k.removeprefix("fsdp_"): v for k, v in json.loads(os.environ.get("CADENCE_FSDP_CONFIG") or "{}").items()}
+        renamed = {"version": "fsdp_version", "transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
+                   "offload_params": "cpu_offload"}   # Accelerate's config keys that name a field otherwise
+        known = {f.name for f in fields(cls) if f.init}
+        options = {renamed.get(k, k): v for k, v in raw.items()}
+        return cls(**{k: v for k, v in options.items() if k in known and v is not None})
+
     def strategy_options(self) -> dict[str, Any]:
         """The keyword arguments of cadence's `FSDP` strategy that this plugin stands for (checked by it).
 

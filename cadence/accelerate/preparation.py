@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..distributed import env, ops
 from ..distributed.deepspeed_config import check_precision, configured_precision, engine_config
@@ -171,8 +171,9 @@ def split_loader(dl: DataLoader, n: int) -> DataLoader:
     if dl.batch_size % n:
         raise ValueError(f"split_batches=True needs a batch size divisible by the {n} processes, "
                          f"got {dl.batch_size}; use a multiple of {n}")
-    return DataLoader(dl.dataset, batch_size=dl.batch_size // n, sampler=dl.sampler, drop_last=dl.drop_last,
-                      generator=dl.generator, **loader_settings(dl))
+    order = {} if isinstance(dl.dataset, IterableDataset) else {"sampler": dl.sampler}  # a stream orders itself
+    return DataLoader(dl.dataset, batch_size=dl.batch_size // n, drop_last=dl.drop_last, generator=dl.generator,
+                      **order, **loader_settings(dl))
 
 
 # the per-parameter-group lists of torch's schedulers (one entry per group, in the optimizer's order)
