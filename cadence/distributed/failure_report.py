@@ -18,8 +18,9 @@ PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
 
 def report_signal(sig) -> int:
     if sig.name in PREEMPTION_SIGNALS:
-        print(f"cadence launch: preempted by {sig.name}: the workers were asked to checkpoint and stop; "
-              f'run the same command again to resume (with fit(resume="auto"))', file=sys.stderr)
+        print(f"cadence launch: preempted by {sig.name}: the workers were asked to stop (a fit with a Checkpoint "
+              f"callback saves first); run the same command again to resume from the last checkpoint "
+              f'(fit(resume="auto"), or accelerator.load_state in a loop of your own)', file=sys.stderr)
     else:
         print(f"cadence launch: stopped by {sig.name}; every worker was terminated", file=sys.stderr)
     return 128 + int(sig)
