@@ -161,7 +161,8 @@ NOT_DOCTESTED = {
 
 def _doctest_namespace() -> dict:
     """What the examples may use: torch, nn, F, every public name, and a small `dls`, `model` and `learn`
-    (4 batches of 8 items, 4 features, 2 classes; the progress display removed, so fits print nothing)."""
+    (4 batches of 8 items, 4 features, 2 classes; the progress display removed and the rows it leaves to
+    `learn.logger` dropped, so fits print nothing)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -172,6 +173,7 @@ def _doctest_namespace() -> dict:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     learn = cadence.Learner(dls, model, loss_func=nn.CrossEntropyLoss(), metrics=cadence.accuracy)
     learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, cadence.ProgressCallback)])
+    learn.logger = lambda row: None
     return {"torch": torch, "nn": nn, "F": F, **{n: getattr(cadence, n) for n in cadence.__all__},
             "dls": dls, "model": model, "learn": learn}
 
