@@ -260,15 +260,18 @@ def load_accelerator_state(acc: Any, directory: str | os.PathLike) -> dict[str, 
     rng = directory / f"rng-rank{acc.process_index}.pt"
     if rng.is_file():
         set_rng_state(load_torch(rng), acc.strategy)
-    saved_on = state.get("world_size", acc.num_processes)
-    if saved_on == acc.num_processes:
-        for dl, dl_state in zip(acc._dataloaders, state["dataloaders"]):
+    moved = []
+    for dl, dl_state in zip(acc._dataloaders, state["dataloaders"]):
+        layout = dl_state.get("world_size", dl.base.world_size), dl_state.get("batch_size", dl.base.dl.batch_size)
+        if layout == (dl.base.world_size, dl.base.dl.batch_size):
             _restore_position(dl, dl_state)
-    elif acc._dataloaders and acc.is_main_process:   # a position counts batches of the saving run's processes
-        warnings.warn(f"{directory} was saved on {saved_on} process(es) and loads on {acc.num_processes}: the prepared "
-                      f"loaders' position (batches of {saved_on} process(es)) is not restored, so each starts its "
-                      f"epoch from the beginning, as Accelerate's loaders do after load_state; skip what the saving "
-                      f"run had done with skip_first_batches(dl, n)", stacklevel=3)
+        else:   # a position counts batches dealt to the saving run's data-parallel processes
+            moved.append(f"{layout[0]} x {layout[1]} then, {dl.base.world_size} x {dl.base.dl.batch_size} now")
+    if moved and acc.is_main_process:
+        warnings.warn(f"{directory} was saved with other loader layouts (data-parallel processes x batch size: "
+                      f"{'; '.join(moved)}): those loaders' position is not restored, so each starts its epoch from "
+                      f"the beginning, as Accelerate's loaders do after load_state; skip what the saving run had done "
+                      f"with skip_first_batches(dl, n)", stacklevel=3)
     acc.step = state["step"]
     return state
 

@@ -31,7 +31,8 @@ def kept_in_memory(model: nn.Module, opt: Any) -> Callable[[], None]:
 
 def kept_on_disk(strategy: Any, model: nn.Module, opt: Any, directory: Path) -> Callable[[], None]:
     """The engine's own checkpoint of `model` and `opt`, written to `directory` now (every rank its part), read
-    back and removed by the returned function (every rank calls both)."""
+    back and removed by the returned function (every rank calls both). `directory` is the Learner's model_dir, which
+    every process reads as its checkpoints are (one shared disk across machines)."""
     directory = Path(directory)
     if strategy.is_main:
         shutil.rmtree(directory, ignore_errors=True)  # what a sweep that raised left behind
@@ -40,10 +41,8 @@ def kept_on_disk(strategy: Any, model: nn.Module, opt: Any, directory: Path) -> 
 
     def restore() -> None:
         strategy.barrier()  # every rank's part written
-        try:
-            strategy.load_checkpoint(directory, model, opt)
-        finally:
-            strategy.barrier()
-            if strategy.is_main:
-                shutil.rmtree(directory, ignore_errors=True)
+        strategy.load_checkpoint(directory, model, opt)  # a load that fails leaves the state of before on disk
+        strategy.barrier()
+        if strategy.is_main:
+            shutil.rmtree(directory, ignore_errors=True)
     return restore

@@ -119,11 +119,11 @@ class Callback:
 
     @run.setter
     def run(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"{type(self).__name__}.run is fastai's switch of the callback's events, True or False; got "
-                            f"{value!r}: keep it under another name (e.g. self.wandb_run)")
-        if value != self.run:
-            self.__dict__["run"] = value
+        if not (isinstance(value, (bool, int)) and value in (0, 1) or type(value).__name__ == "bool_"):  # numpy's
+            raise TypeError(f"{type(self).__name__}.run is fastai's switch of the callback's events, True or False; "
+                            f"got {value!r}: keep it under another name (e.g. self.wandb_run)")
+        if bool(value) != self.run:
+            self.__dict__["run"] = bool(value)
             learn = self.__dict__.get("learn")
             if learn is not None:
                 learn._rebuild_handlers()

@@ -83,7 +83,7 @@ class CallbackMethods:
             raise ValueError(f"callback name {cb.name!r} clashes with Learner.{cb.name}; rename the callback class")
         _check_one_recorder(self, cb)
         cb.learn = self
-        self.__dict__.setdefault("_attrs_at_attach", {})[id(cb)] = frozenset(vars(cb))  # not warned of (fastai's)
+        cb.__dict__["_attrs_at_attach"] = frozenset(vars(cb))  # what it set before: not warned of (fastai's)
         setattr(self, cb.name, cb)
         self.cbs.append(cb)
         self._rebuild_handlers()
@@ -104,7 +104,6 @@ class CallbackMethods:
         for c in targets:
             c.on_remove()
             self.cbs.remove(c)
-            self.__dict__.get("_attrs_at_attach", {}).pop(id(c), None)
             if getattr(self, c.name, None) is c:
                 delattr(self, c.name)
                 for other in self.cbs:  # another of the same name (two of a class): it is `learn.<name>` now
@@ -154,25 +153,25 @@ class CallbackMethods:
             valid[event] = tuple(m[event] for cb, m in methods if event in m and cb.run and (cb.run_valid or not inner))
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
-        self._forward_cbs = [cb for cb in self.cbs if callable(getattr(cb, "forward_context", None))]
+        self._forward_cbs = [cb for cb in self.cbs if cb.run and callable(getattr(cb, "forward_context", None))]
 
     def _run_callbacks_again(self) -> None:
-        """fastai's end of a fit: every callback that set `self.run = False` runs again in the next (and any that
-        set a learner attribute on itself is warned)."""
-        self._warn_shadowing()
+        """fastai's reset at a fit's (and a validation's) end, done at its start too: every callback that set
+        `self.run = False` runs again (and any that set a learner attribute on itself is warned)."""
         stopped = [cb for cb in self.cbs if not cb.run]
         for cb in stopped:
             cb.__dict__["run"] = True
         if stopped:
             self._rebuild_handlers()
+        self._warn_shadowing()
 
     def _warn_shadowing(self) -> None:
         """fastai's warning, once per callback class and name: a callback that set an attribute the learner has
         (`self.loss = ...`) after it was attached reads its own from then on, and the learner's is unchanged.
         Checked at each epoch's and fit's end (not as each attribute is set: that would cost every set in the loop)."""
-        warned, at_attach = self.__dict__.setdefault("_shadowing_warned", set()), self.__dict__["_attrs_at_attach"]
+        warned = self.__dict__.setdefault("_shadowing_warned", set())
         for cb in self.cbs:
-            for name in vars(cb).keys() - at_attach.get(id(cb), frozenset()):
+            for name in vars(cb).keys() - vars(cb).get("_attrs_at_attach", frozenset()):
                 if ((type(cb), name) not in warned and not name.startswith("_") and name not in _OWN
                         and not hasattr(type(cb), name) and _learner_has(self, name)):
                     warned.add((type(cb), name))

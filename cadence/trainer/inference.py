@@ -214,6 +214,7 @@ class InferenceMethods:
             finally:
                 _fire_on(cbs, ("after_epoch", "after_fit"))
                 self._end_cleanup()
+                self._run_callbacks_again()   # fastai's validate fires after_fit, which resets `run`
 
     @contextlib.contextmanager
     def _kept_loop_state(self):

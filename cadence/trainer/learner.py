@@ -118,7 +118,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         self.log_epochs = self.create_mbar = True  # what no_logging() / no_mbar() switch off (fastai's create_mbar)
         self.logger = print  # fastai's: where the Recorder writes each epoch's row when no progress display shows it
         cbs = [cb() if isinstance(cb, type) else cb for cb in listify(cbs)]
-        self.add_cbs([learner_recorder(cbs, metrics), *_default_cbs(), *[cb for cb in cbs if not isinstance(cb, Recorder)]])
+        others = [cb for cb in cbs if not isinstance(cb, Recorder)]
+        self.add_cbs([learner_recorder(cbs, metrics), *_default_cbs(), *others])
         self("after_create")
 
     # ------------------------------------------------------------------ events
@@ -217,7 +218,7 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         if start_epoch and resume is not None:
             raise ValueError("fit(start_epoch=...) and fit(resume=...) both say where to start: a resumed run "
                              "continues where its checkpoint stopped; pass only one")
-        if not any(p.requires_grad for p in self.model.parameters()):
+        if not any(p.requires_grad for p in self.strategy.state_template(self.model).parameters()):  # every stage
             raise ValueError("fit: no parameter of the model requires a gradient (all frozen), so there is nothing to "
                              "train; unfreeze the ones to train (learn.unfreeze(), or requires_grad_(True) on them)")
         if start_epoch:
@@ -228,6 +229,9 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
             warnings.warn("learn.opt_func was changed after the optimizer was built: this fit still uses the "
                           f"{type(self.opt).__name__} built with the Learner (fastai builds it lazily in fit); "
                           "call learn.create_opt() to use the new opt_func (see docs/fastai.md)", stacklevel=2)
+        self._run_callbacks_again()  # one stopped outside a fit (in a validation) runs in this one
+        if "lr_finder" in vars(self) and self.lr_finder not in self.cbs:
+            del self.lr_finder  # the last sweep: fastai's callbacks tell lr_find's fit by hasattr(learn, "lr_finder")
         with self.added_cbs(cbs), self._fit_contexts():
             set_hyper(self.opt, "lr", self._group_lrs(self.lr if lr is None else lr, n_groups(self.opt)))
             wd = self.wd if wd is None else wd  # fastai's: each fit decays by learn.wd unless told otherwise

@@ -90,7 +90,7 @@ class FitPolicies:
 
         Returns a named tuple with one field per suggestion function (`valley`, `slide`, `minimum`,
         `steep`, or your own `fn(lrs, losses, num_it) -> (lr, (x, y))`). The sweep is
-        `learn.lr_finder`; without matplotlib there is no plot, and a warning says how to get one. Callbacks that
+        `learn.lr_finder` until the next fit (fastai's callbacks tell lr_find's fit by it); without matplotlib there is no plot, and a warning says how to get one. Callbacks that
         act on the run's results (Checkpoint, SaveModel, EarlyStopping, trackers) sit the sweep out.
 
         >>> lr = learn.lr_find().valley

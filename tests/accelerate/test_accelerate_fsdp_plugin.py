@@ -32,3 +32,16 @@ def test_a_plugin_from_the_launchers_variable_takes_accelerates_config_keys(monk
     assert (plugin.fsdp_version, plugin.sharding_strategy, plugin.min_num_params) == (2, "SHARD_GRAD_OP", 100)
     assert plugin.strategy_options() == {"sharding_strategy": "SHARD_GRAD_OP", "auto_wrap_policy": "SIZE_BASED_WRAP",
                                          "min_num_params": 100}
+
+
+def test_the_launchers_flags_as_strings_and_both_sharding_keys_make_a_plugin(monkeypatch):
+    from cadence.accelerate import FullyShardedDataParallelPlugin
+
+    monkeypatch.setenv("CADENCE_FSDP_CONFIG", json.dumps({"fsdp_sharding_strategy": "FULL_SHARD",
+                                                          "fsdp_reshard_after_forward": "true",
+                                                          "fsdp_offload_params": "false",
+                                                          "fsdp_activation_checkpointing": "true"}))
+    plugin = FullyShardedDataParallelPlugin.from_launcher()   # the plugin alone refuses both sharding keys
+    assert plugin.strategy_options() == {"sharding_strategy": "FULL_SHARD", "offload_params": False,
+                                         "activation_checkpointing": True}
+

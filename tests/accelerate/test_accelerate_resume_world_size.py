@@ -1,5 +1,5 @@
-"""`load_state` on another number of processes than `save_state`: the loaders' saved position counts batches of the
-saving run's processes, so it is not restored (the rows it gave were wrong: some twice, some never, a `len()` that
+"""`load_state` on another number of processes than `save_state`: each loader's saved position counts batches of
+the saving run's data-parallel processes, so on another layout it is not restored (the rows it gave were wrong: some twice, some never, a `len()` that
 disagreed with the batches); each loader starts its epoch from the beginning, as Accelerate's loaders do after
 `load_state`, and the main process warns naming both sizes. On the same number the position is restored."""
 
@@ -23,14 +23,17 @@ def load(tmp_path, saved_on, loads_on, shuffle):
 def test_another_number_of_processes_starts_the_epoch_again_and_says_so(tmp_path, saved_on, loads_on, shuffle):
     ranks = load(tmp_path, saved_on, loads_on, shuffle)
     assert len(ranks) == loads_on
-    rows = sorted(r for got in ranks for r in got["rows"][0])
-    assert rows[:16] == list(range(16)) or rows == list(range(16))   # every row of the epoch (2 ranks: padded)
+    for epoch in (0, 1):   # the rest of the loaded epoch is a whole epoch, and so is the next
+        rows = [r for got in ranks for r in got["rows"][epoch]]
+        assert sorted(rows) == list(range(16))   # every row once (16 rows deal evenly to 1 or 2 processes)
+        if not shuffle:
+            assert ranks[0]["rows"][epoch] == ([0, 1, 4, 5, 8, 9, 12, 13] if loads_on == 2 else list(range(16)))
     assert all(got["len"] == 16 // 2 // loads_on for got in ranks)
     assert [w for w in ranks[0]["warnings"] if "is not restored" in w] == [
-        f"{tmp_path / 'ckpt'} was saved on {saved_on} process(es) and loads on {loads_on}: the prepared loaders' "
-        f"position (batches of {saved_on} process(es)) is not restored, so each starts its epoch from the beginning, "
-        f"as Accelerate's loaders do after load_state; skip what the saving run had done with "
-        f"skip_first_batches(dl, n)"]
+        f"{tmp_path / 'ckpt'} was saved with other loader layouts (data-parallel processes x batch size: "
+        f"{saved_on} x 2 then, {loads_on} x 2 now): those loaders' position is not restored, so each starts its "
+        f"epoch from the beginning, as Accelerate's loaders do after load_state; skip what the saving run had done "
+        f"with skip_first_batches(dl, n)"]
 
 
 @pytest.mark.slow

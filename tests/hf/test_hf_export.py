@@ -88,6 +88,12 @@ def test_a_peft_model_saves_its_adapter_or_the_merged_model_as_asked(tmp_path):
     torch.testing.assert_close(logits(model), trained, rtol=0, atol=1e-5)
     assert type(learn.model).__name__ == "PeftModel"  # merging worked on a copy: the Learner's model keeps its adapter
     torch.testing.assert_close(logits(learn.model), trained, rtol=0, atol=0)
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
+
+    from cadence.callbacks.checkpoint.export import save_model    # the Accelerator's save_model of a PeftModel
+
+    save_model(learn, tmp_path / "whole", adapter_only=False)
+    assert json.loads((tmp_path / "whole" / "config.json").read_text())["architectures"] == ["GPT2LMHeadModel"]
 
 
 def test_merge_adapter_without_an_adapter_is_refused_before_writing(tmp_path):

@@ -68,11 +68,11 @@ class Bucketing(Sampler):
 
 class Record(Callback):
     def __init__(self, run, rows):
-        self.run, self.rows = run, rows
+        self.tag, self.rows = run, rows
 
     def before_batch(self):
         if self.learn.training:
-            self.rows.append([self.run, self.learn.epoch, self.learn.iter, self.learn.xb[0][:, 0].long().tolist()])
+            self.rows.append([self.tag, self.learn.epoch, self.learn.iter, self.learn.xb[0][:, 0].long().tolist()])
 
 
 class StopAfter(Callback):

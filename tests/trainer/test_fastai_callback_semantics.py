@@ -170,3 +170,58 @@ def test_plot_loss_takes_fastais_log_show_epochs_and_ax():
     assert ax.get_xscale() == ax.get_yscale() == "log"
     assert [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == ":"] == learn.recorder.iters
     plt.close(fig)
+
+
+class OffInValidation(Callback):
+    def __init__(self):
+        self.batches = 0
+
+    def before_fit(self):
+        self.batches = 0
+
+    def after_batch(self):
+        self.batches += 1
+        if not self.training:
+            self.run = False
+
+
+def test_a_callback_switched_off_in_a_validation_runs_in_the_next_fit():
+    learn, cb = learner(), OffInValidation()
+    learn.add_cb(cb)
+    learn.validate()                                # fastai's validate ends with after_fit, which resets `run`
+    assert cb.run is True
+    learn.fit(1)
+    assert cb.batches == 5                          # 4 training batches, then the first validation batch
+
+
+class NotDuringLrFind(Callback):
+    """fastai's own callbacks (TensorBoard, W&B, ShowGraph) sit lr_find's fit out this way."""
+    def before_fit(self):
+        self.run = not hasattr(self.learn, "lr_finder")
+        self.epochs = 0
+
+    def after_epoch(self):
+        self.epochs += 1
+
+
+def test_fastais_lr_finder_idiom_sits_out_the_sweep_and_not_the_fits_after_it():
+    learn, cb = learner(), NotDuringLrFind()
+    learn.add_cb(cb)
+    learn.lr_find(num_it=10, show_plot=False)
+    assert cb.epochs == 0 and len(learn.lr_finder.lrs) > 0     # the sweep stays readable until the next fit
+    learn.fit(2)
+    assert cb.epochs == 2 and not hasattr(learn, "lr_finder")
+
+
+class SetsInInit(Callback):
+    def __init__(self):
+        self.path = "mine"                           # set before it was attached: fastai does not warn
+
+
+def test_a_copied_learner_warns_of_nothing_its_callbacks_set_before_they_were_attached():
+    import copy
+
+    learn = copy.deepcopy(learner(cbs=SetsInInit()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        learn.fit(1)

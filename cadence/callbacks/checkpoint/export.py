@@ -122,7 +122,10 @@ def _write_config(module: nn.Module, directory: Path, state: dict[str, torch.Ten
     config = getattr(module, "config", None)
     if hasattr(config, "save_pretrained"):
         config = copy.copy(config)  # the model's own config is left as it is
-        config.architectures = [type(module).__name__.removeprefix("FSDP")]  # FSDP2 renames the class it wraps
+        base = module.get_base_model() if _is_peft_model(module) else module
+        transformers = sys.modules.get("transformers")
+        if transformers is not None and isinstance(base, transformers.PreTrainedModel):  # not a wrapper of the user's
+            config.architectures = [type(base).__name__.removeprefix("FSDP")]  # FSDP2 renames the class it wraps
         dtype = next((t.dtype for t in state.values() if t.is_floating_point()), None)
         if dtype is not None:
             config.dtype = str(dtype).removeprefix("torch.")
