@@ -182,7 +182,7 @@ class XLA(Strategy):
         if self.fsdp:
             from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
 
-            model = SpmdFullyShardedDataParallel(model, mesh=self.mesh)
+            model = SpmdFullyShardedDataParallel(model, mesh=self.mesh, shard_output=self._shard_output)
         self._params = list(model.parameters())
         return model, make_opt(model)
 
@@ -210,14 +210,29 @@ class XLA(Strategy):
             return batch
         import torch_xla.distributed.spmd as xs
 
-        axes = tuple(a for a in self.mesh.axis_names if a in ("data", "fsdp"))
-        batch_axis = axes[0] if len(axes) == 1 else axes
-
         def mark(t: torch.Tensor) -> torch.Tensor:
             if t.ndim:
-                xs.mark_sharding(t, self.mesh, (batch_axis, *([None] * (t.ndim - 1))))
+                xs.mark_sharding(t, self.mesh, self._batch_spec(t))
             return t
         return map_tensors(mark, batch)
+
+    def _batch_spec(self, t: torch.Tensor) -> tuple:
+        """`t` split along dim 0 over the mesh's data axes ("data", "fsdp" or both), whole along the others."""
+        axes = tuple(a for a in self.mesh.axis_names if a in ("data", "fsdp"))
+        return (axes[0] if len(axes) == 1 else axes, *([None] * (t.ndim - 1)))
+
+    def _shard_output(self, output: Any, mesh: Any) -> None:
+        """FSDPv2's mark of the forward's output as split along the batch, as the batch is: the output itself, or
+        a Hugging Face model's `logits` (torch_xla's own mark takes a tensor or a tuple, and refused a ModelOutput),
+        or the first tensor of any other tuple, list or dict."""
+        import torch_xla.distributed.spmd as xs
+
+        tensor = _batch_tensor(output)
+        if tensor is None:
+            raise RuntimeError(f"strategy='xla' with fsdp=True marks the model's output as split along the batch, and "
+                               f"its {type(output).__name__} holds no tensor with a batch dimension: return a tensor, "
+                               f"a tuple of them or a dict (a Hugging Face ModelOutput)")
+        xs.mark_sharding(tensor, mesh, self._batch_spec(tensor))
 
     # ------------------------------------------------------------------ one step
     def set_precision(self, precision: FullPrecision) -> None:
@@ -391,3 +406,16 @@ def _mix(base: int, n: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (z ^ (z >> 31)) >> 1
+
+
+def _batch_tensor(output: Any) -> torch.Tensor | None:
+    """The tensor of a model's output that has the batch along dim 0: the output, its `logits`, else the first
+    tensor of at least one dimension in a tuple, list or dict."""
+    if isinstance(output, torch.Tensor):
+        return output if output.ndim else None
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.ndim:
+        return logits
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
+    return next((v for v in values if isinstance(v, torch.Tensor) and v.ndim), None)
+

@@ -8,10 +8,12 @@ Each mode writes a JSON report to `--out`; references are computed here with the
            validation loss next to a hand-computed mean over every validation sample
   per_fit  graphs compiled, executions and host transfers of a fit(1) next to a hand-written epoch
   train    train with a Checkpoint every step, optionally SIGKILL itself at a step; resume="auto"
-  spmd     (CPU_NUM_DEVICES=N) data parallel, FSDPv2, 2-D meshes against the plain-CPU run; a bad mesh
+  spmd     (CPU_NUM_DEVICES=N) data parallel, FSDPv2 (a Hugging Face model's ModelOutput too), 2-D meshes
+           against the plain-CPU run; a bad mesh
 """
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -99,6 +101,19 @@ def fit_xla(case, epochs=2, **strategy_kwargs):
         learn.fit(epochs, cbs=shardings)
         out = weights(learn), learn.recorder.values, shardings.specs
     return out
+
+
+def hf_learner():
+    """A tiny Llama (transformers) that computes its own loss from dict batches: its output is a ModelOutput."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    net = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                       num_key_value_heads=2, vocab_size=64))
+    ids = torch.randint(0, 64, (16, 8), generator=torch.Generator().manual_seed(1))
+    rows = [{"input_ids": r, "labels": r} for r in ids]
+    return Learner(DataLoaders(DataLoader(rows, batch_size=8), DataLoader(rows[:8], batch_size=8)), net,
+                   loss_func=None, opt_func=torch.optim.SGD, lr=0.1)
 
 
 def fit_cpu(case, epochs=2):
@@ -273,6 +288,13 @@ def spmd(args):
         for case in ("sgd", "adamw"):
             w, _, specs = fit_xla(case, spmd=True, **kw)
             report[f"{name}-{case}"] = {"diff": max_diff(w, ref[case]), **specs}
+    hf = {}
+    for where in ("cpu", "xla"):   # a Hugging Face model computing its own loss returns a ModelOutput
+        learn = hf_learner()
+        with learn.distrib_ctx(strategy="xla", spmd=True, fsdp=True) if where == "xla" else contextlib.nullcontext():
+            learn.fit(1)
+            hf[where] = weights(learn), [list(r) for r in learn.recorder.values]
+    report["hf-fsdp"] = {"diff": max_diff(hf["xla"][0], hf["cpu"][0]), "rows": [hf["xla"][1], hf["cpu"][1]]}
     try:
         XLA(spmd=True, mesh_shape=(n + 1,)).setup_environment()
         report["bad_mesh"] = None

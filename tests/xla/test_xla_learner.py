@@ -111,6 +111,9 @@ def test_spmd_meshes_equal_the_single_device_run(xla_python, tmp_path, devices):
             assert entry["input"].startswith(f"{{devices=[{devices},1]"), entry  # the batch is split over every device
             assert (entry["weight"] == "") == (mesh == "dp"), entry  # replicated in dp, sharded otherwise
     assert f"covers {devices + 1} devices but the XLA runtime has {devices}" in r["bad_mesh"]
+    hf = r["hf-fsdp"]   # FSDPv2 marks a ModelOutput's logits as split (torch_xla's own mark refused the output)
+    assert hf["diff"] < 1e-4, hf
+    assert len(hf["rows"][0]) == 1 and hf["rows"][0][0] == pytest.approx(hf["rows"][1][0], rel=1e-4), hf
 
 
 def test_cadence_env_reports_the_xla_runtime(xla_python):
