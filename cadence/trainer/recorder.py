@@ -103,7 +103,7 @@ class Recorder(Callback):
         self.lrs: list[float] = []
         self._batch_losses: list[torch.Tensor | float] = []  # floats on the CPU, tensors on an accelerator
         self._float_losses = True
-        self._resumed, self._smooth_val = False, None
+        self._resumed, self._smooth_val, self._cancelled = False, None, False
         self._train_values: dict[str, float | None] = {}
         self._live: tuple[int, SmoothLoss | None] = (0, None)  # smooth_loss read mid-epoch: batches folded in, state
         self._as_tensor = {key: _GrowingTensor() for key in ("losses", "lrs", "epoch_losses")}
@@ -195,7 +195,7 @@ class Recorder(Callback):
     def before_epoch(self):
         self._live = (0, None)
         self.start_time = time.perf_counter()
-        self.log, self._valid_values = [self.learn.epoch], None
+        self.log, self._valid_values, self._cancelled = [self.learn.epoch], None, False
         self.train_loss.reset()
         self._train_values = {}
         self.valid_loss.reset()  # a validation cancelled this epoch leaves its values empty, not the last epoch's
@@ -301,6 +301,7 @@ class Recorder(Callback):
         """An epoch cancelled mid-training skips after_train: keep its batch losses all the same."""
         if self._batch_losses:
             self._flush_losses()
+        self._cancelled = True
 
     after_cancel_fit = after_cancel_epoch  # lr_find, TerminateOnNaN: `losses` and `lrs` keep the same length
 
@@ -315,8 +316,11 @@ class Recorder(Callback):
             self._log_valid = False
 
     def after_epoch(self):
-        valid = self.valid_values() if self._valid_values is None else self._valid_values
-        row = EpochRecord({"epoch": self.learn.epoch, "train_loss": None, **self._train_values, **valid})
+        if self._cancelled:  # fastai's row: what the epoch recorded before CancelEpochException ([] in training)
+            row = EpochRecord({"epoch": self.learn.epoch, **self._train_values, **(self._valid_values or {})})
+        else:
+            valid = self.valid_values() if self._valid_values is None else self._valid_values
+            row = EpochRecord({"epoch": self.learn.epoch, "train_loss": None, **self._train_values, **valid})
         if self.add_time:
             row["time"] = time.perf_counter() - self.start_time
         self.values.append(row)

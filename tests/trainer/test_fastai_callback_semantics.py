@@ -225,3 +225,21 @@ def test_a_copied_learner_warns_of_nothing_its_callbacks_set_before_they_were_at
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         learn.fit(1)
+
+
+class CancelEpochAt(Callback):
+    def __init__(self, event):
+        setattr(self, event, self.cancel)
+
+    def cancel(self):
+        from cadence import CancelEpochException
+
+        raise CancelEpochException()
+
+
+@pytest.mark.parametrize("event, row", [("before_train", []), ("before_validate", ["train_loss"])])
+def test_a_cancelled_epochs_row_holds_what_it_recorded_before_as_fastais(event, row):
+    learn = learner(metrics=accuracy)
+    learn.fit(2, cbs=CancelEpochAt(event))
+    assert [list(r.keys()) for r in learn.recorder.values] == [["epoch", *row, "time"]] * 2
+    assert len(learn.recorder.values[0]) == len(row)            # fastai's row: [] cancelled in training
