@@ -217,16 +217,20 @@ class CSVLogger(Callback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = self.path.open("a" if self.append else "w")
         self._write(self.learn.recorder.metric_names)
-        self._written = len(self.learn.recorder.values)
+        # a resumed run's Recorder holds the epochs before the interruption: a new file gets them again (an appended
+        # one has them)
+        self._written = len(self.learn.recorder.values) if self.append else 0
+        self.before_epoch()
 
     def before_epoch(self):
-        """The epochs `fit(start_epoch=)` skipped, recorded by now: a row each, its epoch and time (fastai's `0,00:00`,
-        here the time under `time`), before the first trained epoch's."""
+        """The rows recorded and not written yet: a resumed run's earlier epochs, or those `fit(start_epoch=)`
+        skipped (a row each, its epoch and time: fastai's `0,00:00`, here the time under `time`), before the first
+        trained epoch's."""
         if self.file is not None:
             recorder = self.learn.recorder
             for row in recorder.values[self._written:]:
-                cells = {"epoch": row.get("epoch"), **({"time": format_time(row["time"])} if "time" in row.keys() else {})}
-                self._write([cells.get(name, "") for name in recorder.metric_names])
+                cells = {**row.as_dict(), **({"time": format_time(row["time"])} if "time" in row.keys() else {})}
+                self._write(["" if cells.get(name) is None else cells[name] for name in recorder.metric_names])
             self._written = len(recorder.values)
 
     def after_epoch(self):

@@ -10,6 +10,7 @@ to a value; start and end may be arrays (one value per parameter group).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -179,7 +180,10 @@ class ParamScheduler(Callback):
     """Set optimizer hyper-parameters from schedules before every training batch.
 
     The position is optimizer steps over steps planned, so it does not change with gradient
-    accumulation or world size, and a resumed run continues where it stopped. A step a callback
+    accumulation or world size, and a resumed run continues where it stopped: on another number of processes or
+    batch size (another number of steps per epoch), the rest of the interrupted epoch (which keeps its batches)
+    moves the position by its share of that epoch's batches, and the later epochs by steps of the new size. A step
+    a callback
     cancels (`CancelBatchException`, `CancelStepException` where a step was due) still moves it, as
     fastai's schedule moves with every batch, so the fit ends where the schedule does; an fp16 step
     skipped for overflow does not (it is retried with a smaller loss scale).
@@ -191,11 +195,15 @@ class ParamScheduler(Callback):
 
     order = Order.SCHEDULE
     run_valid = False
+    optional_state_keys = frozenset({"n_epoch", "steps_per_epoch", "shift"})   # checkpoints before they were saved
 
     def __init__(self, scheds: dict[str, Sched]):
         self.scheds = scheds
         self.hps: dict[str, list[float]] = {}
         self.cancelled_steps, self._restored = 0, False   # steps due that callbacks cancelled, this fit
+        self._saved: dict[str, Any] = {}   # a resumed run's plan, as its checkpoint holds it
+        self._shift = 0   # steps added to the position: the epochs after a resume on another number of steps
+        self._by_batches: int | None = None   # the epoch whose position is its share of batches (that resume's)
 
     def before_fit(self):
         if self.learn.steps_per_epoch is None:
@@ -207,11 +215,37 @@ class ParamScheduler(Callback):
         self.learn.recorder.hps = self.hps
         if not self._restored:
             self.cancelled_steps = 0
+        self._shift, self._by_batches = 0, None
+        if self._restored and self._other_layout():
+            self._by_batches = self.learn.epoch
+        elif self._restored:
+            self._shift = self._saved.get("shift") or 0   # a resume on another size before this one
         self._restored = False
         self._step_before, self._cancelled = self.learn.step, False   # as each batch starts (after_batch sets them)
 
+    def _other_layout(self) -> bool:
+        """Whether the resumed fit was saved with another number of steps per epoch (processes, batch size); a
+        saved n_epoch that differs is warned (that schedule is another one)."""
+        saved, learn = self._saved, self.learn
+        if saved.get("n_epoch") not in (None, learn.n_epoch):
+            warnings.warn(f"resuming a fit of {saved['n_epoch']} epochs as one of {learn.n_epoch}: the schedule is "
+                          f"that of {learn.n_epoch} epochs from here, so its values jump; resume with "
+                          f"fit({saved['n_epoch']}) to continue the saved one", stacklevel=2)
+            return False
+        return saved.get("steps_per_epoch") not in (None, learn.steps_per_epoch)
+
+    def before_epoch(self):
+        learn = self.learn
+        if self._by_batches is not None and learn.epoch > self._by_batches:   # the first epoch of the new size
+            self._shift = learn.epoch * learn.steps_per_epoch - (learn.step + self.cancelled_steps)
+            self._by_batches = None
+
     def before_batch(self):
-        pos = (self.learn.step + self.cancelled_steps) / self.total_steps
+        learn = self.learn
+        if self._by_batches is None:
+            pos = (learn.step + self.cancelled_steps + self._shift) / self.total_steps
+        else:   # the interrupted epoch, in the batches it was saved with
+            pos = (learn.epoch + learn.iter / max(learn.n_iter or 1, 1)) / learn.n_epoch
         opt, hps = self.learn.opt, self.hps
         for name, sched in self.scheds.items():
             value = sched(pos)
@@ -230,9 +264,13 @@ class ParamScheduler(Callback):
             self.cancelled_steps += 1
         self._step_before, self._cancelled = self.learn.step, False
 
-    def state_dict(self) -> dict[str, int]:
-        return {"cancelled_steps": self.cancelled_steps}
+    def state_dict(self) -> dict[str, Any]:
+        learn = self.learn
+        in_saved_batches = self._by_batches is not None   # the interrupted epoch still runs in its saved size
+        return {"cancelled_steps": self.cancelled_steps, "n_epoch": learn.n_epoch, "shift": self._shift,
+                "steps_per_epoch": self._saved["steps_per_epoch"] if in_saved_batches else learn.steps_per_epoch}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """A resumed run's count; kept through the next `before_fit`."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resumed run's count and plan; kept through the next `before_fit`."""
         self.cancelled_steps, self._restored = state["cancelled_steps"], True
+        self._saved = {k: state.get(k) for k in self.optional_state_keys}

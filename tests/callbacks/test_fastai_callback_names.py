@@ -57,6 +57,30 @@ def test_csv_logger_writes_fastais_history_file_and_appends(tmp_path):
     assert [r[0] for r in csv.reader(open(tmp_path / "logs/h.csv"))] == ["epoch", "0", "epoch", "0"]
 
 
+class StopAfterEpoch(Callback):
+    order = Order.CHECKPOINT + 1     # after the epoch's checkpoint is written
+
+    def after_epoch(self):
+        if self.learn.epoch == 1:
+            raise RuntimeError("stopped")
+
+
+def test_a_resumed_run_keeps_the_csv_rows_of_the_epochs_before_it(tmp_path):
+    from cadence import Checkpoint
+
+    learn = _learner(tmp_path, cbs=[CSVLogger(), Checkpoint("ckpt"), StopAfterEpoch()])
+    with pytest.raises(RuntimeError, match="stopped"):
+        learn.fit(4)
+    before = list(csv.reader((tmp_path / "history.csv").open()))
+    assert [row[0] for row in before] == ["epoch", "0", "1"]
+    learn = _learner(tmp_path, cbs=[CSVLogger(), Checkpoint("ckpt")])
+    learn.fit(4, resume="auto")
+    rows = list(csv.reader((tmp_path / "history.csv").open()))
+    assert [row[0] for row in rows] == ["epoch", "0", "1", "2", "3"]   # the resume rewrote the file from the start
+    assert rows[1:3] == before[1:]                                     # the epochs before it, as they were written
+    assert [float(row[1]) for row in rows[1:]] == [r["train_loss"] for r in learn.recorder.values]
+
+
 def test_save_model_callback_takes_fastais_positional_order_and_loads_the_best(tmp_path):
     learn = _learner(tmp_path)
     cb = SaveModelCallback("valid_loss", None, 0.0, "best")   # monitor, comp, min_delta, fname
