@@ -30,6 +30,7 @@ from .events import (CancelBackwardException, CancelBatchException, CancelEpochE
                      CancelException, CancelFitException, CancelStepException, CancelTrainException,
                      CancelValidateException, Event)
 from .features import FeatureMethods
+from .fit_checks import check_trainable, warn_if_launched_alone
 from .inference import InferenceMethods
 from .model_output import call_model, describe, model_loss
 from .optimizer import OptimizerMethods, check_opt_func, default_lr
@@ -218,9 +219,8 @@ class Learner(CallbackMethods, OptimizerMethods, FitPolicies, TransferMethods, F
         if start_epoch and resume is not None:
             raise ValueError("fit(start_epoch=...) and fit(resume=...) both say where to start: a resumed run "
                              "continues where its checkpoint stopped; pass only one")
-        if not any(p.requires_grad for p in self.strategy.state_template(self.model).parameters()):  # every stage
-            raise ValueError("fit: no parameter of the model requires a gradient (all frozen), so there is nothing to "
-                             "train; unfreeze the ones to train (learn.unfreeze(), or requires_grad_(True) on them)")
+        check_trainable(self.strategy.state_template(self.model))   # the whole model: every pipeline stage
+        warn_if_launched_alone()
         if start_epoch:
             cbs = [*listify(cbs), SkipToEpoch(start_epoch)]
         if reset_opt:

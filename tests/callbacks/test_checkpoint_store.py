@@ -110,3 +110,23 @@ def test_resume_from_the_last_batch_of_an_epoch_validates_that_epoch_then_goes_o
     assert [v["epoch"] for v in resumed.recorder.values] == [0, 1] and resumed.step == 8
     assert resumed.recorder.values[0]["valid_loss"] == reference.recorder.values[0]["valid_loss"]
     assert all(torch.equal(a, b) for a, b in zip(reference.model.parameters(), resumed.model.parameters()))
+
+
+def test_a_resume_says_what_it_loaded_and_a_latest_naming_no_checkpoint_is_warned(dls, tmp_path, capsys):
+    import shutil
+
+    learn = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=2, every_epoch=False)])
+    learn.fit(1)                                              # steps 2 and 4 (4 batches of 16)
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text() == "step-00000004"
+    learn = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=2, every_epoch=False)])
+    capsys.readouterr()
+    learn.fit(2, resume="auto")
+    assert f"Checkpoint: resumed from {root / 'step-00000004'} (epoch 0, step 4)" in capsys.readouterr().out
+    shutil.rmtree(root / "step-00000006")                     # `latest` (step 8 now) and the one before it gone
+    shutil.rmtree(root / "step-00000008")
+    learn = make_learner(dls, tmp_path, [Checkpoint(every_n_steps=2, every_epoch=False)])
+    with pytest.warns(UserWarning, match=r"latest names 'step-00000008', which is not a complete checkpoint here; "
+                                         r"the newest complete one, step-00000004, is used"):
+        learn.fit(2, resume="auto")
+    assert "Checkpoint: resumed from" in capsys.readouterr().out

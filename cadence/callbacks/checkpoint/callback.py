@@ -170,6 +170,7 @@ class Checkpoint(Callback):
         self._check_resumable(Path(target))
         state = load_state(self.learn, target)
         self.resumed_from = Path(target)
+        main_print(f"Checkpoint: resumed from {target} (epoch {state['epoch']}, step {state['step']})")
         if not self._in_root(self.resumed_from):  # another directory's history is not this run's to prune
             self.history, self.best, self.best_name = [], None, None
         return state

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 from ...serialization import DELETED, STAGED, atomic_path, retire_dir
@@ -140,6 +141,9 @@ class CheckpointStore:
             if name is not None and is_checkpoint_name(name) and (self.root / name / STATE_FILE).is_file():
                 return self._whole(self.root / name)
             candidates = self.complete()  # no pointer yet, or one edited by hand
+            if candidates and name is not None:   # a pointer to what is not there is said, not passed over
+                warnings.warn(f"{self.root / LATEST} names {name!r}, which is not a complete checkpoint here; the "
+                              f"newest complete one, {candidates[-1].name}, is used", stacklevel=3)
             return candidates[-1] if candidates else None
         path = Path(which)
         path = path if path.is_dir() else self.root / path
