@@ -220,12 +220,15 @@ class CSVLogger(Callback):
         # a resumed run's Recorder holds the epochs before the interruption: a new file gets them again (an appended
         # one has them)
         self._written = len(self.learn.recorder.values) if self.append else 0
-        self.before_epoch()
+        self._write_rows()
 
     def before_epoch(self):
-        """The rows recorded and not written yet: a resumed run's earlier epochs, or those `fit(start_epoch=)`
-        skipped (a row each, its epoch and time: fastai's `0,00:00`, here the time under `time`), before the first
-        trained epoch's."""
+        self._write_rows()
+
+    def _write_rows(self) -> None:
+        """The rows recorded and not written yet, each cell under its column: a resumed run's earlier epochs, those
+        `fit(start_epoch=)` skipped (their epoch and time: fastai's `0,00:00`, here the time under `time`), the
+        epoch just ended (a cancelled one's, `[]` in fastai, blank but for its epoch and time)."""
         if self.file is not None:
             recorder = self.learn.recorder
             for row in recorder.values[self._written:]:
@@ -234,9 +237,7 @@ class CSVLogger(Callback):
             self._written = len(recorder.values)
 
     def after_epoch(self):
-        if self.file is not None:
-            self._write(["" if v is None else v for v in self.learn.recorder.log])
-            self._written = len(self.learn.recorder.values)
+        self._write_rows()
 
     def after_fit(self):
         if self.file is not None:

@@ -217,7 +217,10 @@ class ParamScheduler(Callback):
             self.cancelled_steps = 0
         self._shift, self._by_batches = 0, None
         if self._restored and self._other_layout():
-            self._by_batches = self.learn.epoch
+            if getattr(self.learn.dls.train, "start_batch", 0):   # the rest of an epoch begun in the saved size
+                self._by_batches = self.learn.epoch
+            else:   # a whole epoch of the new size next: its steps from the epoch's boundary
+                self._shift = self._boundary_shift()
         elif self._restored:
             self._shift = self._saved.get("shift") or 0   # a resume on another size before this one
         self._restored = False
@@ -228,17 +231,21 @@ class ParamScheduler(Callback):
         saved n_epoch that differs is warned (that schedule is another one)."""
         saved, learn = self._saved, self.learn
         if saved.get("n_epoch") not in (None, learn.n_epoch):
-            warnings.warn(f"resuming a fit of {saved['n_epoch']} epochs as one of {learn.n_epoch}: the schedule is "
-                          f"that of {learn.n_epoch} epochs from here, so its values jump; resume with "
-                          f"fit({saved['n_epoch']}) to continue the saved one", stacklevel=2)
+            if learn.strategy.is_main:
+                    warnings.warn(f"resuming a fit of {saved['n_epoch']} epochs as one of {learn.n_epoch}: the schedule is "
+                              f"that of {learn.n_epoch} epochs from here, so its values jump; resume with "
+                              f"fit({saved['n_epoch']}) to continue the saved one", stacklevel=2)
             return False
         return saved.get("steps_per_epoch") not in (None, learn.steps_per_epoch)
 
-    def before_epoch(self):
+    def _boundary_shift(self) -> int:
+        """The shift that puts the position at the start of `learn.epoch` in steps of the new size."""
         learn = self.learn
-        if self._by_batches is not None and learn.epoch > self._by_batches:   # the first epoch of the new size
-            self._shift = learn.epoch * learn.steps_per_epoch - (learn.step + self.cancelled_steps)
-            self._by_batches = None
+        return learn.epoch * learn.steps_per_epoch - (learn.step + self.cancelled_steps)
+
+    def before_epoch(self):
+        if self._by_batches is not None and self.learn.epoch > self._by_batches:   # the first epoch of the new size
+            self._shift, self._by_batches = self._boundary_shift(), None
 
     def before_batch(self):
         learn = self.learn
@@ -266,9 +273,11 @@ class ParamScheduler(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         learn = self.learn
-        in_saved_batches = self._by_batches is not None   # the interrupted epoch still runs in its saved size
+        if self._by_batches is not None:   # the interrupted epoch still runs in its saved size: the saved plan
+            return {"cancelled_steps": self.cancelled_steps, "n_epoch": learn.n_epoch,
+                    "shift": self._saved.get("shift") or 0, "steps_per_epoch": self._saved["steps_per_epoch"]}
         return {"cancelled_steps": self.cancelled_steps, "n_epoch": learn.n_epoch, "shift": self._shift,
-                "steps_per_epoch": self._saved["steps_per_epoch"] if in_saved_batches else learn.steps_per_epoch}
+                "steps_per_epoch": learn.steps_per_epoch}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A resumed run's count and plan; kept through the next `before_fit`."""

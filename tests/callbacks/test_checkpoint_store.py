@@ -130,3 +130,14 @@ def test_a_resume_says_what_it_loaded_and_a_latest_naming_no_checkpoint_is_warne
                                          r"the newest complete one, step-00000004, is used"):
         learn.fit(2, resume="auto")
     assert "Checkpoint: resumed from" in capsys.readouterr().out
+
+
+def test_a_latest_naming_no_checkpoint_in_an_empty_directory_is_warned_and_the_run_starts_afresh(dls, tmp_path):
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    (root / "latest").write_text("step-00000004")
+    learn = make_learner(dls, tmp_path, [Checkpoint()])
+    with pytest.warns(UserWarning, match="names 'step-00000004', which is not a complete checkpoint here; there is "
+                                         "no other: the run starts afresh"):
+        learn.fit(1, resume="auto")
+    assert learn.step == 4 and (root / "latest").read_text() == "step-00000004"   # trained from the start

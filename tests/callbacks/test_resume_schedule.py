@@ -60,3 +60,25 @@ def test_a_fit_resumed_with_another_number_of_epochs_says_its_schedule_jumps(tmp
     with pytest.warns(UserWarning, match=r"resuming a fit of 3 epochs as one of 5: the schedule is that of 5 epochs"):
         resumed.fit_one_cycle(5, 1e-2, resume="auto")
     assert resumed.step == 150
+
+
+def resumed_until(tmp_path, bs, stop=None):
+    cbs = [Checkpoint("ckpt", every_n_steps=1, every_epoch=True, keep_last=2)] + ([StopAt(stop)] if stop else [])
+    learn = learner(tmp_path, bs, cbs)
+    if stop:
+        with pytest.raises(RuntimeError, match="stopped"):
+            learn.fit_one_cycle(3, 1e-2, resume="auto")
+    else:
+        learn.fit_one_cycle(3, 1e-2, resume="auto")
+    return learn
+
+
+def test_resumes_back_and_forth_between_batch_sizes_keep_the_schedules_place(tmp_path):
+    whole32 = learner(tmp_path / "whole", 32)
+    whole32.fit_one_cycle(3, 1e-2)
+    resumed_until(tmp_path, 16, stop=60)      # epoch 0 and 1 in 16s: an epoch-complete checkpoint at step 60
+    resumed_until(tmp_path, 32, stop=65)      # epoch 2 whole in 32s: its steps from the epoch's boundary
+    resumed_until(tmp_path, 16, stop=68)      # epoch 2's rest keeps its 32s: counted by its batches
+    last = resumed_until(tmp_path, 32)        # back in 32s, mid-epoch 2: the shift of the 32s run again
+    assert last.step == 75 and len(last.recorder.lrs) == 75
+    assert last.recorder.lrs[60:] == pytest.approx(whole32.recorder.lrs[30:], rel=1e-12)   # epoch 2: 15 steps of 32

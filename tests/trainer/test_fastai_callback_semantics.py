@@ -238,8 +238,15 @@ class CancelEpochAt(Callback):
 
 
 @pytest.mark.parametrize("event, row", [("before_train", []), ("before_validate", ["train_loss"])])
-def test_a_cancelled_epochs_row_holds_what_it_recorded_before_as_fastais(event, row):
-    learn = learner(metrics=accuracy)
-    learn.fit(2, cbs=CancelEpochAt(event))
+def test_a_cancelled_epochs_row_holds_what_it_recorded_before_as_fastais(event, row, tmp_path):
+    import csv
+
+    from cadence import CSVLogger
+
+    learn = learner(metrics=accuracy, path=tmp_path)
+    learn.fit(2, cbs=[CancelEpochAt(event), CSVLogger()])
     assert [list(r.keys()) for r in learn.recorder.values] == [["epoch", *row, "time"]] * 2
     assert len(learn.recorder.values[0]) == len(row)            # fastai's row: [] cancelled in training
+    header, *lines = csv.DictReader((tmp_path / "history.csv").open()).reader   # each cell under its column
+    assert header == ["epoch", "train_loss", "valid_loss", "accuracy", "time"]
+    assert [[cell != "" for cell in line] for line in lines] == [[True, bool(row), False, False, True]] * 2

@@ -141,9 +141,10 @@ class CheckpointStore:
             if name is not None and is_checkpoint_name(name) and (self.root / name / STATE_FILE).is_file():
                 return self._whole(self.root / name)
             candidates = self.complete()  # no pointer yet, or one edited by hand
-            if candidates and name is not None:   # a pointer to what is not there is said, not passed over
-                warnings.warn(f"{self.root / LATEST} names {name!r}, which is not a complete checkpoint here; the "
-                              f"newest complete one, {candidates[-1].name}, is used", stacklevel=3)
+            if name is not None:   # a pointer to what is not there is said, not passed over
+                warnings.warn(f"{self.root / LATEST} names {name!r}, which is not a complete checkpoint here; " +
+                              (f"the newest complete one, {candidates[-1].name}, is used" if candidates else
+                               "there is no other: the run starts afresh"), stacklevel=3)
             return candidates[-1] if candidates else None
         path = Path(which)
         path = path if path.is_dir() else self.root / path
