@@ -75,7 +75,8 @@ def test_checkpoints_kept_and_resumed(tmp_path):
     assert kept == ["step-00000064", "step-00000072", "step-00000080"]   # every epoch (8 steps), keep_last=3
     assert (tmp_path / "ckpt" / "model.safetensors").is_file() and (tmp_path / "ckpt" / "state.json").is_file()
     second = run_python("checkpoints.py", tmp_path)                      # resume="auto": the fit is already done
-    assert "epoch" not in second and "trained to step 80" in second, second
+    assert not re.search(r"^epoch \d+ \|", second, re.M) and "trained to step 80" in second, second   # no epoch ran
+    assert "Checkpoint: resumed from checkpoints/step-00000080 (epoch 9, step 80)" in second, second
 
 
 def test_big_model_dispatched_over_cpu_and_disk(tmp_path):
