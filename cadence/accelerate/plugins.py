@@ -220,10 +220,12 @@ class FullyShardedDataParallelPlugin:
                    "offload_params": "cpu_offload"}   # Accelerate's config keys that name a field otherwise
         known = {f.name for f in fields(cls) if f.init}
         options = {renamed.get(k, k): v for k, v in raw.items() if renamed.get(k, k) in known and v is not None}
+        from ..distributed.deepspeed_config import as_flag
+
         for name in ("cpu_offload", "activation_checkpointing", "cpu_ram_efficient_loading", "use_orig_params",
                      "sync_module_states", "forward_prefetch", "limit_all_gathers", "reshard_after_forward"):
-            if isinstance(options.get(name), str) and options[name].lower() in ("true", "false", "1", "0", "yes", "no"):
-                options[name] = options[name].lower() in ("true", "1", "yes")   # a config file's "false" is False
+            if isinstance(options.get(name), str):
+                options[name] = as_flag(options[name])   # a config file's "false" is False
         if "sharding_strategy" in options:   # the launcher takes both, the strategy the first (the plugin refuses both)
             options.pop("reshard_after_forward", None)
         return cls(**options)

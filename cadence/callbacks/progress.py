@@ -71,7 +71,7 @@ class ProgressCallback(Callback):
     def fit_context(self):
         """During a fit the rows are this display's to show, not `learn.logger`'s (fastai's ProgressCallback takes
         the logger over the same way); `no_bar()` leaves them to it."""
-        logger, self.learn.logger = getattr(self.learn, "logger", print), _shown_by_progress
+        logger, self.learn.logger = self.learn.logger, _shown_by_progress
         try:
             yield
         finally:

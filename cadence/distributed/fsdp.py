@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 
 from . import env
 from .data import DistributedDL
+from .deepspeed_config import as_flag
 from .grad_norm import clip_by_total_norm
 from .precision import FullPrecision, fsdp_mixed_precision, sharded_scaler
 from .sharded_checkpoint import ShardedCheckpoints
@@ -105,9 +106,9 @@ class FSDP(ShardedCheckpoints, OwnsPrecision, Strategy):
         if self.auto_wrap not in AUTO_WRAP_POLICIES:
             raise ValueError(f"FSDP auto_wrap_policy {self.auto_wrap!r} does not exist; choose one of {AUTO_WRAP_POLICIES}")
         self.wrap_modules = list(wrap_modules or [])
-        self.offload = _flag(options.get("offload_params", False))
-        self.activation_checkpointing = _flag(options.get("activation_checkpointing", False))
-        self.cpu_ram_efficient_loading = _flag(options.get("cpu_ram_efficient_loading", False))
+        self.offload = as_flag(options.get("offload_params", False))
+        self.activation_checkpointing = as_flag(options.get("activation_checkpointing", False))
+        self.cpu_ram_efficient_loading = as_flag(options.get("cpu_ram_efficient_loading", False))
         self.state_dict_type = str(options.get("state_dict_type", "SHARDED_STATE_DICT")).upper()
         if self.state_dict_type not in STATE_DICT_TYPES:
             raise ValueError(f"FSDP state_dict_type {self.state_dict_type!r} does not exist; choose one of {STATE_DICT_TYPES}")
@@ -323,10 +324,6 @@ class FSDP(ShardedCheckpoints, OwnsPrecision, Strategy):
 
 
 # ---------------------------------------------------------------------- helpers
-def _flag(value: Any) -> bool:
-    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-
-
 def _refuse_unknown(keys: dict[str, Any]) -> None:
     """Accelerate's fsdp_config keys that FSDP2 makes moot are accepted; anything else is a typo."""
     moot = {"version", "backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states",

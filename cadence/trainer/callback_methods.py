@@ -147,10 +147,11 @@ class CallbackMethods:
         self.cbs.sort(key=lambda c: c.order)
         methods = [(cb, event_methods(cb)) for cb in self.cbs]
         train, valid = {}, {}
+        methods = [(cb, m) for cb, m in methods if cb.run]  # `self.run = False`: none of its events
         for event in EVENT_NAMES:
             inner = event in _INNER_EVENTS
-            train[event] = tuple(m[event] for cb, m in methods if event in m and cb.run and (cb.run_train or not inner))
-            valid[event] = tuple(m[event] for cb, m in methods if event in m and cb.run and (cb.run_valid or not inner))
+            train[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_train or not inner))
+            valid[event] = tuple(m[event] for cb, m in methods if event in m and (cb.run_valid or not inner))
         self._train_handlers, self._valid_handlers = train, valid
         self._handlers = train if self.training else valid
         self._forward_cbs = [cb for cb in self.cbs if cb.run and callable(getattr(cb, "forward_context", None))]

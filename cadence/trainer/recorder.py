@@ -328,7 +328,7 @@ class Recorder(Callback):
         self.learn.final_record, self._log_valid = row, False
         self.log = [row["epoch"], *row, *([format_time(row["time"])] if self.add_time else [])]
         if self.learn.log_epochs and self.learn.strategy.is_main:
-            getattr(self.learn, "logger", print)(self.log)  # fastai's; the progress display shows it its way
+            self.learn.logger(self.log)  # fastai's; the progress display shows it its way
 
     def valid_values(self) -> dict[str, float | None]:
         """valid_loss and every metric of the epoch's validation pass (`valid_<name>` with `train_metrics`); none

@@ -232,8 +232,8 @@ class ParamScheduler(Callback):
         saved, learn = self._saved, self.learn
         if saved.get("n_epoch") not in (None, learn.n_epoch):
             if learn.strategy.is_main:
-                    warnings.warn(f"resuming a fit of {saved['n_epoch']} epochs as one of {learn.n_epoch}: the schedule is "
-                              f"that of {learn.n_epoch} epochs from here, so its values jump; resume with "
+                warnings.warn(f"resuming a fit of {saved['n_epoch']} epochs as one of {learn.n_epoch}: the schedule "
+                              f"is that of {learn.n_epoch} epochs from here, so its values jump; resume with "
                               f"fit({saved['n_epoch']}) to continue the saved one", stacklevel=2)
             return False
         return saved.get("steps_per_epoch") not in (None, learn.steps_per_epoch)
@@ -272,12 +272,11 @@ class ParamScheduler(Callback):
         self._step_before, self._cancelled = self.learn.step, False
 
     def state_dict(self) -> dict[str, Any]:
-        learn = self.learn
-        if self._by_batches is not None:   # the interrupted epoch still runs in its saved size: the saved plan
-            return {"cancelled_steps": self.cancelled_steps, "n_epoch": learn.n_epoch,
-                    "shift": self._saved.get("shift") or 0, "steps_per_epoch": self._saved["steps_per_epoch"]}
-        return {"cancelled_steps": self.cancelled_steps, "n_epoch": learn.n_epoch, "shift": self._shift,
-                "steps_per_epoch": learn.steps_per_epoch}
+        # the interrupted epoch still runs in its saved size: the saved plan, else this fit's
+        plan = self._saved if self._by_batches is not None else {"shift": self._shift,
+                                                                 "steps_per_epoch": self.learn.steps_per_epoch}
+        return {"cancelled_steps": self.cancelled_steps, "n_epoch": self.learn.n_epoch,
+                "shift": plan.get("shift") or 0, "steps_per_epoch": plan["steps_per_epoch"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A resumed run's count and plan; kept through the next `before_fit`."""
